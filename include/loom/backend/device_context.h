@@ -1,0 +1,34 @@
+// DeviceContext: what a process needs to run ops on one device — the op table, and for CUDA the
+// stream and library handles. One per process (one process per device). The CPU context is always
+// available; the CUDA context exists when the CUDA backend was compiled in (see cuda_available()).
+#pragma once
+#include <memory>
+
+#include "loom/backend/ops.h"
+#include "loom/core/allocator.h"
+#include "loom/core/tensor.h"
+
+namespace loom {
+
+class DeviceContext {
+ public:
+  virtual ~DeviceContext() = default;
+  virtual Device device() const = 0;
+  virtual const OpTable& ops() const = 0;
+  virtual void synchronize() const = 0;
+  virtual std::string description() const = 0;  // e.g. "cpu (2 OpenMP threads, oneDNN 2.6.3, avx512_core_amx)"
+
+  Tensor empty(Shape s, DType dt) const { return Tensor::empty(s, dt, device()); }
+  Tensor zeros(Shape s, DType dt) const;
+  AllocStats memory_stats() const { return allocator_for(device()).stats(); }
+  // Copies between host and this device (plain memcpy on the CPU).
+  virtual void copy(TensorView dst, TensorView src) const = 0;
+};
+
+std::unique_ptr<DeviceContext> make_cpu_context();
+// True when the CUDA backend was compiled in and a GPU is visible.
+bool cuda_available();
+// Creates the CUDA context for device `index`; throws a UserError naming the reason when unavailable.
+std::unique_ptr<DeviceContext> make_cuda_context(int index);
+
+}  // namespace loom

@@ -1,0 +1,114 @@
+// The op table: forward/backward pairs every backend implements (CPU is the reference; CUDA mirrors it).
+//
+// Conventions (the contract in DESIGN.md):
+//   - arguments: outputs first, then inputs, then saved state, then sizes/params;
+//   - parameter gradients ACCUMULATE (+=) so micro-batches add up;
+//   - activation gradients OVERWRITE (=), except the residual stream, which accumulates (+=) — the ops
+//     that write into the residual stream (layernorm_backward's dinp) say so;
+//   - an empty TensorView means "absent" for optional arguments;
+//   - activations and parameters are f32 unless an op says otherwise; statistics (mean, rstd, lse,
+//     losses) are always f32; token ids are i32;
+//   - results are deterministic and independent of the thread count: reductions use a fixed split
+//     of the work that does not depend on how many threads run it.
+#pragma once
+#include <cstdint>
+
+#include "loom/core/tensor.h"
+
+namespace loom {
+
+struct AttentionParams {
+  int64_t num_heads = 0;     // NH: query heads
+  int64_t num_kv_heads = 0;  // NKV: key/value heads (query groups); NH % NKV == 0; NKV == NH is MHA
+  int64_t head_dim = 0;      // HS
+  float softmax_scale = 0;   // usually 1/sqrt(HS)
+  bool causal = true;
+  int64_t window = -1;  // sliding window: key j visible to query i iff i - window < j <= i; -1 = unlimited
+};
+
+struct AdamWParams {
+  float lr = 0;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0;
+  int64_t step = 1;         // 1-based step count, for bias correction
+  float grad_scale = 1.0f;  // gradients are multiplied by this first (clipping coefficient, 1/loss scale)
+  bool zero_grad = false;   // write 0 into the gradient after reading it (saves a separate pass)
+};
+
+class OpTable {
+ public:
+  virtual ~OpTable() = default;
+
+  // ---- matmul (linear layer) --------------------------------------------------------------------
+  // out (M, N) = inp (M, K) · weight (N, K)^T + bias (N). inp/weight f32 or bf16; out f32 or bf16;
+  // accumulation in f32. Leading dims of inp/out are flattened (inp may be (B, T, K)).
+  virtual void matmul_forward(TensorView out, TensorView inp, TensorView weight, TensorView bias) const = 0;
+  // dinp (M, K) = dout · weight            (overwrite; skipped when dinp is empty)
+  // dweight (N, K) += dout^T · inp        (accumulate; skipped when empty)
+  // dbias (N) += column sums of dout      (accumulate; skipped when empty)
+  virtual void matmul_backward(TensorView dinp, TensorView dweight, TensorView dbias, TensorView dout,
+                               TensorView inp, TensorView weight) const = 0;
+
+  // ---- embedding -------------------------------------------------------------------------------
+  // out (B, T, C) = wte[tokens[b, t]] + wpe[t]  (wpe (maxpos, C) optional). tokens i32 (B, T).
+  virtual void embedding_forward(TensorView out, TensorView tokens, TensorView wte, TensorView wpe) const = 0;
+  // dwte[tokens[b, t]] += dout[b, t]; dwpe[t] += sum_b dout[b, t]  (accumulate; dwpe optional)
+  virtual void embedding_backward(TensorView dwte, TensorView dwpe, TensorView dout, TensorView tokens) const = 0;
+
+  // ---- layernorm ---------------------------------------------------------------------------------
+  // Over the last dim C of inp (N, C): out = (inp - mean) * rstd * weight + bias; saves mean, rstd (N).
+  virtual void layernorm_forward(TensorView out, TensorView mean, TensorView rstd, TensorView inp,
+                                 TensorView weight, TensorView bias, float eps) const = 0;
+  // dinp += ... (residual stream: ACCUMULATES), dweight += ..., dbias += ...
+  virtual void layernorm_backward(TensorView dinp, TensorView dweight, TensorView dbias, TensorView dout,
+                                  TensorView inp, TensorView weight, TensorView mean, TensorView rstd) const = 0;
+  // Fused: residual = a + b, then out = layernorm(residual) (one read of a and b, saves mean/rstd).
+  virtual void residual_layernorm_forward(TensorView residual, TensorView out, TensorView mean, TensorView rstd,
+                                          TensorView a, TensorView b, TensorView weight, TensorView bias,
+                                          float eps) const = 0;
+
+  // ---- elementwise ----------------------------------------------------------------------------------
+  virtual void residual_forward(TensorView out, TensorView a, TensorView b) const = 0;  // out = a + b
+  // GeLU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+  virtual void gelu_forward(TensorView out, TensorView inp) const = 0;
+  // dinp = gelu'(inp) * dout (overwrite; dinp may alias dout).
+  virtual void gelu_backward(TensorView dinp, TensorView inp, TensorView dout) const = 0;
+  virtual void bias_add_forward(TensorView out, TensorView bias) const = 0;  // out (N, C) += bias (C)
+  virtual void bias_backward(TensorView dbias, TensorView dout) const = 0;   // dbias (C) += colsum(dout)
+
+  // ---- attention core ------------------------------------------------------------------------------
+  // qkv (B, T, NKV * (NH/NKV + 2) * HS) in Megatron's grouped layout: for each query group g, the
+  // NH/NKV query heads of the group, then its key head, then its value head, each HS wide.
+  // out (B, T, NH * HS), head h at columns [h*HS, (h+1)*HS). lse (B, NH, T): log-sum-exp of the scaled
+  // scores of each query row, saved for backward. Tiled with online softmax: memory is O(T), never T×T.
+  virtual void attention_forward(TensorView out, TensorView lse, TensorView qkv, const AttentionParams& p) const = 0;
+  // dqkv (overwrite) from dout, recomputing scores from qkv and lse.
+  virtual void attention_backward(TensorView dqkv, TensorView dout, TensorView qkv, TensorView out,
+                                  TensorView lse, const AttentionParams& p) const = 0;
+
+  // ---- cross-entropy ----------------------------------------------------------------------------
+  // logits (N, Vp) f32, targets i32 (N), columns >= vocab_size are padding and excluded.
+  // losses (N) = logsumexp(logits[n, :V]) - logits[n, target]. When dlogits_scale != 0, the logits
+  // buffer is overwritten IN PLACE with dlogits = (softmax - onehot) * dlogits_scale * mask[n]
+  // (0 in padded columns): one pass, no second V-wide buffer. loss_mask (N) f32 optional.
+  virtual void cross_entropy_forward_backward(TensorView losses, TensorView logits, TensorView targets,
+                                              int64_t vocab_size, TensorView loss_mask,
+                                              float dlogits_scale) const = 0;
+
+  // ---- optimizer and buffer utilities -------------------------------------------------------------
+  // PyTorch/apex AdamW (decoupled weight decay) on f32 param, grad, exp_avg m, exp_avg_sq v.
+  virtual void adamw_update(TensorView param, TensorView grad, TensorView m, TensorView v,
+                            const AdamWParams& p) const = 0;
+  // Sum of squares in f64 (for the global gradient norm); deterministic for a given numel.
+  virtual double sum_squares(TensorView x) const = 0;
+  // True when x contains an inf or NaN.
+  virtual bool has_inf_or_nan(TensorView x) const = 0;
+  virtual void scale_(TensorView x, float s) const = 0;  // x *= s
+  virtual void fill_(TensorView x, float value) const = 0;
+  // Converts between float dtypes (f32, bf16, f16, fp8) with round-to-nearest-even.
+  virtual void cast(TensorView out, TensorView inp) const = 0;
+};
+
+}  // namespace loom

@@ -1,0 +1,46 @@
+// The CPU op table (the reference backend). Definitions are split by op family:
+//   matmul.cpp (oneDNN), attention.cpp, norm.cpp, elementwise.cpp, embedding.cpp, cross_entropy.cpp,
+//   optimizer.cpp. Parallel with OpenMP; reductions use fixed-size blocks summed in a fixed order so
+//   results do not depend on the number of threads.
+#pragma once
+#include "loom/backend/ops.h"
+
+namespace loom::cpu {
+
+// Rows per reduction block: partial sums over blocks of this many rows, combined in block order.
+inline constexpr int64_t kReduceBlockRows = 64;
+
+class CpuOps final : public OpTable {
+ public:
+  void matmul_forward(TensorView out, TensorView inp, TensorView weight, TensorView bias) const override;
+  void matmul_backward(TensorView dinp, TensorView dweight, TensorView dbias, TensorView dout, TensorView inp,
+                       TensorView weight) const override;
+  void embedding_forward(TensorView out, TensorView tokens, TensorView wte, TensorView wpe) const override;
+  void embedding_backward(TensorView dwte, TensorView dwpe, TensorView dout, TensorView tokens) const override;
+  void layernorm_forward(TensorView out, TensorView mean, TensorView rstd, TensorView inp, TensorView weight,
+                         TensorView bias, float eps) const override;
+  void layernorm_backward(TensorView dinp, TensorView dweight, TensorView dbias, TensorView dout, TensorView inp,
+                          TensorView weight, TensorView mean, TensorView rstd) const override;
+  void residual_layernorm_forward(TensorView residual, TensorView out, TensorView mean, TensorView rstd,
+                                  TensorView a, TensorView b, TensorView weight, TensorView bias,
+                                  float eps) const override;
+  void residual_forward(TensorView out, TensorView a, TensorView b) const override;
+  void gelu_forward(TensorView out, TensorView inp) const override;
+  void gelu_backward(TensorView dinp, TensorView inp, TensorView dout) const override;
+  void bias_add_forward(TensorView out, TensorView bias) const override;
+  void bias_backward(TensorView dbias, TensorView dout) const override;
+  void attention_forward(TensorView out, TensorView lse, TensorView qkv, const AttentionParams& p) const override;
+  void attention_backward(TensorView dqkv, TensorView dout, TensorView qkv, TensorView out, TensorView lse,
+                          const AttentionParams& p) const override;
+  void cross_entropy_forward_backward(TensorView losses, TensorView logits, TensorView targets, int64_t vocab_size,
+                                      TensorView loss_mask, float dlogits_scale) const override;
+  void adamw_update(TensorView param, TensorView grad, TensorView m, TensorView v,
+                    const AdamWParams& p) const override;
+  double sum_squares(TensorView x) const override;
+  bool has_inf_or_nan(TensorView x) const override;
+  void scale_(TensorView x, float s) const override;
+  void fill_(TensorView x, float value) const override;
+  void cast(TensorView out, TensorView inp) const override;
+};
+
+}  // namespace loom::cpu

@@ -1,0 +1,48 @@
+// `loom` entry point: dispatches subcommands; a UserError is printed as one line and exits 2.
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "loom/train/args.h"
+#include "loom/train/trainer.h"
+
+namespace {
+
+const char* kUsage =
+    "usage: loom <command> [flags]\n"
+    "commands:\n"
+    "  train    pretrain a GPT model (Megatron-LM flags; `loom train --help`)\n";
+
+int cmd_train(const std::vector<std::string>& args) {
+  for (const auto& a : args)
+    if (a == "--help" || a == "-h") {
+      std::cout << loom::train_help();
+      return 0;
+    }
+  const loom::TrainConfig cfg = loom::parse_train_args(args);
+  loom::run_training(cfg, std::cout);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    std::cout << kUsage;
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string cmd = argv[1];
+  const std::vector<std::string> args(argv + 2, argv + argc);
+  try {
+    if (cmd == "train") return cmd_train(args);
+    std::cerr << "loom: error: unknown command '" << cmd << "'\n" << kUsage;
+    return 2;
+  } catch (const loom::UserError& e) {
+    std::cerr << "loom " << cmd << ": error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "loom " << cmd << ": internal error: " << e.what() << "\n";
+    return 1;
+  }
+}

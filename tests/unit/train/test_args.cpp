@@ -1,0 +1,85 @@
+// Flag parsing and validation: Megatron names, defaults, and clear errors naming the flag.
+#include <gtest/gtest.h>
+
+#include "loom/train/args.h"
+
+using namespace loom;
+
+namespace {
+std::vector<std::string> base() {
+  return {"--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+          "--micro-batch-size", "2", "--train-iters", "5", "--lr", "1e-3", "--mock-data", "--vocab-size", "100"};
+}
+std::string error_of(std::vector<std::string> args) {
+  try {
+    parse_train_args(args).validate(1);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST(Args, ParsesMegatronFlagsAndDefaults) {
+  auto a = base();
+  a.insert(a.end(), {"--global-batch-size=8", "--lr-decay-style", "cosine", "--clip-grad", "0.5", "--seed", "7"});
+  const TrainConfig c = parse_train_args(a);
+  EXPECT_EQ(c.model.num_layers, 2);
+  EXPECT_EQ(c.model.hidden_size, 64);
+  EXPECT_EQ(c.batch.seq_length, 32);
+  EXPECT_EQ(c.model.max_position_embeddings, 32);  // defaults to --seq-length
+  EXPECT_EQ(*c.batch.global_batch_size, 8);
+  EXPECT_EQ(c.num_micro_batches(1), 4);
+  EXPECT_EQ(c.optim.lr_decay_style, LRDecayStyle::kCosine);
+  EXPECT_DOUBLE_EQ(c.optim.clip_grad, 0.5);
+  EXPECT_EQ(c.seed, 7u);
+  EXPECT_DOUBLE_EQ(c.optim.weight_decay, 0.01);  // Megatron defaults
+  EXPECT_FLOAT_EQ(c.optim.adam.beta2, 0.999f);
+  EXPECT_EQ(c.data.make_vocab_size_divisible_by, 128);
+  EXPECT_EQ(c.logging.log_interval, 100);
+  EXPECT_NO_THROW(c.validate(1));
+}
+
+TEST(Args, UnknownFlagSuggestsClosest) {
+  auto a = base();
+  a.push_back("--hiden-size");
+  a.push_back("3");
+  const std::string e = error_of(a);
+  EXPECT_NE(e.find("unknown flag --hiden-size"), std::string::npos) << e;
+  EXPECT_NE(e.find("did you mean --hidden-size?"), std::string::npos) << e;
+}
+
+TEST(Args, InvalidLayoutsNameTheFlags) {
+  auto a = base();
+  a.insert(a.end(), {"--global-batch-size", "5"});
+  std::string e = error_of(a);
+  EXPECT_NE(e.find("--global-batch-size (5) must be divisible by --micro-batch-size (2)"), std::string::npos) << e;
+  a = base();
+  a[5] = "5";  // --num-attention-heads 5 with hidden 64
+  e = error_of(a);
+  EXPECT_NE(e.find("--hidden-size (64) must be divisible by --num-attention-heads (5)"), std::string::npos) << e;
+  a = base();
+  a[1] = "two";
+  e = error_of(a);
+  EXPECT_NE(e.find("--num-layers: expected an integer, got 'two'"), std::string::npos) << e;
+  EXPECT_NE(error_of({"--num-layers"}).find("--num-layers needs a value"), std::string::npos);
+  a = base();
+  a.erase(a.begin() + 14);  // drop --mock-data
+  e = error_of(a);
+  EXPECT_NE(e.find("no training data"), std::string::npos) << e;
+  a = base();
+  a.insert(a.end(), {"--lr-warmup-iters", "5"});
+  e = error_of(a);
+  EXPECT_NE(e.find("--lr-warmup-iters (5) must be smaller than --lr-decay-iters"), std::string::npos) << e;
+  a = base();
+  a.insert(a.end(), {"--lr-decay-style", "cosin"});
+  EXPECT_NE(error_of(a).find("--lr-decay-style"), std::string::npos);
+}
+
+TEST(Args, VocabPaddingIsMegatrons) {
+  EXPECT_EQ(padded_vocab_size(50257, 128, 1), 50304);
+  EXPECT_EQ(padded_vocab_size(256, 128, 1), 256);
+  EXPECT_EQ(padded_vocab_size(97, 128, 1), 128);
+  EXPECT_EQ(padded_vocab_size(50257, 128, 2), 50432);
+  EXPECT_EQ(edit_distance("kitten", "sitting"), 3u);
+}
