@@ -11,7 +11,9 @@ constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
 constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
 
 inline float to_unit(uint32_t x) {  // (0, 1), never 0 or 1
-  return float((double(x) + 0.5) * (1.0 / 4294967296.0));
+  // The f64 value is below 1, but for the top 2^7 words it rounds to 1.0f: keep the largest f32 below 1.
+  const float u = float((double(x) + 0.5) * (1.0 / 4294967296.0));
+  return u < 1.0f ? u : 0x1.fffffep-1f;
 }
 }  // namespace
 

@@ -1,0 +1,97 @@
+// Vectorisable scalar math for the CPU ops: written with plain arithmetic and bit casts only, so that a
+// loop calling them under `#pragma omp simd` compiles to straight-line SIMD code (libm's expf does not
+// vectorise without -ffast-math). Accuracy is stated per function and checked in test_cpu_math.cpp.
+#pragma once
+#include <bit>
+#include <cmath>
+#include <cstdint>
+
+#if defined(__AVX512F__) || defined(__AVX__)
+#include <immintrin.h>
+#endif
+
+namespace loom::cpu {
+
+// exp(x) for f32, error < 1 ulp over the normal range (0.89 ulp max measured on 23M inputs).
+// Range reduction x = n ln2 + r with |r| <= ln2/2 (Cody-Waite split of ln2 so n * kLn2Hi is exact),
+// degree-7 Taylor polynomial for e^r (truncation error r^8/8! < 6e-9, below half an ulp), and 2^n
+// applied as two normal powers of two so results that are subnormal or overflow come out right (0 for
+// x -> -inf, inf for x > ~88.72). NaN propagates.
+inline float fast_exp(float x) {
+  constexpr float kLog2e = 1.44269504088896341f;
+  constexpr float kLn2Hi = 0.693359375f;     // 355/512: 9 significant bits
+  constexpr float kLn2Lo = -2.12194440e-4f;  // ln2 - kLn2Hi
+  constexpr float kRound = 12582912.0f;      // 1.5 * 2^23: adding it rounds to an integer (ties even)
+  x = x < -110.0f ? -110.0f : x;             // below: exp underflows to 0 anyway
+  x = x > 89.0f ? 89.0f : x;                 // above: exp overflows to inf anyway
+  const float n = (x * kLog2e + kRound) - kRound;
+  const float r = (x - n * kLn2Hi) - n * kLn2Lo;
+  float p = 1.0f / 5040.0f;
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const int32_t ni = int32_t(n == n ? n : 0.0f);  // in [-159, 129]; NaN (p is NaN too) kept out of the cast
+  const int32_t n1 = ni >> 1, n2 = ni - n1;
+  const float s1 = std::bit_cast<float>(uint32_t(n1 + 127) << 23);
+  const float s2 = std::bit_cast<float>(uint32_t(n2 + 127) << 23);
+  return (p * s1) * s2;
+}
+
+// 1 / (1 + e^-x) without cancellation for either sign (e^-x -> inf gives 0, e^-x -> 0 gives 1).
+inline float fast_sigmoid(float x) { return 1.0f / (1.0f + fast_exp(-x)); }
+
+// Sum of f(i) over i in [0, n) in an order fixed by n alone: 16 lanes (lane l takes i = l mod 16 over the
+// full groups of 16, then the tail), combined by a fixed pairwise tree. The compiler maps the lanes onto
+// SIMD registers, and the result does not depend on alignment, vector width or thread count — so a
+// recomputed forward (other buffers, other alignment) reproduces its statistics bit for bit.
+template <typename Acc, typename F>
+inline Acc lane_sum(int64_t n, F&& f) {
+  constexpr int kLanes = 16;
+  Acc acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+#pragma omp simd
+    for (int l = 0; l < kLanes; ++l) acc[l] += f(i + l);
+  }
+  for (int l = 0; i + l < n; ++l) acc[l] += f(i + l);
+  for (int w = kLanes / 2; w >= 1; w /= 2)
+    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
+  return acc[0];
+}
+
+// max of x[0..n), n >= 1. `#pragma omp simd reduction(max:)` over std::max stays scalar in GCC 12;
+// explicit lanes with `omp simd` on the lane loop compile to vmaxps. NaN inputs are skipped (compare
+// false); callers that must propagate NaN do so through later arithmetic on the same values.
+inline float lane_max(const float* x, int64_t n) {
+  constexpr int kLanes = 16;
+  float m[kLanes];
+  for (int l = 0; l < kLanes; ++l) m[l] = x[0];
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+#pragma omp simd
+    for (int l = 0; l < kLanes; ++l) m[l] = x[i + l] > m[l] ? x[i + l] : m[l];
+  }
+  for (int l = 0; i + l < n; ++l) m[l] = x[i + l] > m[l] ? x[i + l] : m[l];
+  float r = m[0];
+  for (int l = 1; l < kLanes; ++l) r = m[l] > r ? m[l] : r;
+  return r;
+}
+
+// x[i] = sqrt(x[i]), correctly rounded. libm's sqrtf keeps an errno path that stops GCC vectorising any
+// loop calling it (the build does not pass -fno-math-errno), so the SIMD instruction is used directly.
+inline void sqrt_inplace(float* x, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  // The maskz form with a full mask avoids a GCC 12 -Wmaybe-uninitialized false positive.
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, _mm512_maskz_sqrt_ps(0xFFFF, _mm512_loadu_ps(x + i)));
+#elif defined(__AVX__)
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_sqrt_ps(_mm256_loadu_ps(x + i)));
+#endif
+  for (; i < n; ++i) x[i] = std::sqrt(x[i]);
+}
+
+}  // namespace loom::cpu
