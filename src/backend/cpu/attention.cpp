@@ -1,0 +1,505 @@
+// CPU attention core: attention_forward / attention_backward, FlashAttention-2 style.
+//
+// Forward keeps, per query row, a running max m and sum l of exp(s - m) and rescales the output
+// accumulator when m grows (online softmax), so only kBlock x kBlock score tiles ever exist; it saves
+// lse = m + log(l). Backward recomputes P = exp(s - lse) tile by tile, uses D_i = rowsum(dO_i * O_i),
+// and accumulates dq, dk, dv from the tiles: no T x T buffer anywhere, memory O(T * HS) per thread.
+//
+// Layout of the work (why it looks the way it does):
+//   - Score tiles are stored transposed, S^T (keys x queries): the softmax statistics are then
+//     per-column reductions that vectorise across queries, and every block product is "broadcast one
+//     scalar, FMA a contiguous row" (attention_tiles.cpp).
+//   - q/k/v/dO rows are copied into 64-byte aligned per-thread scratch with HS padded to a multiple of
+//     16 floats (zeros), so the same kernels serve any head size (1, 5, 64, 128, ...). A head's k/v rows
+//     are copied once per task, lazily, as the query blocks reach them.
+//   - Forward tasks are (b, head, run of query blocks); backward tasks are (b, kv head), since the query
+//     heads of one group share dk/dv: one task owns every dq/dk/dv element it writes, and dq/dk/dv are
+//     overwritten, never accumulated across tasks.
+//   - No element's arithmetic depends on the task split or on which thread runs it, so results are
+//     bit-identical for any number of OpenMP threads.
+//   - Key blocks that are fully masked (causal, sliding window) are never visited; in blocks that straddle
+//     a mask edge the kernels skip the masked part (Band) and per-element masks clean up the rest.
+//   - Rows of qkv/out are ~3C floats apart, which the hardware prefetcher does not follow: the next
+//     block's rows and the output rows are software-prefetched while the current block computes.
+#include <omp.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+
+#include "backend/cpu/attention_tiles.h"
+#include "backend/cpu/cpu_ops.h"
+
+namespace loom::cpu {
+
+namespace {
+
+using attn::Band;
+using attn::kBlock;
+using attn::kW;
+using attn::Rows;
+using attn::tile_abt;
+using attn::tile_acc;
+using attn::transpose_block;
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// e^x for softmax arguments x = score - running max (or - lse), which are <= 0: exactly 0 below -87 (masked
+// scores are -inf), max relative error ~2e-7 above. Half the work of a general exp because the range is
+// one-sided: n = round(x log2 e) lies in [-126, 0], so 2^n is a normal number built straight from the bits of
+// the rounding sum, with no overflow, subnormal or NaN paths. Rounding residue above 0 is clamped to 0.
+inline float exp_nonpositive(float x) {
+  constexpr float kLog2e = 1.44269504088896341f;
+  constexpr float kLn2Hi = 0.693359375f;     // 355/512: n * kLn2Hi is exact
+  constexpr float kLn2Lo = -2.12194440e-4f;  // ln2 - kLn2Hi
+  constexpr float kRound = 12582912.0f + 127.0f;  // 1.5 * 2^23 + exponent bias: t's low bits hold n + 127
+  const float xc = std::min(std::max(x, -87.0f), 0.0f);
+  const float t = xc * kLog2e + kRound;
+  const float n = t - kRound;
+  const float r = (xc - n * kLn2Hi) - n * kLn2Lo;  // |r| <= ln2 / 2
+  float p = 1.0f / 5040.0f;                       // Taylor to r^7: truncation < 6e-9
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const float two_n = std::bit_cast<float>(std::bit_cast<uint32_t>(t) << 23);
+  return x < -87.0f ? 0.0f : p * two_n;
+}
+
+// 64-byte aligned float scratch, zero-initialised.
+struct Scratch {
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  std::unique_ptr<float[], Free> mem;
+  explicit Scratch(int64_t n) {
+    const size_t bytes = (size_t(std::max<int64_t>(n, 1)) * sizeof(float) + 63) / 64 * 64;
+    mem.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+    LOOM_CHECK(mem != nullptr, "[attention] could not allocate ", bytes, " bytes of scratch");
+    std::memset(mem.get(), 0, bytes);
+  }
+  float* get() const { return mem.get(); }
+};
+
+// ---- problem geometry ----------------------------------------------------------------------------
+
+struct Geometry {
+  int64_t B, T, NH, NKV, G, HS, HSP;  // G = NH / NKV query heads per group; HSP = HS padded to kW
+  int64_t qkv_row;                    // NKV * (G + 2) * HS: floats per (b, t) row of qkv
+  int64_t out_row;                    // NH * HS
+  float scale;
+  bool causal;
+  int64_t window;
+
+  // Column offsets inside a qkv row (Megatron's grouped layout).
+  int64_t q_col(int64_t h) const { return ((h / G) * (G + 2) + h % G) * HS; }
+  int64_t k_col(int64_t g) const { return (g * (G + 2) + G) * HS; }
+  int64_t v_col(int64_t g) const { return (g * (G + 2) + G + 1) * HS; }
+
+  // Keys [begin, end) that can be visible to some query of [i0, i0 + n).
+  int64_t key_begin(int64_t i0) const { return window > 0 ? std::max<int64_t>(0, i0 - window + 1) : 0; }
+  int64_t key_end(int64_t i0, int64_t n) const { return causal ? std::min(T, i0 + n) : T; }
+  // Visible pairs of the tile (queries from i0, keys from j0), and whether all qn x kn of them are.
+  Band band(int64_t i0, int64_t j0) const {
+    Band b;
+    if (causal) b.hi = i0 - j0;
+    if (window > 0) b.lo = i0 - j0 - window;
+    return b;
+  }
+};
+
+Geometry make_geometry(TensorView qkv, const AttentionParams& p, const char* op) {
+  LOOM_CHECK(p.num_heads > 0 && p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0, "[", op,
+             "] expected num_heads to be a positive multiple of num_kv_heads, got ", p.num_heads, " and ",
+             p.num_kv_heads);
+  LOOM_CHECK(p.head_dim > 0, "[", op, "] expected head_dim > 0, got ", p.head_dim);
+  LOOM_CHECK(p.window == -1 || p.window > 0, "[", op, "] expected window -1 (unlimited) or > 0, got ", p.window);
+  LOOM_CHECK(p.causal || p.window == -1, "[", op, "] a sliding window needs causal attention");
+  LOOM_CHECK(qkv.dtype() == DType::kF32 && qkv.ndim() == 3, "[", op, "] expected qkv f32 (B, T, 3*C), got ",
+             qkv.desc());
+  Geometry g{};
+  g.B = qkv.size(0);
+  g.T = qkv.size(1);
+  g.NH = p.num_heads;
+  g.NKV = p.num_kv_heads;
+  g.G = g.NH / g.NKV;
+  g.HS = p.head_dim;
+  g.HSP = (g.HS + kW - 1) / kW * kW;
+  g.qkv_row = g.NKV * (g.G + 2) * g.HS;
+  g.out_row = g.NH * g.HS;
+  g.scale = p.softmax_scale;
+  g.causal = p.causal;
+  g.window = p.window;
+  LOOM_CHECK(qkv.size(2) == g.qkv_row, "[", op, "] expected qkv last dim NKV*(NH/NKV+2)*HS = ", g.qkv_row,
+             ", got ", qkv.desc());
+  return g;
+}
+
+void check_same(TensorView t, Shape s, const char* op, const char* name) {
+  LOOM_CHECK(t.dtype() == DType::kF32 && t.shape() == s, "[", op, "] expected ", name, " f32", s.str(), ", got ",
+             t.desc());
+}
+
+// Copies rows [r0, r0 + n) of one head (columns [col, col + HS) of rows with stride ld) into dst
+// (kBlock x HSP, row-major), zeroing the padding columns and rows n..kBlock.
+void copy_rows(float* dst, const float* src, int64_t ld, int64_t col, int64_t r0, int64_t n, const Geometry& g,
+               int64_t dst_rows = kBlock) {
+  for (int64_t r = 0; r < dst_rows; ++r) {
+    float* d = dst + r * g.HSP;
+    if (r < n) {
+      std::memcpy(d, src + (r0 + r) * ld + col, size_t(g.HS) * sizeof(float));
+      std::fill(d + g.HS, d + g.HSP, 0.0f);
+    } else {
+      std::fill(d, d + g.HSP, 0.0f);
+    }
+  }
+}
+
+// Row ranges to bring into cache ahead of use (rows are a stride apart, which the hardware prefetcher does
+// not follow): the next block's operands, and output rows so that stores do not wait for their lines.
+// The lines go out a slice at a time between tile kernels, overlapping with compute instead of stalling
+// on full fill buffers.
+class PrefetchQueue {
+ public:
+  void add(const float* base, int64_t ld, int64_t col, int64_t r0, int64_t n, int64_t hs, bool write = false) {
+    if (n <= 0) return;
+    LOOM_CHECK(count_ < kMaxRanges, "[attention] prefetch queue full");
+    ranges_[count_++] = {base + r0 * ld + col, ld, n, (hs + kW - 1) / kW, write};
+    left_ += n * ((hs + kW - 1) / kW);
+  }
+  void plan(int64_t steps) { per_step_ = (left_ + steps - 1) / std::max<int64_t>(steps, 1); }  // spread over steps
+  void step() { issue(per_step_); }
+  void drain() {
+    issue(left_);
+    count_ = cur_ = 0;
+    row_ = left_ = 0;
+  }
+
+ private:
+  struct Range {
+    const float* p;
+    int64_t ld, rows, lines;
+    bool write;
+  };
+  static constexpr int kMaxRanges = 8;
+  void issue(int64_t n) {
+    while (n > 0 && cur_ < count_) {
+      const Range& r = ranges_[cur_];
+      const float* p = r.p + row_ * r.ld;
+      for (int64_t l = 0; l < r.lines; ++l) {
+        if (r.write) __builtin_prefetch(p + l * kW, 1);
+        else __builtin_prefetch(p + l * kW, 0);
+      }
+      n -= r.lines;
+      left_ -= r.lines;
+      if (++row_ == r.rows) {
+        row_ = 0;
+        ++cur_;
+      }
+    }
+  }
+  Range ranges_[kMaxRanges];
+  int count_ = 0, cur_ = 0;
+  int64_t row_ = 0, left_ = 0, per_step_ = 0;
+};
+
+// Rows of one kv head, copied into scratch (at their absolute row index) the first time a query block
+// needs them. The keys a query block needs only move forward (key_begin and key_end never decrease), so a
+// high-water mark is enough; the next block's new rows are prefetched while the current block computes.
+struct HeadRows {
+  float* k;
+  float* v;
+  int64_t have = 0;  // rows below this are present (or were skipped as never needed)
+
+  void require(const float* x, const Geometry& g, int64_t grp, int64_t begin, int64_t end) {
+    const int64_t lo = std::max(have, begin);
+    if (end > lo) {
+      copy_rows(k + lo * g.HSP, x, g.qkv_row, g.k_col(grp), lo, end - lo, g, end - lo);
+      copy_rows(v + lo * g.HSP, x, g.qkv_row, g.v_col(grp), lo, end - lo, g, end - lo);
+    }
+    have = std::max(have, end);
+  }
+  void prefetch(PrefetchQueue& pf, const float* x, const Geometry& g, int64_t grp, int64_t begin,
+                int64_t end) const {
+    const int64_t lo = std::max(have, begin);
+    pf.add(x, g.qkv_row, g.k_col(grp), lo, end - lo, g.HS);
+    pf.add(x, g.qkv_row, g.v_col(grp), lo, end - lo, g.HS);
+  }
+};
+
+// ---- forward -------------------------------------------------------------------------------------
+
+struct ForwardScratch {
+  Scratch k, v;            // one kv head: T x HSP
+  Scratch q, qt, st, o;    // one query block
+  explicit ForwardScratch(const Geometry& g)
+      : k(g.T * g.HSP),
+        v(g.T * g.HSP),
+        q(kBlock * g.HSP),
+        qt(g.HSP * kBlock),
+        st(kBlock * kBlock),
+        o(kBlock * g.HSP) {}
+};
+
+// Query blocks [qb0, qb1) of head h of batch row b.
+void forward_task(float* out, float* lse, const float* qkv, const Geometry& g, int64_t b, int64_t h, int64_t qb0,
+                  int64_t qb1, ForwardScratch& s) {
+  const float* x = qkv + b * g.T * g.qkv_row;
+  const int64_t grp = h / g.G;
+  float* qt = s.qt.get();
+  float* st = s.st.get();
+  float* o = s.o.get();
+  HeadRows kv{s.k.get(), s.v.get()};
+  PrefetchQueue pf;
+  for (int64_t qb = qb0; qb < qb1; ++qb) {
+    const int64_t i0 = qb * kBlock, qn = std::min(kBlock, g.T - i0);
+    const int64_t kbeg = g.key_begin(i0), kend = g.key_end(i0, qn);
+    kv.require(x, g, grp, kbeg, kend);
+    copy_rows(s.q.get(), x, g.qkv_row, g.q_col(h), i0, qn, g);
+    transpose_block(qt, s.q.get(), g.HSP, g.scale);  // scores come out scaled
+    pf.add(out, g.out_row, h * g.HS, b * g.T + i0, qn, g.HS, true);
+    if (qb + 1 < qb1) {
+      const int64_t ni0 = i0 + kBlock, nn = std::min(kBlock, g.T - ni0);
+      pf.add(x, g.qkv_row, g.q_col(h), ni0, nn, g.HS);
+      kv.prefetch(pf, x, g, grp, g.key_begin(ni0), g.key_end(ni0, nn));
+    }
+    pf.plan(2 * ((kend - kbeg + kBlock - 1) / kBlock));
+
+    alignas(64) float m[kBlock], l[kBlock], alpha[kBlock], msafe[kBlock], mb[kBlock];
+    std::fill(m, m + kBlock, kNegInf);
+    std::fill(l, l + kBlock, 0.0f);
+    std::fill(o, o + kBlock * g.HSP, 0.0f);
+    for (int64_t j0 = kbeg; j0 < kend; j0 += kBlock) {
+      const int64_t kn = std::min(kBlock, kend - j0);
+      const float* kj = kv.k + j0 * g.HSP;
+      const float* vj = kv.v + j0 * g.HSP;
+      const Band band = g.band(i0, j0);
+      tile_abt(st, kj, qt, kn, g.HSP, band);  // st[j][i] = scale * k_j . q_i
+      pf.step();
+      if (!band.all_visible(qn, kn))
+        for (int64_t j = 0; j < kn; ++j) band.mask_row(st + j * kBlock, j, kNegInf);
+      // Online softmax, vectorised across the queries (columns of st).
+      std::copy(m, m + kBlock, mb);
+      for (int64_t j = 0; j < kn; ++j) {
+        const float* row = st + j * kBlock;
+#pragma omp simd
+        for (int64_t i = 0; i < kBlock; ++i) mb[i] = std::max(mb[i], row[i]);
+      }
+#pragma omp simd
+      for (int64_t i = 0; i < kBlock; ++i) {
+        msafe[i] = mb[i] == kNegInf ? 0.0f : mb[i];  // query with no visible key yet: keep everything at 0
+        alpha[i] = exp_nonpositive(m[i] - msafe[i]);
+        m[i] = mb[i];
+        l[i] *= alpha[i];
+      }
+      for (int64_t j = 0; j < kn; ++j) {
+        float* row = st + j * kBlock;
+#pragma omp simd
+        for (int64_t i = 0; i < kBlock; ++i) {
+          row[i] = exp_nonpositive(row[i] - msafe[i]);
+          l[i] += row[i];
+        }
+      }
+      if (j0 != kbeg) {  // the first block finds o at zero
+        for (int64_t i = 0; i < qn; ++i) {
+          float* orow = o + i * g.HSP;
+          const float a = alpha[i];
+#pragma omp simd
+          for (int64_t d = 0; d < g.HSP; ++d) orow[d] *= a;
+        }
+      }
+      tile_acc(o, st, 1, kBlock, vj, kn, qn, g.HSP, band, Rows::kQueries);  // o[i] += sum_j p[i][j] v_j
+      pf.step();
+    }
+    pf.drain();
+
+    for (int64_t i = 0; i < qn; ++i) {
+      const float inv = 1.0f / l[i];
+      float* dst = out + (b * g.T + i0 + i) * g.out_row + h * g.HS;
+      const float* orow = o + i * g.HSP;
+#pragma omp simd
+      for (int64_t d = 0; d < g.HS; ++d) dst[d] = orow[d] * inv;
+      lse[(b * g.NH + h) * g.T + i0 + i] = m[i] + std::log(l[i]);
+    }
+  }
+}
+
+// ---- backward ------------------------------------------------------------------------------------
+
+struct BackwardScratch {
+  Scratch k, v, dk, dv;        // one kv head: T x HSP
+  Scratch q, qt, dout, doutt;  // one query block
+  Scratch st, dpt, dq;
+  explicit BackwardScratch(const Geometry& g)
+      : k(g.T * g.HSP),
+        v(g.T * g.HSP),
+        dk(g.T * g.HSP),
+        dv(g.T * g.HSP),
+        q(kBlock * g.HSP),
+        qt(g.HSP * kBlock),
+        dout(kBlock * g.HSP),
+        doutt(g.HSP * kBlock),
+        st(kBlock * kBlock),
+        dpt(kBlock * kBlock),
+        dq(kBlock * g.HSP) {}
+};
+
+// All query heads of group grp for batch row b: writes dq of those heads and dk, dv of the group.
+void backward_group(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                    const Geometry& g, int64_t b, int64_t grp, BackwardScratch& s) {
+  const float* x = qkv + b * g.T * g.qkv_row;
+  const float* dy = dout + b * g.T * g.out_row;
+  const float* y = out + b * g.T * g.out_row;
+  float* dx = dqkv + b * g.T * g.qkv_row;
+  HeadRows kv{s.k.get(), s.v.get()};
+  PrefetchQueue pf;
+  std::fill(s.dk.get(), s.dk.get() + g.T * g.HSP, 0.0f);
+  std::fill(s.dv.get(), s.dv.get() + g.T * g.HSP, 0.0f);
+  float* st = s.st.get();
+  float* dpt = s.dpt.get();
+  float* dq = s.dq.get();
+  const int64_t nqb = (g.T + kBlock - 1) / kBlock;
+
+  for (int64_t h = grp * g.G; h < (grp + 1) * g.G; ++h) {
+    for (int64_t qb = 0; qb < nqb; ++qb) {
+      const int64_t i0 = qb * kBlock, qn = std::min(kBlock, g.T - i0);
+      const int64_t kbeg = g.key_begin(i0), kend = g.key_end(i0, qn);
+      kv.require(x, g, grp, kbeg, kend);
+      copy_rows(s.q.get(), x, g.qkv_row, g.q_col(h), i0, qn, g);
+      transpose_block(s.qt.get(), s.q.get(), g.HSP, g.scale);  // scores come out scaled
+      copy_rows(s.dout.get(), dy, g.out_row, h * g.HS, i0, qn, g);
+      transpose_block(s.doutt.get(), s.dout.get(), g.HSP, 1.0f);
+      pf.add(dx, g.qkv_row, g.q_col(h), i0, qn, g.HS, true);
+      if (h == (grp + 1) * g.G - 1) {  // dk, dv rows are written at the end; spread their prefetch over the last head
+        pf.add(dx, g.qkv_row, g.k_col(grp), i0, qn, g.HS, true);
+        pf.add(dx, g.qkv_row, g.v_col(grp), i0, qn, g.HS, true);
+      }
+      {
+        // The next query block's rows (of the next head after the last block) arrive while this one computes.
+        const int64_t nh = qb + 1 < nqb ? h : h + 1, ni0 = qb + 1 < nqb ? i0 + kBlock : 0;
+        if (nh < (grp + 1) * g.G) {
+          const int64_t nn = std::min(kBlock, g.T - ni0);
+          pf.add(x, g.qkv_row, g.q_col(nh), ni0, nn, g.HS);
+          pf.add(dy, g.out_row, nh * g.HS, ni0, nn, g.HS);
+          pf.add(y, g.out_row, nh * g.HS, ni0, nn, g.HS);
+          kv.prefetch(pf, x, g, grp, g.key_begin(ni0), g.key_end(ni0, nn));
+        }
+      }
+      pf.plan(5 * ((kend - kbeg + kBlock - 1) / kBlock));
+      // Padding queries get lse = +inf, so their P (and dS) is exactly 0.
+      alignas(64) float lse_i[kBlock], d_i[kBlock];
+      for (int64_t i = 0; i < kBlock; ++i) {
+        if (i < qn) {
+          lse_i[i] = lse[(b * g.NH + h) * g.T + i0 + i];
+          const float* yr = y + (i0 + i) * g.out_row + h * g.HS;
+          const float* dyr = s.dout.get() + i * g.HSP;
+          float acc = 0;
+#pragma omp simd reduction(+ : acc)
+          for (int64_t d = 0; d < g.HS; ++d) acc += yr[d] * dyr[d];
+          d_i[i] = acc;
+        } else {
+          lse_i[i] = std::numeric_limits<float>::infinity();
+          d_i[i] = 0;
+        }
+      }
+      std::fill(dq, dq + kBlock * g.HSP, 0.0f);
+
+      for (int64_t j0 = kbeg; j0 < kend; j0 += kBlock) {
+        const int64_t kn = std::min(kBlock, kend - j0);
+        const float* kj = kv.k + j0 * g.HSP;
+        const float* vj = kv.v + j0 * g.HSP;
+        const Band band = g.band(i0, j0);
+        tile_abt(st, kj, s.qt.get(), kn, g.HSP, band);  // s^T[j][i] = scale * k_j . q_i
+        pf.step();
+        tile_abt(dpt, vj, s.doutt.get(), kn, g.HSP, band);  // dP^T[j][i] = v_j . dO_i
+        pf.step();
+        const bool masked = !band.all_visible(qn, kn);
+        for (int64_t j = 0; j < kn; ++j) {
+          float* prow = st + j * kBlock;
+          float* drow = dpt + j * kBlock;
+#pragma omp simd
+          for (int64_t i = 0; i < kBlock; ++i) prow[i] = exp_nonpositive(prow[i] - lse_i[i]);
+          // drow becomes dS^T of the raw scores: P * (dP - D) * scale.
+#pragma omp simd
+          for (int64_t i = 0; i < kBlock; ++i) drow[i] = prow[i] * (drow[i] - d_i[i]) * g.scale;
+          if (masked) {
+            band.mask_row(prow, j, 0.0f);
+            band.mask_row(drow, j, 0.0f);
+          }
+        }
+        tile_acc(s.dv.get() + j0 * g.HSP, st, kBlock, 1, s.dout.get(), qn, kn, g.HSP, band, Rows::kKeys);  // P^T dO
+        pf.step();
+        tile_acc(s.dk.get() + j0 * g.HSP, dpt, kBlock, 1, s.q.get(), qn, kn, g.HSP, band, Rows::kKeys);  // dS^T q
+        pf.step();
+        tile_acc(dq, dpt, 1, kBlock, kj, kn, qn, g.HSP, band, Rows::kQueries);  // dS k
+        pf.step();
+      }
+      pf.drain();
+      for (int64_t i = 0; i < qn; ++i)
+        std::memcpy(dx + (i0 + i) * g.qkv_row + g.q_col(h), dq + i * g.HSP, size_t(g.HS) * sizeof(float));
+    }
+  }
+  for (int64_t t = 0; t < g.T; ++t) {
+    std::memcpy(dx + t * g.qkv_row + g.k_col(grp), s.dk.get() + t * g.HSP, size_t(g.HS) * sizeof(float));
+    std::memcpy(dx + t * g.qkv_row + g.v_col(grp), s.dv.get() + t * g.HSP, size_t(g.HS) * sizeof(float));
+  }
+}
+
+}  // namespace
+
+void CpuOps::attention_forward(TensorView out, TensorView lse, TensorView qkv, const AttentionParams& p) const {
+  const Geometry g = make_geometry(qkv, p, "attention_forward");
+  check_same(out, Shape{g.B, g.T, g.out_row}, "attention_forward", "out");
+  check_same(lse, Shape{g.B, g.NH, g.T}, "attention_forward", "lse");
+  const float* x = qkv.data<float>();
+  float* y = out.data<float>();
+  float* ls = lse.data<float>();
+  // Tasks are (b, head, run of query blocks): a run shares one copy of the head's k/v rows. Runs are
+  // split only as far as needed to give every thread several tasks; each query block's arithmetic is
+  // the same whatever the split, so the thread count does not change the results.
+  const int64_t nqb = (g.T + kBlock - 1) / kBlock;
+  const int64_t bh = g.B * g.NH;
+  const int64_t runs = std::clamp<int64_t>((4 * omp_get_max_threads() + bh - 1) / std::max<int64_t>(bh, 1), 1,
+                                           std::max<int64_t>(nqb, 1));
+  const int64_t tasks = bh * runs;
+#pragma omp parallel if (tasks > 1)
+  {
+    ForwardScratch s(g);
+    // Later runs see more keys (causal): hand them out first so the tail of the loop is short.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t run = runs - 1 - task % runs, head = task / runs;
+      forward_task(y, ls, x, g, head / g.NH, head % g.NH, run * nqb / runs, (run + 1) * nqb / runs, s);
+    }
+  }
+}
+
+void CpuOps::attention_backward(TensorView dqkv, TensorView dout, TensorView qkv, TensorView out, TensorView lse,
+                                const AttentionParams& p) const {
+  const Geometry g = make_geometry(qkv, p, "attention_backward");
+  check_same(dqkv, qkv.shape(), "attention_backward", "dqkv");
+  check_same(out, Shape{g.B, g.T, g.out_row}, "attention_backward", "out");
+  check_same(dout, Shape{g.B, g.T, g.out_row}, "attention_backward", "dout");
+  check_same(lse, Shape{g.B, g.NH, g.T}, "attention_backward", "lse");
+  const int64_t tasks = g.B * g.NKV;
+  float* dx = dqkv.data<float>();
+  const float* dy = dout.data<float>();
+  const float* x = qkv.data<float>();
+  const float* y = out.data<float>();
+  const float* ls = lse.data<float>();
+#pragma omp parallel if (tasks > 1)
+  {
+    BackwardScratch s(g);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < tasks; ++task) backward_group(dx, dy, x, y, ls, g, task / g.NKV, task % g.NKV, s);
+  }
+}
+
+}  // namespace loom::cpu

@@ -1,0 +1,158 @@
+// Tile kernels of the CPU attention core; see attention_tiles.h for the layout conventions.
+// Register blocking: 4 output rows x up to 4 vectors = 16 accumulators, plus the 4 vectors of the streamed
+// operand and one broadcast, fit the 32 AVX-512 registers without spills (checked in the generated code).
+#include "backend/cpu/attention_tiles.h"
+
+#include <cstring>
+#include <utility>
+
+// The 64-byte vector type never crosses this file (internal linkage), so GCC's note that passing it by
+// value changes the psABI on targets without AVX-512 (LOOM_NATIVE=OFF) does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+namespace loom::cpu::attn {
+
+namespace {
+
+using Vec = float __attribute__((vector_size(64)));  // kW floats
+constexpr int64_t kBlockVecs = kBlock / kW;
+
+inline Vec load(const float* p) {
+  Vec v;
+  std::memcpy(&v, p, sizeof(Vec));
+  return v;
+}
+inline void store(float* p, const Vec& v) { std::memcpy(p, &v, sizeof(Vec)); }
+
+// out[r][0 : NV*kW] = sum_k a[r][k] * bt[k][0 : NV*kW] for RB rows; out and bt rows are kBlock apart.
+template <int RB, int NV>
+inline void abt_rows(float* out, const float* a, const float* bt, int64_t hsp) {
+  Vec c[RB][NV] = {};
+  for (int64_t k = 0; k < hsp; ++k) {
+    Vec b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = load(bt + k * kBlock + v * kW);
+    for (int r = 0; r < RB; ++r) {
+      const float s = a[r * hsp + k];
+      for (int v = 0; v < NV; ++v) c[r][v] += s * b[v];
+    }
+  }
+  for (int r = 0; r < RB; ++r)
+    for (int v = 0; v < NV; ++v) store(out + r * kBlock + v * kW, c[r][v]);
+}
+
+// Rows [r, r + RB) of tile_abt, restricted to the query vectors the band leaves visible.
+template <int RB>
+inline void abt_group(float* out, const float* a, const float* bt, int64_t r, int64_t hsp, const Band& band) {
+  const int64_t b = std::clamp<int64_t>(band.query_begin(r), 0, kBlock) / kW;
+  const int64_t e = (std::clamp<int64_t>(band.query_end(r, RB), 0, kBlock) + kW - 1) / kW;
+  out += r * kBlock + b * kW;
+  a += r * hsp;
+  bt += b * kW;
+  switch (e - b) {
+    case 4: abt_rows<RB, 4>(out, a, bt, hsp); break;
+    case 3: abt_rows<RB, 3>(out, a, bt, hsp); break;
+    case 2: abt_rows<RB, 2>(out, a, bt, hsp); break;
+    case 1: abt_rows<RB, 1>(out, a, bt, hsp); break;
+    default: break;  // no visible query: the caller masks the whole row
+  }
+}
+
+// out[r][0 : NV*kW] += sum_{k in [kb, ke)} coef(r, k) * x[k][0 : NV*kW] for RB rows; coef(r, k) = c[r*cr + k*ck].
+template <int RB, int NV>
+inline void acc_rows(float* out, const float* c, int64_t cr, int64_t ck, const float* x, int64_t kb, int64_t ke,
+                     int64_t hsp) {
+  Vec acc[RB][NV];
+  for (int r = 0; r < RB; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = load(out + r * hsp + v * kW);
+  for (int64_t k = kb; k < ke; ++k) {
+    Vec xv[NV];
+    for (int v = 0; v < NV; ++v) xv[v] = load(x + k * hsp + v * kW);
+    for (int r = 0; r < RB; ++r) {
+      const float s = c[r * cr + k * ck];
+      for (int v = 0; v < NV; ++v) acc[r][v] += s * xv[v];
+    }
+  }
+  for (int r = 0; r < RB; ++r)
+    for (int v = 0; v < NV; ++v) store(out + r * hsp + v * kW, acc[r][v]);
+}
+
+// One chunk of NV vectors of output columns of tile_acc, all rows.
+template <int NV>
+void acc_cols(float* out, const float* c, int64_t cr, int64_t ck, const float* x, int64_t kcount, int64_t rows,
+              int64_t hsp, const Band& band, Rows kind) {
+  auto k_range = [&](int64_t r, int64_t n) {
+    const int64_t b = kind == Rows::kQueries ? band.key_begin(r) : band.query_begin(r);
+    const int64_t e = kind == Rows::kQueries ? band.key_end(r, n) : band.query_end(r, n);
+    const int64_t cb = std::clamp<int64_t>(b, 0, kcount);
+    return std::pair{cb, std::clamp<int64_t>(e, cb, kcount)};
+  };
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    const auto [kb, ke] = k_range(r, 4);
+    acc_rows<4, NV>(out + r * hsp, c + r * cr, cr, ck, x, kb, ke, hsp);
+  }
+  for (; r < rows; ++r) {
+    const auto [kb, ke] = k_range(r, 1);
+    acc_rows<1, NV>(out + r * hsp, c + r * cr, cr, ck, x, kb, ke, hsp);
+  }
+}
+
+// One butterfly stage of a 16 x 16 transpose: for rows i and i | 2^K, exchanges the elements whose row and
+// column differ in bit K. After stages 0..3 every element (i, j) has moved to (j, i).
+template <int K, size_t... J>
+inline Vec butterfly_lo(const Vec& a, const Vec& b, std::index_sequence<J...>) {
+  return __builtin_shufflevector(a, b, int(((J >> K) & 1) ? kW + (J ^ (1u << K)) : J)...);
+}
+template <int K, size_t... J>
+inline Vec butterfly_hi(const Vec& a, const Vec& b, std::index_sequence<J...>) {
+  return __builtin_shufflevector(a, b, int(((J >> K) & 1) ? kW + J : (J ^ (1u << K)))...);
+}
+template <int K>
+inline void butterfly(Vec (&r)[kW]) {
+  for (int i = 0; i < kW; ++i) {
+    if ((i >> K) & 1) continue;
+    const int j = i | (1 << K);
+    const Vec lo = butterfly_lo<K>(r[i], r[j], std::make_index_sequence<kW>{});
+    const Vec hi = butterfly_hi<K>(r[i], r[j], std::make_index_sequence<kW>{});
+    r[i] = lo;
+    r[j] = hi;
+  }
+}
+
+}  // namespace
+
+void tile_abt(float* out, const float* a, const float* bt, int64_t rows, int64_t hsp, const Band& band) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) abt_group<4>(out, a, bt, r, hsp, band);
+  for (; r < rows; ++r) abt_group<1>(out, a, bt, r, hsp, band);
+}
+
+// Output columns go in chunks of up to 4 vectors, so that a 4-row group keeps 16 accumulators in registers.
+void tile_acc(float* out, const float* c, int64_t cr, int64_t ck, const float* x, int64_t kcount, int64_t rows,
+              int64_t hsp, const Band& band, Rows kind) {
+  for (int64_t d0 = 0; d0 < hsp; d0 += kBlock) {
+    switch (std::min<int64_t>(kBlockVecs, (hsp - d0) / kW)) {
+      case 4: acc_cols<4>(out + d0, c, cr, ck, x + d0, kcount, rows, hsp, band, kind); break;
+      case 3: acc_cols<3>(out + d0, c, cr, ck, x + d0, kcount, rows, hsp, band, kind); break;
+      case 2: acc_cols<2>(out + d0, c, cr, ck, x + d0, kcount, rows, hsp, band, kind); break;
+      default: acc_cols<1>(out + d0, c, cr, ck, x + d0, kcount, rows, hsp, band, kind); break;
+    }
+  }
+}
+
+// 16 x 16 register tiles: four butterfly stages of two-source shuffles instead of 256 scalar stores.
+void transpose_block(float* dst, const float* src, int64_t hsp, float scale) {
+  for (int64_t rb = 0; rb < kBlock; rb += kW) {
+    for (int64_t cb = 0; cb < hsp; cb += kW) {
+      Vec r[kW];
+      for (int i = 0; i < kW; ++i) r[i] = load(src + (rb + i) * hsp + cb) * scale;
+      butterfly<0>(r);
+      butterfly<1>(r);
+      butterfly<2>(r);
+      butterfly<3>(r);
+      for (int i = 0; i < kW; ++i) store(dst + (cb + i) * kBlock + rb, r[i]);
+    }
+  }
+}
+
+}  // namespace loom::cpu::attn

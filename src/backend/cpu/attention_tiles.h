@@ -1,0 +1,57 @@
+// Tile kernels of the CPU attention core (attention.cpp): the five block products of FlashAttention and
+// the q/dO tile transpose, on 64-byte aligned per-thread scratch.
+// Conventions: a block is kBlock = 64 queries or keys; head rows are padded to hsp, a multiple of kW = 16
+// floats, with zeros; score tiles are stored transposed, S^T[key][query], kBlock floats per row. Every
+// product is "broadcast one scalar, FMA a contiguous row" with 4-row register blocking, so it compiles to
+// full-width vector FMAs (AVX-512 with -march=native; GCC/Clang split the 16-float vectors on narrower
+// ISAs). No kernel's result depends on anything but its arguments (thread-count independent).
+#pragma once
+#include <algorithm>
+#include <cstdint>
+
+namespace loom::cpu::attn {
+
+constexpr int64_t kW = 16;      // floats per vector
+constexpr int64_t kBlock = 64;  // rows per query block and per key block
+constexpr int64_t kFar = int64_t(1) << 40;  // an unbounded band edge
+
+// The visible (query, key) pairs of one tile: with ii and jj the offsets of a query and a key inside their
+// blocks, the pair is visible iff lo < jj - ii <= hi (causal: hi = i0 - j0; window: lo = hi - window).
+// Kernels use it to skip work that is entirely masked; skipping adds nothing but exact zeros (P = 0),
+// so results are the same as computing the full tile.
+struct Band {
+  int64_t lo = -kFar, hi = kFar;
+  // Queries visible to some key of [r, r + n): [r - hi, r + n - 1 - lo).
+  int64_t query_begin(int64_t r) const { return r - hi; }
+  int64_t query_end(int64_t r, int64_t n) const { return r + n - 1 - lo; }
+  // Keys visible to some query of [r, r + n): [r + lo + 1, r + n + hi).
+  int64_t key_begin(int64_t r) const { return r + lo + 1; }
+  int64_t key_end(int64_t r, int64_t n) const { return r + n + hi; }
+  // True when all qn x kn pairs of the tile are visible (no per-element mask needed).
+  bool all_visible(int64_t qn, int64_t kn) const { return lo < 1 - qn && kn - 1 <= hi; }
+  // Writes `value` into the entries of S^T row jj (queries 0..kBlock) that key jj cannot see.
+  void mask_row(float* row, int64_t jj, float value) const {
+    const int64_t b = std::clamp<int64_t>(query_begin(jj), 0, kBlock);
+    const int64_t e = std::clamp<int64_t>(query_end(jj, 1), b, kBlock);
+    std::fill(row, row + b, value);
+    std::fill(row + e, row + kBlock, value);
+  }
+};
+
+// out (rows x kBlock) = a (rows x hsp) · bt (hsp x kBlock), rows being keys and columns queries: S^T = K·Q^T
+// and dP^T = V·dO^T. Query vectors that no key of a 4-row group sees are not computed; they keep stale
+// values, so callers must mask every invisible entry of a tile that is not all_visible.
+void tile_abt(float* out, const float* a, const float* bt, int64_t rows, int64_t hsp, const Band& band);
+
+enum class Rows { kQueries, kKeys };  // what the output rows of tile_acc are (k runs over the other)
+
+// out (rows x hsp) += C (rows x kcount, element (r, k) at c[r*cr + k*ck]) · x (kcount x hsp), skipping the k
+// outside the band (their coefficients are 0). O += P·V and dQ += dS·K have query rows; dV += P^T·dO and
+// dK += dS^T·Q have key rows.
+void tile_acc(float* out, const float* c, int64_t cr, int64_t ck, const float* x, int64_t kcount, int64_t rows,
+              int64_t hsp, const Band& band, Rows kind);
+
+// dst (hsp x kBlock) = scale * src^T for src (kBlock x hsp) row-major.
+void transpose_block(float* dst, const float* src, int64_t hsp, float scale);
+
+}  // namespace loom::cpu::attn
