@@ -1,0 +1,302 @@
+#!/usr/bin/env bash
+# Training-speed benchmark behind `make bench`: GPT-2 124M trained on random tokens, fp32 on CPU, by
+# `loom train --mock-data` and by bench/pytorch_gpt2.py, one after the other on the same machine, each a
+# separate process under `/usr/bin/time -v` so peak RSS is measured the same way for both. Prints a
+# side-by-side table with the Loom/PyTorch ratios against the targets and writes it as markdown to
+# out/bench_latest.md.
+#
+# Both sides run with OMP_NUM_THREADS=$BENCH_THREADS (2). PyTorch runs with OPENBLAS_CORETYPE unset
+# (or set to $BENCH_TORCH_CORETYPE); Loom runs in the caller's environment. Before timing, a probe
+# reports which BLAS torch really loads (and OpenBLAS's core type) and warns when it is the netlib
+# reference BLAS or OpenBLAS's generic kernels, since the ratios would then flatter Loom.
+# ms/step is the median over the timed iterations (the first WARMUP iterations are dropped); tokens/s
+# and GFLOP/s are derived from it with one FLOP formula shared by both sides (see bench/README.md).
+#
+# Environment overrides (defaults in brackets):
+#   LOOM_BIN [build/loom]   PYTHON [/usr/bin/python3]   BENCH_THREADS [2]
+#   BENCH_SHAPES ["4x64 8x256"]  (BxT pairs)
+#   BENCH_WARMUP / BENCH_STEPS        warm-up / timed iterations for every shape
+#   BENCH_WARMUP_<BxT> / BENCH_STEPS_<BxT>  per shape, e.g. BENCH_STEPS_8x256=5
+#                                     [4x64: 2 + 8, 8x256: 1 + 5, others: 1 + 3]
+#   BENCH_LAYERS [12] BENCH_HIDDEN [768] BENCH_HEADS [12] BENCH_VOCAB [50257]  (model; 124M by default)
+#   BENCH_OUT [out/bench_latest.md]
+#   BENCH_TORCH_CORETYPE [unset]  OPENBLAS_CORETYPE for the PyTorch side (e.g. SkylakeX)
+# Exit status: 0 when every run finished (PASS or MISS alike), 1 when a run failed or Loom is missing.
+#
+# Helper modes (used internally and by tests):
+#   run_bench.sh --parse-loom-log LOG WARMUP B T   -> prints the Loom result as one JSON line
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PYTHON="${PYTHON:-/usr/bin/python3}"
+
+# One Python helper (stdlib only) for parsing logs and formatting; kept inline so the bench is one file.
+read -r -d '' HELPER <<'PY' || true
+import json, os, re, statistics, sys
+
+TARGETS = {(4, 64): 2.0, (8, 256): 1.4}   # speed = PyTorch ms / Loom ms, at least this
+MEM_TARGET = 1.0                          # memory = Loom RSS / PyTorch RSS, at most this
+
+def env_int(name, default):
+    return int(os.environ.get(name, default))
+
+def model():
+    return dict(L=env_int("BENCH_LAYERS", 12), C=env_int("BENCH_HIDDEN", 768),
+                NH=env_int("BENCH_HEADS", 12), V=env_int("BENCH_VOCAB", 50257))
+
+def padded_vocab(V, multiple=128):
+    return (V + multiple - 1) // multiple * multiple
+
+def flops_per_step(B, T, L, C, Vp):
+    # Same formula as bench/pytorch_gpt2.py: forward matmul FLOPs x 3 (forward + backward).
+    return 3 * (2 * B * T * (12 * L * C * C) + 2 * B * T * C * Vp + 2 * B * L * T * T * C)
+
+ITER_RE = re.compile(r"iteration\s+(\d+)\s*/\s*(\d+)\s*\|.*?elapsed time per iteration \(ms\):\s*([0-9.eE+-]+)")
+
+def parse_loom_log(path, warmup, B, T):
+    times = {}
+    with open(path, errors="replace") as f:
+        for line in f:
+            m = ITER_RE.search(line)
+            if m:
+                times[int(m.group(1))] = float(m.group(3))
+    if not times:
+        sys.exit(f"[bench] no 'iteration ... elapsed time per iteration (ms): X' lines in {path}")
+    timed = [ms for it, ms in sorted(times.items()) if it > warmup]
+    if not timed:
+        sys.exit(f"[bench] {path}: {len(times)} iterations logged, none after the {warmup} warm-up ones")
+    ms = statistics.median(timed)
+    mdl = model()
+    flops = flops_per_step(B, T, mdl["L"], mdl["C"], padded_vocab(mdl["V"]))
+    return {"impl": "loom", "B": B, "T": T, "warmup": warmup, "steps": len(timed),
+            "ms_per_step": round(ms, 3), "tokens_per_s": round(B * T / (ms / 1e3), 3),
+            "gflops": round(flops / (ms / 1e3) / 1e9, 3)}
+
+def rss_mb(time_file):
+    with open(time_file, errors="replace") as f:
+        for line in f:
+            if "Maximum resident set size" in line:
+                return round(int(line.rsplit(":", 1)[1]) / 1024, 1)
+    sys.exit(f"[bench] no 'Maximum resident set size' in {time_file}")
+
+def read_pytorch(path):
+    last = None
+    with open(path, errors="replace") as f:
+        for line in f:
+            line = line.strip()
+            if line.startswith("{") and '"impl"' in line:
+                last = line
+    if last is None:
+        sys.exit(f"[bench] no JSON result line in {path}")
+    return json.loads(last)
+
+def fmt(x, nd=1):
+    return "-" if x is None else f"{x:,.{nd}f}"
+
+def report(results_path, md_path, header):
+    rows = [json.loads(l) for l in open(results_path) if l.strip()]
+    shapes = []
+    for r in rows:
+        if (r["B"], r["T"]) not in shapes:
+            shapes.append((r["B"], r["T"]))
+    by = {(r["B"], r["T"], r["impl"]): r for r in rows}
+    cols = ["shape", "impl", "ms/step", "tokens/s", "GFLOP/s", "peak RSS MB"]
+    table = []
+    verdicts = []
+    for B, T in shapes:
+        lo, pt = by.get((B, T, "loom")), by.get((B, T, "pytorch"))
+        for r, name in ((lo, "loom"), (pt, "pytorch")):
+            if r is None or r.get("failed"):
+                table.append([f"{B}x{T}", name, "FAILED", "-", "-", "-"])
+            else:
+                table.append([f"{B}x{T}", name, fmt(r["ms_per_step"]), fmt(r["tokens_per_s"]),
+                              fmt(r["gflops"]), fmt(r.get("peak_rss_mb"))])
+        ok = lambda r: r is not None and not r.get("failed")
+        speed = pt["ms_per_step"] / lo["ms_per_step"] if ok(lo) and ok(pt) else None
+        mem = (lo["peak_rss_mb"] / pt["peak_rss_mb"]
+               if ok(lo) and ok(pt) and lo.get("peak_rss_mb") and pt.get("peak_rss_mb") else None)
+        tgt = TARGETS.get((B, T))
+        sp_status = "-" if tgt is None else ("MISS" if speed is None or speed < tgt else "PASS")
+        mem_status = "MISS" if mem is None or mem > MEM_TARGET else "PASS"
+        verdicts.append([f"{B}x{T}", "-" if speed is None else f"{speed:.2f}x",
+                         "-" if tgt is None else f">= {tgt:.1f}x", sp_status,
+                         "-" if mem is None else f"{mem:.2f}", f"<= {MEM_TARGET:.1f}", mem_status])
+    vcols = ["shape", "speed (PyTorch ms / Loom ms)", "target", "status",
+             "memory (Loom RSS / PyTorch RSS)", "target", "status"]
+
+    def text(cols, body):
+        w = [max(len(str(x)) for x in col) for col in zip(cols, *body)]
+        line = lambda row: "  ".join(str(x).rjust(n) if i > 1 else str(x).ljust(n)
+                                     for i, (x, n) in enumerate(zip(row, w)))
+        return "\n".join([line(cols), line(["-" * n for n in w])] + [line(r) for r in body])
+
+    def md(cols, body):
+        out = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+        return "\n".join(out + ["| " + " | ".join(str(x) for x in r) + " |" for r in body])
+
+    print()
+    print(header)
+    print()
+    print(text(cols, table))
+    print()
+    print(text(vcols, verdicts))
+    os.makedirs(os.path.dirname(os.path.abspath(md_path)), exist_ok=True)
+    with open(md_path, "w") as f:
+        f.write("# Loom vs PyTorch training speed (latest run)\n\n")
+        f.write("\n".join("- " + h for h in header.splitlines()) + "\n\n")
+        f.write(md(cols, table) + "\n\n" + md(vcols, verdicts) + "\n")
+    print(f"\n[bench] markdown written to {md_path}")
+
+mode = sys.argv[1]
+if mode == "parse-loom-log":
+    print(json.dumps(parse_loom_log(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))))
+elif mode == "loom-result":       # LOG WARMUP B T TIMEFILE
+    r = parse_loom_log(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+    r["peak_rss_mb"] = rss_mb(sys.argv[6])
+    print(json.dumps(r))
+elif mode == "pytorch-result":    # STDOUT TIMEFILE
+    r = read_pytorch(sys.argv[2])
+    r["peak_rss_in_process_mb"] = r.get("peak_rss_mb")
+    r["peak_rss_mb"] = rss_mb(sys.argv[3])
+    print(json.dumps(r))
+elif mode == "report":            # RESULTS.jsonl MD HEADER
+    report(sys.argv[2], sys.argv[3], sys.argv[4])
+else:
+    sys.exit(f"[bench] unknown helper mode {mode}")
+PY
+
+helper() { "$PYTHON" -c "$HELPER" "$@"; }
+
+if [[ "${1:-}" == "--parse-loom-log" ]]; then
+  [[ $# -eq 5 ]] || { echo "usage: $0 --parse-loom-log LOG WARMUP B T" >&2; exit 2; }
+  helper parse-loom-log "$2" "$3" "$4" "$5"
+  exit
+fi
+
+LOOM_BIN="${LOOM_BIN:-$ROOT/build/loom}"
+THREADS="${BENCH_THREADS:-2}"
+SHAPES="${BENCH_SHAPES:-4x64 8x256}"
+L="${BENCH_LAYERS:-12}" C="${BENCH_HIDDEN:-768}" NH="${BENCH_HEADS:-12}" V="${BENCH_VOCAB:-50257}"
+export BENCH_LAYERS="$L" BENCH_HIDDEN="$C" BENCH_HEADS="$NH" BENCH_VOCAB="$V"
+MD_OUT="${BENCH_OUT:-$ROOT/out/bench_latest.md}"
+
+if [[ ! -x "$LOOM_BIN" ]]; then
+  echo "[bench] ERROR: Loom binary not found or not executable: $LOOM_BIN" >&2
+  echo "[bench] build it first (make, or cmake --build build --target loom), or set LOOM_BIN" >&2
+  exit 1
+fi
+[[ -x /usr/bin/time ]] || { echo "[bench] ERROR: /usr/bin/time missing (apt-get install time)" >&2; exit 1; }
+"$PYTHON" -c "import torch" 2>/dev/null ||
+  { echo "[bench] ERROR: $PYTHON cannot import torch (apt-get install python3-torch)" >&2; exit 1; }
+
+# PyTorch's environment: OPENBLAS_CORETYPE unset unless the caller picks one.
+if [[ -n "${BENCH_TORCH_CORETYPE:-}" ]]; then
+  TORCH_ENV=(env "OPENBLAS_CORETYPE=$BENCH_TORCH_CORETYPE")
+else
+  TORCH_ENV=(env -u OPENBLAS_CORETYPE)
+fi
+
+# Which BLAS does torch run on here? Debian's torch uses whatever libblas.so.3 the alternatives
+# system points at: the netlib reference BLAS is ~40x slower than OpenBLAS, and OpenBLAS falls back to
+# its generic "Prescott" kernels on CPUs it does not recognise (~2x slower than SkylakeX kernels).
+probe="$("${TORCH_ENV[@]}" OPENBLAS_VERBOSE=2 OMP_NUM_THREADS=1 "$PYTHON" -c '
+import os, torch
+torch.ones(4, 4) @ torch.ones(4, 4)
+libs = sorted({os.path.realpath(l.split()[-1]) for l in open("/proc/self/maps")
+               if len(l.split()) >= 6 and "blas" in os.path.basename(l.split()[-1]).lower()})
+print("BLAS_LIBS", " ".join(libs))' 2>&1 || true)"
+blas_libs="$(sed -n 's/^BLAS_LIBS //p' <<<"$probe")"
+blas_core="$(sed -n 's/^Core: *//p' <<<"$probe" | head -n 1)"
+blas_warn=""
+case "$blas_libs" in
+  *openblas*)
+    blas_desc="OpenBLAS, core ${blas_core:-unknown}"
+    case "$blas_core" in
+      Prescott | Core2 | Katmai | Coppermine | Northwood | Banias | Atom | "")
+        blas_warn="PyTorch runs on OpenBLAS's generic '${blas_core:-unknown}' kernels; set BENCH_TORCH_CORETYPE (e.g. SkylakeX or Haswell) for a fair comparison" ;;
+    esac ;;
+  */blas/libblas.so*)
+    blas_desc="netlib reference BLAS ($blas_libs)"
+    blas_warn="PyTorch runs on the netlib reference BLAS (tens of times slower than OpenBLAS); install libopenblas0-pthread or put its directory on LD_LIBRARY_PATH" ;;
+  "") blas_desc="no separate BLAS library found" ;;
+  *) blas_desc="$blas_libs" ;;
+esac
+torch_coretype="${BENCH_TORCH_CORETYPE:-unset}"
+echo "[bench] PyTorch BLAS: $blas_desc (OPENBLAS_CORETYPE=$torch_coretype)"
+[[ -z "$blas_warn" ]] || echo "[bench] WARNING: $blas_warn; speed ratios will overstate Loom" >&2
+
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/loom_bench.XXXXXX")"
+trap 'rm -rf "$WORK"' EXIT
+RESULTS="$WORK/results.jsonl"
+: >"$RESULTS"
+failed=0
+
+# Default iteration counts keep the whole run at about 3-5 minutes on 2 cores (PyTorch takes about
+# 1.9 s/step at 4x64 and 7.3 s/step at 8x256).
+counts_for() {  # SHAPE -> "WARMUP STEPS"
+  local shape="$1" w s
+  case "$shape" in
+    4x64) w=2 s=8 ;;
+    8x256) w=1 s=5 ;;
+    *) w=1 s=3 ;;
+  esac
+  local wv="BENCH_WARMUP_$shape" sv="BENCH_STEPS_$shape"
+  w="${!wv:-${BENCH_WARMUP:-$w}}"
+  s="${!sv:-${BENCH_STEPS:-$s}}"
+  echo "$w $s"
+}
+
+show_failure() {  # LABEL LOG TIMEFILE
+  echo "[bench] ERROR: $1 failed; last lines of its output:" >&2
+  tail -n 20 "$2" >&2 || true
+  grep -E "Command (exited|terminated)" "$3" >&2 || true
+}
+
+for shape in $SHAPES; do
+  [[ "$shape" =~ ^([0-9]+)x([0-9]+)$ ]] ||
+    { echo "[bench] ERROR: BENCH_SHAPES entry '$shape' is not BxT (e.g. 4x64)" >&2; exit 1; }
+  B="${BASH_REMATCH[1]}" T="${BASH_REMATCH[2]}"
+  read -r W N <<<"$(counts_for "$shape")"
+
+  echo "[bench] $shape: loom ($W warm-up + $N timed iterations, $THREADS threads)"
+  log="$WORK/loom_$shape.log" tf="$WORK/loom_$shape.time"
+  if OMP_NUM_THREADS="$THREADS" /usr/bin/time -v -o "$tf" "$LOOM_BIN" train --mock-data \
+      --vocab-size "$V" --num-layers "$L" --hidden-size "$C" --num-attention-heads "$NH" \
+      --seq-length "$T" --max-position-embeddings 1024 --micro-batch-size "$B" --global-batch-size "$B" \
+      --train-iters "$((W + N))" --lr 6e-4 --min-lr 6e-5 --lr-warmup-iters 0 --lr-decay-style cosine \
+      --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.95 --clip-grad 1.0 --log-interval 1 \
+      --seed 1234 >"$log" 2>&1 &&
+     helper loom-result "$log" "$W" "$B" "$T" "$tf" >>"$RESULTS"; then
+    tail -n 1 "$RESULTS"
+  else
+    show_failure "loom at $shape" "$log" "$tf"
+    echo "{\"impl\": \"loom\", \"B\": $B, \"T\": $T, \"failed\": true}" >>"$RESULTS"
+    failed=1
+  fi
+
+  echo "[bench] $shape: pytorch ($W warm-up + $N timed steps, $THREADS threads)"
+  log="$WORK/pytorch_$shape.log" tf="$WORK/pytorch_$shape.time"
+  if "${TORCH_ENV[@]}" OMP_NUM_THREADS="$THREADS" /usr/bin/time -v -o "$tf" \
+      "$PYTHON" "$ROOT/bench/pytorch_gpt2.py" --num-layers "$L" --hidden-size "$C" \
+      --num-attention-heads "$NH" --seq-length "$T" --micro-batch-size "$B" --vocab-size "$V" \
+      --steps "$N" --warmup "$W" --threads "$THREADS" >"$log" 2>&1 &&
+     helper pytorch-result "$log" "$tf" >>"$RESULTS"; then
+    tail -n 1 "$RESULTS"
+  else
+    show_failure "pytorch at $shape" "$log" "$tf"
+    echo "{\"impl\": \"pytorch\", \"B\": $B, \"T\": $T, \"failed\": true}" >>"$RESULTS"
+    failed=1
+  fi
+done
+
+model_desc="GPT-2 L=$L C=$C NH=$NH V=$V"
+[[ "$L/$C/$NH/$V" == "12/768/12/50257" ]] && model_desc="GPT-2 124M (L=12 C=768 NH=12 V=50257)"
+cpu="$(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//')"
+header="$model_desc, fp32, random tokens, $THREADS threads each, $(date -u '+%Y-%m-%d %H:%M UTC')
+CPU: ${cpu:-unknown} ($(nproc) cores visible); ms/step = median over timed iterations
+PyTorch $("$PYTHON" -c 'import torch; print(torch.__version__)' 2>/dev/null) on $blas_desc, OPENBLAS_CORETYPE=$torch_coretype
+Targets: speed >= 2.0x at 4x64, >= 1.4x at 8x256; memory ratio <= 1.0"
+[[ -z "$blas_warn" ]] || header+="
+WARNING: $blas_warn"
+helper report "$RESULTS" "$MD_OUT" "$header"
+exit "$failed"
