@@ -5,8 +5,8 @@
 # side-by-side table with the Loom/PyTorch ratios against the targets and writes it as markdown to
 # out/bench_latest.md.
 #
-# Both sides run with OMP_NUM_THREADS=$BENCH_THREADS (2). PyTorch runs with OPENBLAS_CORETYPE unset
-# (or set to $BENCH_TORCH_CORETYPE); Loom runs in the caller's environment. Before timing, a probe
+# Both sides run with OMP_NUM_THREADS=$BENCH_THREADS (2). PyTorch runs with the fastest OPENBLAS_CORETYPE
+# (or $BENCH_TORCH_CORETYPE); Loom runs in the caller's environment. Before timing, a probe
 # reports which BLAS torch really loads (and OpenBLAS's core type) and warns when it is the netlib
 # reference BLAS or OpenBLAS's generic kernels, since the ratios would then flatter Loom.
 # ms/step is the median over the timed iterations (the first WARMUP iterations are dropped); tokens/s
@@ -20,7 +20,7 @@
 #                                     [4x64: 2 + 8, 8x256: 1 + 5, others: 1 + 3]
 #   BENCH_LAYERS [12] BENCH_HIDDEN [768] BENCH_HEADS [12] BENCH_VOCAB [50257]  (model; 124M by default)
 #   BENCH_OUT [out/bench_latest.md]
-#   BENCH_TORCH_CORETYPE [unset]  OPENBLAS_CORETYPE for the PyTorch side (e.g. SkylakeX)
+#   BENCH_TORCH_CORETYPE [auto]   OPENBLAS_CORETYPE for the PyTorch side: auto = fastest of unset/SkylakeX/Haswell
 # Exit status: 0 when every run finished (PASS or MISS alike), 1 when a run failed or Loom is missing.
 #
 # Helper modes (used internally and by tests):
@@ -189,12 +189,32 @@ fi
 "$PYTHON" -c "import torch" 2>/dev/null ||
   { echo "[bench] ERROR: $PYTHON cannot import torch (apt-get install python3-torch)" >&2; exit 1; }
 
-# PyTorch's environment: OPENBLAS_CORETYPE unset unless the caller picks one.
-if [[ -n "${BENCH_TORCH_CORETYPE:-}" ]]; then
-  TORCH_ENV=(env "OPENBLAS_CORETYPE=$BENCH_TORCH_CORETYPE")
-else
-  TORCH_ENV=(env -u OPENBLAS_CORETYPE)
+# PyTorch's environment: Loom is compared with PyTorch at its best. OpenBLAS 0.3.21 (Debian 12) does not
+# recognise every recent CPU and then falls back to generic kernels when OPENBLAS_CORETYPE is unset, so
+# by default ("auto") a short fp32 matmul probe times each candidate kernel set and the fastest is used.
+# BENCH_TORCH_CORETYPE=unset|SkylakeX|Haswell|... forces one.
+torch_env_for() {
+  if [[ "$1" == unset ]]; then echo "env -u OPENBLAS_CORETYPE"; else echo "env OPENBLAS_CORETYPE=$1"; fi
+}
+if [[ "${BENCH_TORCH_CORETYPE:-auto}" == auto ]]; then
+  best_core=unset best_ms=""
+  for core in unset SkylakeX Haswell; do
+    ms="$($(torch_env_for "$core") OMP_NUM_THREADS="$BENCH_THREADS" "$PYTHON" -c '
+import time, torch
+torch.set_num_threads(int(__import__("os").environ.get("OMP_NUM_THREADS", "2")))
+a, b = torch.randn(2048, 768), torch.randn(768, 3072)
+a @ b
+t = time.perf_counter()
+for _ in range(5): a @ b
+print(f"{(time.perf_counter() - t) / 5 * 1e3:.2f}")' 2>/dev/null || echo "")"
+    echo "[bench] probe: torch fp32 matmul 2048x768x3072 with OPENBLAS_CORETYPE=$core: ${ms:-failed} ms"
+    if [[ -n "$ms" ]] && { [[ -z "$best_ms" ]] || awk -v a="$ms" -v b="$best_ms" 'BEGIN{exit !(a<b)}'; }; then
+      best_core=$core best_ms=$ms
+    fi
+  done
+  BENCH_TORCH_CORETYPE=$best_core
 fi
+read -r -a TORCH_ENV <<<"$(torch_env_for "$BENCH_TORCH_CORETYPE")"
 
 # Which BLAS does torch run on here? Debian's torch uses whatever libblas.so.3 the alternatives
 # system points at: the netlib reference BLAS is ~40x slower than OpenBLAS, and OpenBLAS falls back to
@@ -221,7 +241,7 @@ case "$blas_libs" in
   "") blas_desc="no separate BLAS library found" ;;
   *) blas_desc="$blas_libs" ;;
 esac
-torch_coretype="${BENCH_TORCH_CORETYPE:-unset}"
+torch_coretype="$BENCH_TORCH_CORETYPE"
 echo "[bench] PyTorch BLAS: $blas_desc (OPENBLAS_CORETYPE=$torch_coretype)"
 [[ -z "$blas_warn" ]] || echo "[bench] WARNING: $blas_warn; speed ratios will overstate Loom" >&2
 

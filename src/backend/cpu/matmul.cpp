@@ -5,7 +5,7 @@
 //   dinp          (M, K)  = dout (M, N) · W          W is (N, K) row-major
 //   dweight       (N, K) += dout^T (N, M) · inp      dout^T viewed with strides (1, N); sum post-op accumulates
 // Primitives are cached by (shapes, strides, dtypes, accumulate) because creating one costs far more than
-// running a small one. The bias gradient is a column sum done by bias_backward (fixed-order, deterministic).
+// running a small one. f32 products use oneDNN's sgemm entry point instead (see gemm()). The bias gradient is a column sum done by bias_backward (fixed-order, deterministic).
 #include <map>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -52,6 +52,18 @@ class DnnlRuntime {
 
   // C (M, N) [+]= A (M, K) · B (K, N) [+ bias (1, N)], A and B described by strides, C row-major.
   void gemm(const GemmKey& key, const void* a, const void* b, void* c, const void* bias) {
+    if (key.ta == DType::kF32 && key.tb == DType::kF32 && key.tc == DType::kF32 && !key.bias) {
+      // f32: oneDNN's BLAS-style sgemm (row-major) runs every GPT shape at the machine's f32 peak,
+      // while the matmul primitive's brgemm falls to half of it on some transposed products.
+      const char ta = key.sa1 == 1 ? 'N' : 'T', tb = key.sb1 == 1 ? 'N' : 'T';
+      const int64_t lda = key.sa1 == 1 ? key.sa0 : key.sa1, ldb = key.sb1 == 1 ? key.sb0 : key.sb1;
+      const dnnl_status_t st = dnnl_sgemm(ta, tb, key.M, key.N, key.K, 1.0f, static_cast<const float*>(a), lda,
+                                          static_cast<const float*>(b), ldb, key.accumulate ? 1.0f : 0.0f,
+                                          static_cast<float*>(c), key.N);
+      LOOM_CHECK(st == dnnl_success, "[matmul] dnnl_sgemm failed with status ", int(st), " for M=", key.M,
+                 " N=", key.N, " K=", key.K);
+      return;
+    }
     std::lock_guard<std::mutex> lock(mu_);
     auto it = cache_.find(key);
     if (it == cache_.end()) it = cache_.emplace(key, build(key)).first;
@@ -120,8 +132,12 @@ void CpuOps::matmul_forward(TensorView out, TensorView inp, TensorView weight, T
     if (bias) bias_add_forward(out.reshape({M, N}), bias);
     return;
   }
-  const GemmKey key{M, N, K, K, 1, 1, K, inp.dtype(), weight.dtype(), out.dtype(), bool(bias), false};
-  DnnlRuntime::get().gemm(key, inp.raw(), weight.raw(), out.raw(), bias ? bias.raw() : nullptr);
+  const bool all_f32 = inp.dtype() == DType::kF32 && weight.dtype() == DType::kF32 && out.dtype() == DType::kF32;
+  // f32 goes through sgemm, which has no bias epilogue: add the bias in a second (cheap) pass.
+  const bool fuse_bias = bias && !all_f32;
+  const GemmKey key{M, N, K, K, 1, 1, K, inp.dtype(), weight.dtype(), out.dtype(), fuse_bias, false};
+  DnnlRuntime::get().gemm(key, inp.raw(), weight.raw(), out.raw(), fuse_bias ? bias.raw() : nullptr);
+  if (bias && !fuse_bias) bias_add_forward(out.reshape({M, N}), bias);
 }
 
 void CpuOps::matmul_backward(TensorView dinp, TensorView dweight, TensorView dbias, TensorView dout, TensorView inp,
