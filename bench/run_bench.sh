@@ -199,7 +199,7 @@ torch_env_for() {
 if [[ "${BENCH_TORCH_CORETYPE:-auto}" == auto ]]; then
   best_core=unset best_ms=""
   for core in unset SkylakeX Haswell; do
-    ms="$($(torch_env_for "$core") OMP_NUM_THREADS="$BENCH_THREADS" "$PYTHON" -c '
+    ms="$($(torch_env_for "$core") OMP_NUM_THREADS="$THREADS" "$PYTHON" -c '
 import time, torch
 torch.set_num_threads(int(__import__("os").environ.get("OMP_NUM_THREADS", "2")))
 a, b = torch.randn(2048, 768), torch.randn(768, 3072)

@@ -3,12 +3,12 @@
 # addresses (data/sotu.txt, made by scripts/setup.sh) with the loom CLI, then checks that the model
 # learned something: the last logged lm loss must be below the unigram entropy of the bytes, which
 # is the best loss a model that ignores context can reach. Exits non-zero otherwise.
-# Knobs (environment): TRAIN_ITERS (default 500, ~2-3 minutes on 2 cores), BUILD_DIR (default build),
+# Knobs (environment): TRAIN_ITERS (default 1000, ~3 minutes on 2 cores), BUILD_DIR (default build),
 # DATA (default data/sotu.txt), LOG (default out/demo/train.log).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-TRAIN_ITERS="${TRAIN_ITERS:-500}"
+TRAIN_ITERS="${TRAIN_ITERS:-1000}"
 BUILD_DIR="${BUILD_DIR:-build}"
 DATA="${DATA:-data/sotu.txt}"
 LOG="${LOG:-out/demo/train.log}"

@@ -92,7 +92,10 @@ class OpTable {
   // logits (N, Vp) f32, targets i32 (N), columns >= vocab_size are padding and excluded.
   // losses (N) = logsumexp(logits[n, :V]) - logits[n, target]. When dlogits_scale != 0, the logits
   // buffer is overwritten IN PLACE with dlogits = (softmax - onehot) * dlogits_scale * mask[n]
-  // (0 in padded columns): one pass, no second V-wide buffer. loss_mask (N) f32 optional.
+  // (0 in padded columns): one pass, no second V-wide buffer. loss_mask (N) f32 optional: it scales
+  // the gradient only (losses are reported for every row); a row whose mask is 0 may carry an
+  // out-of-range target (e.g. -1 padding) and then gets loss 0 and gradient 0. Any other
+  // out-of-range target is an error, raised before any work.
   virtual void cross_entropy_forward_backward(TensorView losses, TensorView logits, TensorView targets,
                                               int64_t vocab_size, TensorView loss_mask,
                                               float dlogits_scale) const = 0;

@@ -29,12 +29,15 @@ memory::data_type to_dnnl(DType dt) {
   }
 }
 
+// C (M, N) [+]= op(A) (M, K) · op(B) (K, N), BLAS-style: op(X) is X or X^T of a row-major stored matrix
+// with leading dimension ld. Explicit transpose flags (not strides) keep 1-wide dimensions unambiguous.
 struct GemmKey {
   int64_t M, N, K;
-  int64_t sa0, sa1, sb0, sb1;  // strides of A (M, K) and B (K, N)
+  bool trans_a, trans_b;
+  int64_t lda, ldb;
   DType ta, tb, tc;
   bool bias, accumulate;
-  auto tie() const { return std::tie(M, N, K, sa0, sa1, sb0, sb1, ta, tb, tc, bias, accumulate); }
+  auto tie() const { return std::tie(M, N, K, trans_a, trans_b, lda, ldb, ta, tb, tc, bias, accumulate); }
   bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
 };
 
@@ -55,10 +58,9 @@ class DnnlRuntime {
     if (key.ta == DType::kF32 && key.tb == DType::kF32 && key.tc == DType::kF32 && !key.bias) {
       // f32: oneDNN's BLAS-style sgemm (row-major) runs every GPT shape at the machine's f32 peak,
       // while the matmul primitive's brgemm falls to half of it on some transposed products.
-      const char ta = key.sa1 == 1 ? 'N' : 'T', tb = key.sb1 == 1 ? 'N' : 'T';
-      const int64_t lda = key.sa1 == 1 ? key.sa0 : key.sa1, ldb = key.sb1 == 1 ? key.sb0 : key.sb1;
-      const dnnl_status_t st = dnnl_sgemm(ta, tb, key.M, key.N, key.K, 1.0f, static_cast<const float*>(a), lda,
-                                          static_cast<const float*>(b), ldb, key.accumulate ? 1.0f : 0.0f,
+      const dnnl_status_t st = dnnl_sgemm(key.trans_a ? 'T' : 'N', key.trans_b ? 'T' : 'N', key.M, key.N, key.K,
+                                          1.0f, static_cast<const float*>(a), key.lda, static_cast<const float*>(b),
+                                          key.ldb, key.accumulate ? 1.0f : 0.0f,
                                           static_cast<float*>(c), key.N);
       LOOM_CHECK(st == dnnl_success, "[matmul] dnnl_sgemm failed with status ", int(st), " for M=", key.M,
                  " N=", key.N, " K=", key.K);
@@ -82,8 +84,8 @@ class DnnlRuntime {
 
   Gemm build(const GemmKey& k) {
     Gemm g;
-    g.a = memory::desc({k.M, k.K}, to_dnnl(k.ta), memory::dims{k.sa0, k.sa1});
-    g.b = memory::desc({k.K, k.N}, to_dnnl(k.tb), memory::dims{k.sb0, k.sb1});
+    g.a = memory::desc({k.M, k.K}, to_dnnl(k.ta), k.trans_a ? memory::dims{1, k.lda} : memory::dims{k.lda, 1});
+    g.b = memory::desc({k.K, k.N}, to_dnnl(k.tb), k.trans_b ? memory::dims{1, k.ldb} : memory::dims{k.ldb, 1});
     g.c = memory::desc({k.M, k.N}, to_dnnl(k.tc), memory::dims{k.N, 1});
     dnnl::primitive_attr attr;
     if (k.accumulate) {
@@ -135,7 +137,7 @@ void CpuOps::matmul_forward(TensorView out, TensorView inp, TensorView weight, T
   const bool all_f32 = inp.dtype() == DType::kF32 && weight.dtype() == DType::kF32 && out.dtype() == DType::kF32;
   // f32 goes through sgemm, which has no bias epilogue: add the bias in a second (cheap) pass.
   const bool fuse_bias = bias && !all_f32;
-  const GemmKey key{M, N, K, K, 1, 1, K, inp.dtype(), weight.dtype(), out.dtype(), fuse_bias, false};
+  const GemmKey key{M, N, K, false, true, K, K, inp.dtype(), weight.dtype(), out.dtype(), fuse_bias, false};
   DnnlRuntime::get().gemm(key, inp.raw(), weight.raw(), out.raw(), fuse_bias ? bias.raw() : nullptr);
   if (bias && !fuse_bias) bias_add_forward(out.reshape({M, N}), bias);
 }
@@ -150,7 +152,7 @@ void CpuOps::matmul_backward(TensorView dinp, TensorView dweight, TensorView dbi
     if (N == 0) {
       fill_(dinp, 0.0f);
     } else if (M > 0 && K > 0) {
-      const GemmKey key{M, K, N, N, 1, K, 1, dout.dtype(), weight.dtype(), dinp.dtype(), false, false};
+      const GemmKey key{M, K, N, false, false, N, K, dout.dtype(), weight.dtype(), dinp.dtype(), false, false};
       DnnlRuntime::get().gemm(key, dout.raw(), weight.raw(), dinp.raw(), nullptr);
     }
   }
@@ -159,7 +161,7 @@ void CpuOps::matmul_backward(TensorView dinp, TensorView dweight, TensorView dbi
     LOOM_CHECK(dweight.shape() == weight.shape(), "[matmul_backward] dweight ", dweight.desc(), " vs weight ",
                weight.desc());
     if (M > 0 && N > 0 && K > 0) {
-      const GemmKey key{N, K, M, 1, N, K, 1, dout.dtype(), inp.dtype(), dweight.dtype(), false, true};
+      const GemmKey key{N, K, M, true, false, N, K, dout.dtype(), inp.dtype(), dweight.dtype(), false, true};
       DnnlRuntime::get().gemm(key, dout.raw(), inp.raw(), dweight.raw(), nullptr);
     }
   }
