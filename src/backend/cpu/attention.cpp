@@ -33,6 +33,7 @@
 
 #include "backend/cpu/attention_tiles.h"
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/fast_math.h"
 
 namespace loom::cpu {
 
@@ -61,14 +62,7 @@ inline float exp_nonpositive(float x) {
   const float t = xc * kLog2e + kRound;
   const float n = t - kRound;
   const float r = (xc - n * kLn2Hi) - n * kLn2Lo;  // |r| <= ln2 / 2
-  float p = 1.0f / 5040.0f;                       // Taylor to r^7: truncation < 6e-9
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
+  const float p = exp_reduced_poly(r);
   const float two_n = std::bit_cast<float>(std::bit_cast<uint32_t>(t) << 23);
   return x < -87.0f ? 0.0f : p * two_n;
 }
