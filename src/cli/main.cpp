@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "cli/preprocess_args.h"
+#include "loom/data/preprocess.h"
 #include "loom/train/args.h"
 #include "loom/train/trainer.h"
 
@@ -12,7 +14,8 @@ namespace {
 const char* kUsage =
     "usage: loom <command> [flags]\n"
     "commands:\n"
-    "  train    pretrain a GPT model (Megatron-LM flags; `loom train --help`)\n";
+    "  train       pretrain a GPT model (Megatron-LM flags; `loom train --help`)\n"
+    "  preprocess  tokenize JSONL into Megatron .bin/.idx files (`loom preprocess --help`)\n";
 
 int cmd_train(const std::vector<std::string>& args) {
   for (const auto& a : args)
@@ -22,6 +25,17 @@ int cmd_train(const std::vector<std::string>& args) {
     }
   const loom::TrainConfig cfg = loom::parse_train_args(args);
   loom::run_training(cfg, std::cout);
+  return 0;
+}
+
+int cmd_preprocess(const std::vector<std::string>& args) {
+  for (const auto& a : args)
+    if (a == "--help" || a == "-h") {
+      std::cout << loom::preprocess_help();
+      return 0;
+    }
+  const loom::PreprocessConfig cfg = loom::parse_preprocess_args(args);
+  loom::run_preprocess(cfg, std::cout);
   return 0;
 }
 
@@ -36,6 +50,7 @@ int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 2, argv + argc);
   try {
     if (cmd == "train") return cmd_train(args);
+    if (cmd == "preprocess") return cmd_preprocess(args);
     std::cerr << "loom: error: unknown command '" << cmd << "'\n" << kUsage;
     return 2;
   } catch (const loom::UserError& e) {

@@ -101,7 +101,11 @@ void GPTModel::ensure_buffers(int64_t B, int64_t T) {
   T_ = T;
 }
 
-float GPTModel::forward(TensorView tokens, TensorView targets, float dloss_scale) {
+float GPTModel::forward(const GPTBatch& batch, float dloss_scale) {
+  const TensorView tokens = batch.tokens, targets = batch.targets;
+  for (const TensorView* t : {&batch.loss_mask, &batch.position_ids, &batch.segment_ids})
+    LOOM_CHECK(!t->defined() || t->shape() == tokens.shape(), "[GPTModel] batch extras must be (B, T) like tokens ",
+               tokens.desc(), ", got ", t->desc());
   LOOM_CHECK(tokens.ndim() == 2 && tokens.dtype() == DType::kI32, "[GPTModel] tokens must be i32 (B, T), got ",
              tokens.desc());
   LOOM_CHECK(targets.shape() == tokens.shape() && targets.dtype() == DType::kI32,
@@ -112,14 +116,14 @@ float GPTModel::forward(TensorView tokens, TensorView targets, float dloss_scale
   ensure_buffers(B, T);
   const OpTable& ops = ctx_.ops();
 
-  embedding_->forward(ctx_, x0_, tokens);
+  embedding_->forward(ctx_, x0_, tokens, batch.position_ids);
   TensorView x = x0_;
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = *layers_[l];
     LayerActs& a = acts_[l];
     L.ln1.forward(ctx_, a.ln1, a.ln1_saved, x);
     L.qkv.forward(ctx_, a.qkv, a.ln1);
-    L.attn.forward(ctx_, a.att, a.attn_saved, a.qkv);
+    L.attn.forward(ctx_, a.att, a.attn_saved, a.qkv, batch.segment_ids);
     L.proj.forward(ctx_, proj_, a.att);
     L.ln2.forward_residual(ctx_, a.residual2, a.ln2, a.ln2_saved, x, proj_);
     L.fc1.forward(ctx_, a.fc, a.ln2);
@@ -131,16 +135,22 @@ float GPTModel::forward(TensorView tokens, TensorView targets, float dloss_scale
   final_ln_->forward(ctx_, lnf_, lnf_saved_, x);
   ops.matmul_forward(logits_, lnf_, embedding_->word_embeddings().value, TensorView());
   const int64_t N = B * T;
+  const TensorView mask = batch.loss_mask.defined() ? batch.loss_mask.reshape({N}) : TensorView();
   ops.cross_entropy_forward_backward(losses_.reshape({N}), logits_.reshape({N, cfg_.padded_vocab_size}),
-                                     targets.reshape({N}), cfg_.vocab_size, TensorView(), dloss_scale);
+                                     targets.reshape({N}), cfg_.vocab_size, mask, dloss_scale);
   backward_ready_ = dloss_scale != 0.0f;
-  double sum = 0;
+  double sum = 0, count = 0;
   const float* lp = losses_.data<float>();
-  for (int64_t i = 0; i < N; ++i) sum += lp[i];
-  return float(sum / double(N));
+  const float* mp = mask.defined() ? mask.data<float>() : nullptr;
+  for (int64_t i = 0; i < N; ++i) {
+    const double w = mp ? double(mp[i]) : 1.0;
+    if (w != 0.0) sum += w * double(lp[i]);
+    count += w;
+  }
+  return count > 0 ? float(sum / count) : 0.0f;
 }
 
-void GPTModel::backward(TensorView tokens) {
+void GPTModel::backward(const GPTBatch& batch) {
   LOOM_CHECK(backward_ready_, "[GPTModel] backward() needs a preceding forward() with dloss_scale != 0");
   backward_ready_ = false;
   const OpTable& ops = ctx_.ops();
@@ -163,11 +173,11 @@ void GPTModel::backward(TensorView tokens) {
     L.ln2.backward(ctx_, dres_, dln_, a.residual2, a.ln2_saved);
     // Attention branch: dres is now d(residual2) = d(x) through the skip connection.
     L.proj.backward(ctx_, datt_, dres_, a.att);
-    L.attn.backward(ctx_, dqkv_, datt_, a.qkv, a.att, a.attn_saved);
+    L.attn.backward(ctx_, dqkv_, datt_, a.qkv, a.att, a.attn_saved, batch.segment_ids);
     L.qkv.backward(ctx_, dln_, dqkv_, a.ln1);
     L.ln1.backward(ctx_, dres_, dln_, x, a.ln1_saved);
   }
-  embedding_->backward(ctx_, dres_, tokens);
+  embedding_->backward(ctx_, dres_, batch.tokens, batch.position_ids);
 }
 
 }  // namespace loom

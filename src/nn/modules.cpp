@@ -54,22 +54,25 @@ Embedding::Embedding(ParameterSet& ps, int64_t padded_vocab, int64_t C, int64_t 
                         false);
 }
 
-void Embedding::forward(const DeviceContext& ctx, TensorView out, TensorView tokens) const {
-  ctx.ops().embedding_forward(out, tokens, word_->value, position_ ? position_->value.view() : TensorView());
+void Embedding::forward(const DeviceContext& ctx, TensorView out, TensorView tokens, TensorView position_ids) const {
+  ctx.ops().embedding_forward(out, tokens, word_->value, position_ ? position_->value.view() : TensorView(),
+                              position_ ? position_ids : TensorView());
 }
 
-void Embedding::backward(const DeviceContext& ctx, TensorView dout, TensorView tokens) const {
-  ctx.ops().embedding_backward(word_->grad, position_ ? position_->grad.view() : TensorView(), dout, tokens);
+void Embedding::backward(const DeviceContext& ctx, TensorView dout, TensorView tokens, TensorView position_ids) const {
+  ctx.ops().embedding_backward(word_->grad, position_ ? position_->grad.view() : TensorView(), dout, tokens,
+                               position_ ? position_ids : TensorView());
 }
 
-void AttentionCore::forward(const DeviceContext& ctx, TensorView out, Saved& s, TensorView qkv) const {
+void AttentionCore::forward(const DeviceContext& ctx, TensorView out, Saved& s, TensorView qkv,
+                            TensorView segment_ids) const {
   ensure_tensor(ctx, s.lse, {qkv.size(0), p_.num_heads, qkv.size(1)});
-  ctx.ops().attention_forward(out, s.lse, qkv, p_);
+  ctx.ops().attention_forward(out, s.lse, qkv, p_, segment_ids);
 }
 
 void AttentionCore::backward(const DeviceContext& ctx, TensorView dqkv, TensorView dout, TensorView qkv,
-                             TensorView out, const Saved& s) const {
-  ctx.ops().attention_backward(dqkv, dout, qkv, out, s.lse, p_);
+                             TensorView out, const Saved& s, TensorView segment_ids) const {
+  ctx.ops().attention_backward(dqkv, dout, qkv, out, s.lse, p_, segment_ids);
 }
 
 }  // namespace loom

@@ -14,7 +14,7 @@ namespace {
 
 struct Flag {
   std::string name;
-  std::string metavar;  // empty for switches
+  std::string metavar;  // empty for switches; ending in "..." takes every value up to the next flag
   std::string help;
   std::function<void(TrainConfig&, const std::string&)> set;
 };
@@ -85,8 +85,31 @@ const std::vector<Flag>& flags() {
        [](C& c, S v) { c.optim.clip_grad = parse_float("--clip-grad", v); }},
       // data
       {"--mock-data", "", "train on random tokens (needs --vocab-size)", [](C& c, S) { c.data.mock_data = true; }},
-      {"--data-path", "FILE", "training text, read as raw bytes (vocabulary 256)",
-       [](C& c, S v) { c.data.data_path = v; }},
+      {"--data-path", "PREFIX...", "indexed datasets: PREFIX, or W1 PREFIX1 W2 PREFIX2 ... (split by --split)",
+       [](C& c, S v) { c.data.data_path.push_back(v); }},
+      {"--train-data-path", "PREFIX...", "like --data-path, all used for training (no split)",
+       [](C& c, S v) { c.data.train_data_path.push_back(v); }},
+      {"--split", "W,W,W", "train,valid,test weights of the documents (default 969, 30, 1)",
+       [](C& c, S v) { c.data.split = v; }},
+      {"--data-cache-path", "DIR", "where dataset index caches go (default <data dir>/cache/GPTDataset_indices)",
+       [](C& c, S v) { c.data.data_cache_path = v; }},
+      {"--tokenizer-type", "T",
+       "GPT2BPETokenizer | TikTokenizer | SentencePieceTokenizer | GPTSentencePieceTokenizer | Llama2Tokenizer | "
+       "NullTokenizer",
+       [](C& c, S v) { c.data.tokenizer.type = v; }},
+      {"--vocab-file", "FILE", "GPT-2 encoder.json / vocab.json", [](C& c, S v) { c.data.tokenizer.vocab_file = v; }},
+      {"--merge-file", "FILE", "GPT-2 vocab.bpe / merges.txt", [](C& c, S v) { c.data.tokenizer.merge_file = v; }},
+      {"--tokenizer-model", "FILE", "tiktoken rank file or SentencePiece model",
+       [](C& c, S v) { c.data.tokenizer.tokenizer_model = v; }},
+      {"--tiktoken-pattern", "v1|v2", "TikTokenizer split pattern (v1 GPT-2, v2 cl100k; default v2)",
+       [](C& c, S v) { c.data.tokenizer.tiktoken_pattern = v; }},
+      {"--tiktoken-num-special-tokens", "N", "TikTokenizer special ids before the ranks (default 1000)",
+       [](C& c, S v) { c.data.tokenizer.tiktoken_num_special_tokens = parse_int("--tiktoken-num-special-tokens", v); }},
+      {"--reset-position-ids", "", "restart position ids after each end-of-document token",
+       [](C& c, S) { c.data.reset_position_ids = true; }},
+      {"--reset-attention-mask", "", "documents in one sequence do not attend to each other",
+       [](C& c, S) { c.data.reset_attention_mask = true; }},
+      {"--eod-mask-loss", "", "no loss on end-of-document tokens", [](C& c, S) { c.data.eod_mask_loss = true; }},
       // parallelism (single process in this build)
       {"--tensor-model-parallel-size", "N", "default 1",
        [](C& c, S v) { c.parallel.tensor_model_parallel_size = int(parse_int("--tensor-model-parallel-size", v)); }},
@@ -144,8 +167,17 @@ TrainConfig parse_train_args(const std::vector<std::string>& args) {
         }
       user_error("unknown flag ", name, best ? " (did you mean " + best->name + "?)" : std::string());
     }
+    const bool multi = it->metavar.size() > 3 && it->metavar.ends_with("...");
     if (it->metavar.empty()) {
       if (has_value) user_error(name, " takes no value");
+    } else if (multi && !has_value) {
+      size_t taken = 0;
+      while (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) {
+        it->set(cfg, args[++i]);
+        ++taken;
+      }
+      if (taken == 0) user_error(name, " needs at least one value (", it->metavar, ")");
+      continue;
     } else if (!has_value) {
       if (i + 1 >= args.size()) user_error(name, " needs a value (", it->metavar, ")");
       value = args[++i];
@@ -153,6 +185,7 @@ TrainConfig parse_train_args(const std::vector<std::string>& args) {
     it->set(cfg, value);
   }
   if (!cfg.max_position_embeddings_given) cfg.model.max_position_embeddings = cfg.batch.seq_length;
+  cfg.data.tokenizer.vocab_size = cfg.data.vocab_size;  // NullTokenizer's --vocab-size
   return cfg;
 }
 

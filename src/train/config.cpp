@@ -23,14 +23,17 @@ void TrainConfig::validate(int world_size) const {
   if (model.max_position_embeddings < batch.seq_length)
     user_error("--max-position-embeddings (", model.max_position_embeddings, ") must be >= --seq-length (",
                batch.seq_length, ")");
-  if (data.mock_data == !data.data_path.empty())
-    user_error(data.mock_data ? "--mock-data and --data-path are mutually exclusive"
-                              : "no training data: pass --data-path FILE or --mock-data");
+  const int sources = int(data.mock_data) + int(!data.data_path.empty()) + int(!data.train_data_path.empty());
+  if (sources == 0) user_error("no training data: pass --data-path PREFIX (see `loom preprocess`) or --mock-data");
+  if (sources > 1) user_error("--mock-data, --data-path and --train-data-path are mutually exclusive");
   if (data.mock_data && !data.vocab_size) user_error("--mock-data needs --vocab-size");
   if (data.vocab_size && *data.vocab_size < 1) user_error("--vocab-size must be >= 1, got ", *data.vocab_size);
-  if (!data.mock_data && data.vocab_size && *data.vocab_size < 256)
-    user_error("--vocab-size ", *data.vocab_size, " is too small for byte-level text data (--data-path), which ",
-               "needs 256");
+  if (!data.mock_data && data.tokenizer.type.empty())
+    user_error("--tokenizer-type is required with --data-path (e.g. GPT2BPETokenizer with --vocab-file and "
+               "--merge-file)");
+  if (data.mock_data && (data.reset_position_ids || data.reset_attention_mask || data.eod_mask_loss))
+    user_error("--reset-position-ids, --reset-attention-mask and --eod-mask-loss need documents: use --data-path "
+               "(mock data has no end-of-document token)");
   if (data.make_vocab_size_divisible_by < 1)
     user_error("--make-vocab-size-divisible-by must be >= 1, got ", data.make_vocab_size_divisible_by);
   const int mp = parallel.tensor_model_parallel_size * parallel.pipeline_model_parallel_size *

@@ -12,9 +12,11 @@
 #include <cmath>
 #include <ctime>
 #include <memory>
+#include <optional>
 #include <ostream>
 
-#include "loom/data/token_data.h"
+#include "loom/data/loader.h"
+#include "loom/data/mock_dataset.h"
 #include "loom/model/gpt.h"
 
 namespace loom {
@@ -65,14 +67,33 @@ TrainResult run_training(const TrainConfig& cfg_in, std::ostream& log) {
   const int64_t nmb = cfg.num_micro_batches(dp);
   const int64_t B = cfg.batch.micro_batch_size, T = cfg.batch.seq_length;
 
-  std::unique_ptr<TokenData> data;
-  if (cfg.data.mock_data)
-    data = std::make_unique<MockData>(*cfg.data.vocab_size, cfg.seed);
-  else
-    data = std::make_unique<ByteTextData>(cfg.data.data_path, T, cfg.seed);
-  log << "data: " << data->description() << "\n";
-
-  cfg.model.vocab_size = cfg.data.vocab_size.value_or(data->vocab_size());
+  // Data: mock samples, or Megatron indexed datasets split by --split (only the training split is
+  // built: evaluation, which needs the validation and test splits, is not in this build).
+  const int64_t train_samples = cfg.batch.train_iters * gbs;
+  std::shared_ptr<const SampleDataset> train_data;
+  BatchOptions batch_opts;
+  if (cfg.data.mock_data) {
+    train_data = std::make_shared<MockDataset>(*cfg.data.vocab_size, T, cfg.seed, train_samples);
+    cfg.model.vocab_size = *cfg.data.vocab_size;
+  } else {
+    const std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(cfg.data.tokenizer);
+    cfg.model.vocab_size = tokenizer->vocab_size();
+    GPTDatasetConfig dcfg;
+    dcfg.seq_length = T;
+    dcfg.seed = cfg.seed;
+    dcfg.split = cfg.data.train_data_path.empty() ? cfg.data.split : "1,0,0";
+    dcfg.data_cache_path = cfg.data.data_cache_path;
+    const auto& paths = cfg.data.train_data_path.empty() ? cfg.data.data_path : cfg.data.train_data_path;
+    train_data = build_gpt_datasets(paths, {train_samples, 0, 0}, dcfg)[0];
+    if (!train_data) user_error("--split '", cfg.data.split, "' gives the training split no documents");
+    batch_opts.reset_position_ids = cfg.data.reset_position_ids;
+    batch_opts.reset_attention_mask = cfg.data.reset_attention_mask;
+    batch_opts.eod_mask_loss = cfg.data.eod_mask_loss;
+    batch_opts.eod = tokenizer->eod();
+    // Logged only now: a bad --data-path or tokenizer file fails before anything is printed.
+    log << "> built " << tokenizer->name() << " tokenizer (vocabulary " << tokenizer->vocab_size() << ")\n";
+  }
+  log << "data: " << train_data->description() << "\n";
   cfg.model.padded_vocab_size =
       padded_vocab_size(cfg.model.vocab_size, cfg.data.make_vocab_size_divisible_by, ps->tp_size());
   log << " > padded vocab (size: " << cfg.model.vocab_size << ") with "
@@ -98,8 +119,13 @@ TrainResult run_training(const TrainConfig& cfg_in, std::ostream& log) {
   sched.decay_steps = cfg.optim.lr_decay_iters.value_or(cfg.batch.train_iters) * gbs;
   sched.style = cfg.optim.lr_decay_style;
 
-  Tensor tokens = Tensor::empty({B, T}, DType::kI32), targets = Tensor::empty({B, T}, DType::kI32);
-  const float dloss_scale = float(1.0 / double(B * T * nmb));
+  LoaderConfig lcfg;
+  lcfg.global_batch_size = gbs;
+  lcfg.micro_batch_size = B;
+  lcfg.dp_rank = ps->dp_rank();
+  lcfg.dp_size = dp;
+  lcfg.batch = batch_opts;
+  Loader loader(train_data, lcfg);
   TrainResult result;
   int64_t consumed = 0;
   double interval_loss = 0, interval_ms = 0;
@@ -110,9 +136,21 @@ TrainResult run_training(const TrainConfig& cfg_in, std::ostream& log) {
     const auto t0 = std::chrono::steady_clock::now();
     double loss_sum = 0;
     for (int64_t mb = 0; mb < nmb; ++mb) {
-      data->batch(consumed + mb * B, tokens, targets);
-      loss_sum += model.forward(tokens, targets, dloss_scale);
-      model.backward(tokens);
+      std::optional<Batch> batch = loader.next();
+      LOOM_CHECK(batch.has_value(), "[trainer] the training data ran out at iteration ", it);
+      GPTBatch gb{batch->tokens, batch->labels, {}, {}, {}};
+      // Megatron's per-micro-batch loss is the mean over its unmasked tokens, averaged over micro-batches.
+      double mask_sum = double(B * T);
+      if (batch_opts.eod_mask_loss) {
+        gb.loss_mask = batch->loss_mask;
+        mask_sum = 0;
+        for (int64_t i = 0; i < B * T; ++i) mask_sum += batch->loss_mask.data<float>()[i];
+      }
+      if (batch_opts.reset_position_ids) gb.position_ids = batch->position_ids;
+      if (batch_opts.reset_attention_mask) gb.segment_ids = batch->segment_ids;
+      const float dloss_scale = mask_sum > 0 ? float(1.0 / (mask_sum * double(nmb))) : 0.0f;
+      loss_sum += model.forward(gb, dloss_scale);
+      if (dloss_scale != 0.0f) model.backward(gb);
     }
     const double loss = loss_sum / double(nmb);
     const double norm = global_grad_norm(*ctx, params.grads(), ps->model_and_dp());

@@ -30,7 +30,9 @@ CliResult loom(const std::string& args, bool expect_clean_dir = true) {
   const fs::path dir = fs::temp_directory_path() / ("loom_e2e_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
-  const fs::path out = fs::temp_directory_path() / "loom_e2e_stdout", err = fs::temp_directory_path() / "loom_e2e_stderr";
+  const std::string tag = std::to_string(::getpid());  // ctest runs tests in parallel processes
+  const fs::path out = fs::temp_directory_path() / ("loom_e2e_stdout_" + tag),
+                 err = fs::temp_directory_path() / ("loom_e2e_stderr_" + tag);
   const std::string cmd = "cd " + dir.string() + " && OMP_NUM_THREADS=1 " + LOOM_BINARY + " " + args + " >" +
                           out.string() + " 2>" + err.string();
   const int status = std::system(cmd.c_str());
@@ -42,6 +44,8 @@ CliResult loom(const std::string& args, bool expect_clean_dir = true) {
     EXPECT_TRUE(fs::is_empty(dir)) << "files written for: " << args;
   }
   fs::remove_all(dir);
+  fs::remove(out);
+  fs::remove(err);
   return r;
 }
 
@@ -74,8 +78,9 @@ TEST(Cli, HiddenNotDivisibleByHeads) {
 }
 
 TEST(Cli, MissingDataFile) {
-  expect_one_line_error(loom(kModel + "--data-path /nonexistent/corpus.txt"),
-                        "--data-path: cannot open '/nonexistent/corpus.txt'");
+  expect_one_line_error(
+      loom(kModel + "--data-path /nonexistent/corpus_text_document --tokenizer-type NullTokenizer --vocab-size 50"),
+      "/nonexistent/corpus_text_document.idx");
 }
 
 TEST(Cli, UnknownCommandAndHelp) {

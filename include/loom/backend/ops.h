@@ -52,10 +52,14 @@ class OpTable {
                                TensorView inp, TensorView weight) const = 0;
 
   // ---- embedding -------------------------------------------------------------------------------
-  // out (B, T, C) = wte[tokens[b, t]] + wpe[t]  (wpe (maxpos, C) optional). tokens i32 (B, T).
-  virtual void embedding_forward(TensorView out, TensorView tokens, TensorView wte, TensorView wpe) const = 0;
-  // dwte[tokens[b, t]] += dout[b, t]; dwpe[t] += sum_b dout[b, t]  (accumulate; dwpe optional)
-  virtual void embedding_backward(TensorView dwte, TensorView dwpe, TensorView dout, TensorView tokens) const = 0;
+  // out (B, T, C) = wte[tokens[b, t]] + wpe[pos[b, t]]  (wpe (maxpos, C) optional). tokens i32 (B, T).
+  // pos = position_ids (B, T) i32 when given (Megatron's --reset-position-ids restarts them at each
+  // document), else t.
+  virtual void embedding_forward(TensorView out, TensorView tokens, TensorView wte, TensorView wpe,
+                                 TensorView position_ids = {}) const = 0;
+  // dwte[tokens[b, t]] += dout[b, t]; dwpe[pos[b, t]] += dout[b, t]  (accumulate; dwpe optional)
+  virtual void embedding_backward(TensorView dwte, TensorView dwpe, TensorView dout, TensorView tokens,
+                                  TensorView position_ids = {}) const = 0;
 
   // ---- layernorm ---------------------------------------------------------------------------------
   // Over the last dim C of inp (N, C): out = (inp - mean) * rstd * weight + bias; saves mean, rstd (N).
@@ -83,10 +87,14 @@ class OpTable {
   // NH/NKV query heads of the group, then its key head, then its value head, each HS wide.
   // out (B, T, NH * HS), head h at columns [h*HS, (h+1)*HS). lse (B, NH, T): log-sum-exp of the scaled
   // scores of each query row, saved for backward. Tiled with online softmax: memory is O(T), never T×T.
-  virtual void attention_forward(TensorView out, TensorView lse, TensorView qkv, const AttentionParams& p) const = 0;
+  // segment_ids (B, T) i32, optional, non-decreasing along T (Megatron's --reset-attention-mask):
+  // key j is visible to query i only when segment_ids[b, j] == segment_ids[b, i] (on top of the
+  // causal/window rule), so documents packed in one sequence do not attend to each other.
+  virtual void attention_forward(TensorView out, TensorView lse, TensorView qkv, const AttentionParams& p,
+                                 TensorView segment_ids = {}) const = 0;
   // dqkv (overwrite) from dout, recomputing scores from qkv and lse.
   virtual void attention_backward(TensorView dqkv, TensorView dout, TensorView qkv, TensorView out,
-                                  TensorView lse, const AttentionParams& p) const = 0;
+                                  TensorView lse, const AttentionParams& p, TensorView segment_ids = {}) const = 0;
 
   // ---- cross-entropy ----------------------------------------------------------------------------
   // logits (N, Vp) f32, targets i32 (N), columns >= vocab_size are padding and excluded.

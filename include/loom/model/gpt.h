@@ -34,6 +34,15 @@ struct GPTConfig {
   void validate() const;  // throws UserError naming the flag
 };
 
+// One micro-batch. tokens and targets (B, T) i32 are required; the rest are optional (empty views):
+// loss_mask (B, T) f32 (Megatron's loss mask: --eod-mask-loss), position_ids (B, T) i32
+// (--reset-position-ids), segment_ids (B, T) i32 (--reset-attention-mask: documents do not attend
+// to each other).
+struct GPTBatch {
+  TensorView tokens, targets;
+  TensorView loss_mask, position_ids, segment_ids;
+};
+
 class GPTModel {
  public:
   GPTModel(const GPTConfig& cfg, const DeviceContext& ctx);
@@ -46,12 +55,18 @@ class GPTModel {
   const ParameterSet& params() const { return params_; }
   void initialize(uint64_t seed) { params_.initialize(seed); }
 
-  // Forward over tokens and targets (B, T) i32. Returns the mean loss over the B·T tokens.
-  // dloss_scale != 0 prepares backward: the logits buffer becomes dlogits = dloss_scale · d(sum of losses).
+  // Forward over a micro-batch. Returns the mean loss over its tokens (over the unmasked tokens when a
+  // loss mask is given: sum(loss · mask) / sum(mask), as Megatron). dloss_scale != 0 prepares
+  // backward: the logits buffer becomes dlogits = dloss_scale · d(sum of mask · losses).
   // With dloss_scale == 0 the logits stay available through logits().
-  float forward(TensorView tokens, TensorView targets, float dloss_scale);
-  // Accumulates parameter gradients of the last forward (which must have had dloss_scale != 0).
-  void backward(TensorView tokens);
+  float forward(const GPTBatch& batch, float dloss_scale);
+  float forward(TensorView tokens, TensorView targets, float dloss_scale) {
+    return forward(GPTBatch{tokens, targets, {}, {}, {}}, dloss_scale);
+  }
+  // Accumulates parameter gradients of the last forward (which must have had dloss_scale != 0); `batch`
+  // must be the one that forward saw.
+  void backward(const GPTBatch& batch);
+  void backward(TensorView tokens) { backward(GPTBatch{tokens, {}, {}, {}, {}}); }
   TensorView logits() const { return logits_; }  // (B, T, Vp)
   TensorView losses() const { return losses_; }  // (B, T) per-token losses of the last forward
 

@@ -52,8 +52,10 @@ class LayerNorm {
 class Embedding {
  public:
   Embedding(ParameterSet& ps, int64_t padded_vocab, int64_t C, int64_t max_positions, float init_std);
-  void forward(const DeviceContext& ctx, TensorView out, TensorView tokens) const;
-  void backward(const DeviceContext& ctx, TensorView dout, TensorView tokens) const;  // grads accumulate
+  // position_ids (B, T) i32 optional (default: 0..T-1 in every row).
+  void forward(const DeviceContext& ctx, TensorView out, TensorView tokens, TensorView position_ids = {}) const;
+  void backward(const DeviceContext& ctx, TensorView dout, TensorView tokens,
+                TensorView position_ids = {}) const;  // grads accumulate
   Parameter& word_embeddings() const { return *word_; }
 
  private:
@@ -68,9 +70,10 @@ class AttentionCore {
     Tensor lse;  // (B, NH, T) f32
   };
   explicit AttentionCore(const AttentionParams& p) : p_(p) {}
-  void forward(const DeviceContext& ctx, TensorView out, Saved& s, TensorView qkv) const;
+  // segment_ids (B, T) i32 optional: documents packed in a sequence do not attend to each other.
+  void forward(const DeviceContext& ctx, TensorView out, Saved& s, TensorView qkv, TensorView segment_ids = {}) const;
   void backward(const DeviceContext& ctx, TensorView dqkv, TensorView dout, TensorView qkv, TensorView out,
-                const Saved& s) const;
+                const Saved& s, TensorView segment_ids = {}) const;
   const AttentionParams& params() const { return p_; }
 
  private:

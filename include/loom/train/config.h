@@ -5,6 +5,9 @@
 #include <optional>
 #include <string>
 
+#include <vector>
+
+#include "loom/data/tokenizer.h"
 #include "loom/dist/parallel_state.h"
 #include "loom/model/gpt.h"
 #include "loom/optim/optimizer.h"
@@ -13,9 +16,17 @@ namespace loom {
 
 struct DataConfig {
   bool mock_data = false;   // --mock-data: uniform random tokens over --vocab-size
-  std::string data_path;    // --data-path: a file read as raw bytes (vocabulary 256)
-  std::optional<int64_t> vocab_size;  // --vocab-size (required with --mock-data)
+  // --data-path: Megatron indexed-dataset prefixes, "prefix" or "w1 prefix1 w2 prefix2 ...", split by --split.
+  std::vector<std::string> data_path;
+  std::vector<std::string> train_data_path;  // --train-data-path: like --data-path, all of it for training
+  std::string split = "969, 30, 1";          // --split (Megatron's default)
+  std::string data_cache_path;               // --data-cache-path (default <prefix dir>/cache/GPTDataset_indices)
+  TokenizerConfig tokenizer;                 // --tokenizer-type, --vocab-file, --merge-file, --tokenizer-model, ...
+  std::optional<int64_t> vocab_size;         // --vocab-size (--mock-data, NullTokenizer)
   int64_t make_vocab_size_divisible_by = 128;  // --make-vocab-size-divisible-by
+  bool reset_position_ids = false;    // --reset-position-ids: positions restart after each EOD
+  bool reset_attention_mask = false;  // --reset-attention-mask: no attention across documents
+  bool eod_mask_loss = false;         // --eod-mask-loss: no loss on EOD tokens
 };
 
 struct BatchConfig {

@@ -17,8 +17,15 @@
 //     overwritten, never accumulated across tasks.
 //   - No element's arithmetic depends on the task split or on which thread runs it, so results are
 //     bit-identical for any number of OpenMP threads.
-//   - Key blocks that are fully masked (causal, sliding window) are never visited; in blocks that straddle
-//     a mask edge the kernels skip the masked part (Band) and per-element masks clean up the rest.
+//   - Key blocks that are fully masked (causal, sliding window, other documents) are never visited; in
+//     blocks that straddle a mask edge the kernels skip the masked part (Band) and per-element masks clean
+//     up the rest.
+//   - Document segments (segment_ids, non-decreasing along T) make each position's visible keys one
+//     contiguous range [segment start, segment end), so they fold into the same machinery: a query block's
+//     key range is clipped to [segment start of its first query, segment end of its last query), and the
+//     tile Band intersects its diagonal band with the per-row segment ranges. Without segments nothing
+//     changes; with one segment per row the results are bit-identical to none (masking more never changes
+//     a visible entry's arithmetic).
 //   - Rows of qkv/out are ~3C floats apart, which the hardware prefetcher does not follow: the next
 //     block's rows and the output rows are software-prefetched while the current block computes.
 #include <omp.h>
@@ -30,6 +37,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <vector>
 
 #include "backend/cpu/attention_tiles.h"
 #include "backend/cpu/cpu_ops.h"
@@ -97,14 +105,37 @@ struct Geometry {
   int64_t k_col(int64_t g) const { return (g * (G + 2) + G) * HS; }
   int64_t v_col(int64_t g) const { return (g * (G + 2) + G + 1) * HS; }
 
-  // Keys [begin, end) that can be visible to some query of [i0, i0 + n).
-  int64_t key_begin(int64_t i0) const { return window > 0 ? std::max<int64_t>(0, i0 - window + 1) : 0; }
-  int64_t key_end(int64_t i0, int64_t n) const { return causal ? std::min(T, i0 + n) : T; }
+  // Document segments of all rows, (B, T) each, or null: position t of row b sees [seg_begin, seg_end).
+  const int32_t* seg_begin = nullptr;
+  const int32_t* seg_end = nullptr;
+
+  // The segments of batch row b, indexed by position (both null without segments).
+  struct RowSegments {
+    const int32_t* begin = nullptr;
+    const int32_t* end = nullptr;
+  };
+  RowSegments segments(int64_t b) const {
+    return seg_begin ? RowSegments{seg_begin + b * T, seg_end + b * T} : RowSegments{};
+  }
+
+  // Keys [begin, end) that can be visible to some query of [i0, i0 + n). Both ends never decrease with i0.
+  int64_t key_begin(const RowSegments& sg, int64_t i0) const {
+    const int64_t k = window > 0 ? std::max<int64_t>(0, i0 - window + 1) : 0;
+    return sg.begin ? std::max<int64_t>(k, sg.begin[i0]) : k;
+  }
+  int64_t key_end(const RowSegments& sg, int64_t i0, int64_t n) const {
+    const int64_t k = causal ? std::min(T, i0 + n) : T;
+    return sg.end ? std::min<int64_t>(k, sg.end[i0 + n - 1]) : k;
+  }
   // Visible pairs of the tile (queries from i0, keys from j0), and whether all qn x kn of them are.
-  Band band(int64_t i0, int64_t j0) const {
+  Band band(const RowSegments& sg, int64_t i0, int64_t j0) const {
     Band b;
     if (causal) b.hi = i0 - j0;
     if (window > 0) b.lo = i0 - j0 - window;
+    b.seg_begin = sg.begin;
+    b.seg_end = sg.end;
+    b.i0 = i0;
+    b.j0 = j0;
     return b;
   }
 };
@@ -139,6 +170,36 @@ Geometry make_geometry(TensorView qkv, const AttentionParams& p, const char* op)
 void check_same(TensorView t, Shape s, const char* op, const char* name) {
   LOOM_CHECK(t.dtype() == DType::kF32 && t.shape() == s, "[", op, "] expected ", name, " f32", s.str(), ", got ",
              t.desc());
+}
+
+// Segment ranges from segment_ids (B, T) i32, non-decreasing along T: for each position, the first position
+// of its segment and one past the last, stored as [begin (B*T) | end (B*T)]. Empty when no ids are given.
+std::vector<int32_t> segment_ranges(TensorView segment_ids, const Geometry& g, const char* op) {
+  std::vector<int32_t> r;
+  if (!segment_ids.defined()) return r;
+  const Shape want{g.B, g.T};
+  LOOM_CHECK(segment_ids.dtype() == DType::kI32 && segment_ids.device().is_cpu() && segment_ids.shape() == want,
+             "[", op, "] expected host i32 segment_ids (", g.B, ", ", g.T, "), got ", segment_ids.desc());
+  LOOM_CHECK(g.T <= std::numeric_limits<int32_t>::max(), "[", op, "] sequence length ", g.T,
+             " is too long for segment_ids");
+  const int32_t* ids = segment_ids.data<int32_t>();
+  r.resize(size_t(2 * g.B * g.T));
+  int32_t* begin = r.data();
+  int32_t* end = begin + g.B * g.T;
+  for (int64_t b = 0; b < g.B; ++b) {
+    const int32_t* id = ids + b * g.T;
+    for (int64_t t = 1; t < g.T; ++t)
+      LOOM_CHECK(id[t] >= id[t - 1], "[", op, "] segment_ids must not decrease along T (documents are contiguous), ",
+                 "got segment_ids[", b, ", ", t - 1, "] = ", id[t - 1], " > segment_ids[", b, ", ", t, "] = ", id[t]);
+    for (int64_t t0 = 0; t0 < g.T;) {
+      int64_t t1 = t0 + 1;
+      while (t1 < g.T && id[t1] == id[t0]) ++t1;
+      std::fill(begin + b * g.T + t0, begin + b * g.T + t1, int32_t(t0));
+      std::fill(end + b * g.T + t0, end + b * g.T + t1, int32_t(t1));
+      t0 = t1;
+    }
+  }
+  return r;
 }
 
 // Copies rows [r0, r0 + n) of one head (columns [col, col + HS) of rows with stride ld) into dst
@@ -246,6 +307,7 @@ struct ForwardScratch {
 void forward_task(float* out, float* lse, const float* qkv, const Geometry& g, int64_t b, int64_t h, int64_t qb0,
                   int64_t qb1, ForwardScratch& s) {
   const float* x = qkv + b * g.T * g.qkv_row;
+  const Geometry::RowSegments sg = g.segments(b);
   const int64_t grp = h / g.G;
   float* qt = s.qt.get();
   float* st = s.st.get();
@@ -254,7 +316,7 @@ void forward_task(float* out, float* lse, const float* qkv, const Geometry& g, i
   PrefetchQueue pf;
   for (int64_t qb = qb0; qb < qb1; ++qb) {
     const int64_t i0 = qb * kBlock, qn = std::min(kBlock, g.T - i0);
-    const int64_t kbeg = g.key_begin(i0), kend = g.key_end(i0, qn);
+    const int64_t kbeg = g.key_begin(sg, i0), kend = g.key_end(sg, i0, qn);
     kv.require(x, g, grp, kbeg, kend);
     copy_rows(s.q.get(), x, g.qkv_row, g.q_col(h), i0, qn, g);
     transpose_block(qt, s.q.get(), g.HSP, g.scale);  // scores come out scaled
@@ -262,7 +324,7 @@ void forward_task(float* out, float* lse, const float* qkv, const Geometry& g, i
     if (qb + 1 < qb1) {
       const int64_t ni0 = i0 + kBlock, nn = std::min(kBlock, g.T - ni0);
       pf.add(x, g.qkv_row, g.q_col(h), ni0, nn, g.HS);
-      kv.prefetch(pf, x, g, grp, g.key_begin(ni0), g.key_end(ni0, nn));
+      kv.prefetch(pf, x, g, grp, g.key_begin(sg, ni0), g.key_end(sg, ni0, nn));
     }
     pf.plan(2 * ((kend - kbeg + kBlock - 1) / kBlock));
 
@@ -274,7 +336,7 @@ void forward_task(float* out, float* lse, const float* qkv, const Geometry& g, i
       const int64_t kn = std::min(kBlock, kend - j0);
       const float* kj = kv.k + j0 * g.HSP;
       const float* vj = kv.v + j0 * g.HSP;
-      const Band band = g.band(i0, j0);
+      const Band band = g.band(sg, i0, j0);
       tile_abt(st, kj, qt, kn, g.HSP, band);  // st[j][i] = scale * k_j . q_i
       pf.step();
       if (!band.all_visible(qn, kn))
@@ -352,6 +414,7 @@ void backward_group(float* dqkv, const float* dout, const float* qkv, const floa
   const float* dy = dout + b * g.T * g.out_row;
   const float* y = out + b * g.T * g.out_row;
   float* dx = dqkv + b * g.T * g.qkv_row;
+  const Geometry::RowSegments sg = g.segments(b);
   HeadRows kv{s.k.get(), s.v.get()};
   PrefetchQueue pf;
   std::fill(s.dk.get(), s.dk.get() + g.T * g.HSP, 0.0f);
@@ -364,7 +427,7 @@ void backward_group(float* dqkv, const float* dout, const float* qkv, const floa
   for (int64_t h = grp * g.G; h < (grp + 1) * g.G; ++h) {
     for (int64_t qb = 0; qb < nqb; ++qb) {
       const int64_t i0 = qb * kBlock, qn = std::min(kBlock, g.T - i0);
-      const int64_t kbeg = g.key_begin(i0), kend = g.key_end(i0, qn);
+      const int64_t kbeg = g.key_begin(sg, i0), kend = g.key_end(sg, i0, qn);
       kv.require(x, g, grp, kbeg, kend);
       copy_rows(s.q.get(), x, g.qkv_row, g.q_col(h), i0, qn, g);
       transpose_block(s.qt.get(), s.q.get(), g.HSP, g.scale);  // scores come out scaled
@@ -383,7 +446,7 @@ void backward_group(float* dqkv, const float* dout, const float* qkv, const floa
           pf.add(x, g.qkv_row, g.q_col(nh), ni0, nn, g.HS);
           pf.add(dy, g.out_row, nh * g.HS, ni0, nn, g.HS);
           pf.add(y, g.out_row, nh * g.HS, ni0, nn, g.HS);
-          kv.prefetch(pf, x, g, grp, g.key_begin(ni0), g.key_end(ni0, nn));
+          kv.prefetch(pf, x, g, grp, g.key_begin(sg, ni0), g.key_end(sg, ni0, nn));
         }
       }
       pf.plan(5 * ((kend - kbeg + kBlock - 1) / kBlock));
@@ -409,7 +472,7 @@ void backward_group(float* dqkv, const float* dout, const float* qkv, const floa
         const int64_t kn = std::min(kBlock, kend - j0);
         const float* kj = kv.k + j0 * g.HSP;
         const float* vj = kv.v + j0 * g.HSP;
-        const Band band = g.band(i0, j0);
+        const Band band = g.band(sg, i0, j0);
         tile_abt(st, kj, s.qt.get(), kn, g.HSP, band);  // s^T[j][i] = scale * k_j . q_i
         pf.step();
         tile_abt(dpt, vj, s.doutt.get(), kn, g.HSP, band);  // dP^T[j][i] = v_j . dO_i
@@ -448,10 +511,16 @@ void backward_group(float* dqkv, const float* dout, const float* qkv, const floa
 
 }  // namespace
 
-void CpuOps::attention_forward(TensorView out, TensorView lse, TensorView qkv, const AttentionParams& p) const {
-  const Geometry g = make_geometry(qkv, p, "attention_forward");
+void CpuOps::attention_forward(TensorView out, TensorView lse, TensorView qkv, const AttentionParams& p,
+                               TensorView segment_ids) const {
+  Geometry g = make_geometry(qkv, p, "attention_forward");
   check_same(out, Shape{g.B, g.T, g.out_row}, "attention_forward", "out");
   check_same(lse, Shape{g.B, g.NH, g.T}, "attention_forward", "lse");
+  const std::vector<int32_t> seg = segment_ranges(segment_ids, g, "attention_forward");
+  if (!seg.empty()) {
+    g.seg_begin = seg.data();
+    g.seg_end = seg.data() + g.B * g.T;
+  }
   const float* x = qkv.data<float>();
   float* y = out.data<float>();
   float* ls = lse.data<float>();
@@ -476,12 +545,17 @@ void CpuOps::attention_forward(TensorView out, TensorView lse, TensorView qkv, c
 }
 
 void CpuOps::attention_backward(TensorView dqkv, TensorView dout, TensorView qkv, TensorView out, TensorView lse,
-                                const AttentionParams& p) const {
-  const Geometry g = make_geometry(qkv, p, "attention_backward");
+                                const AttentionParams& p, TensorView segment_ids) const {
+  Geometry g = make_geometry(qkv, p, "attention_backward");
   check_same(dqkv, qkv.shape(), "attention_backward", "dqkv");
   check_same(out, Shape{g.B, g.T, g.out_row}, "attention_backward", "out");
   check_same(dout, Shape{g.B, g.T, g.out_row}, "attention_backward", "dout");
   check_same(lse, Shape{g.B, g.NH, g.T}, "attention_backward", "lse");
+  const std::vector<int32_t> seg = segment_ranges(segment_ids, g, "attention_backward");
+  if (!seg.empty()) {
+    g.seg_begin = seg.data();
+    g.seg_end = seg.data() + g.B * g.T;
+  }
   const int64_t tasks = g.B * g.NKV;
   float* dx = dqkv.data<float>();
   const float* dy = dout.data<float>();

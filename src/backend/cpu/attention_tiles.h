@@ -15,20 +15,39 @@ constexpr int64_t kW = 16;      // floats per vector
 constexpr int64_t kBlock = 64;  // rows per query block and per key block
 constexpr int64_t kFar = int64_t(1) << 40;  // an unbounded band edge
 
-// The visible (query, key) pairs of one tile: with ii and jj the offsets of a query and a key inside their
-// blocks, the pair is visible iff lo < jj - ii <= hi (causal: hi = i0 - j0; window: lo = hi - window).
-// Kernels use it to skip work that is entirely masked; skipping adds nothing but exact zeros (P = 0),
+// The visible (query, key) pairs of one tile. With ii and jj the offsets of a query and a key inside their
+// blocks, the causal/window rule is a diagonal band: the pair is visible iff lo < jj - ii <= hi (causal:
+// hi = i0 - j0; window: lo = hi - window). With document segments (seg_begin set), a position p also sees
+// only positions [seg_begin[p], seg_end[p]) (its own segment, a contiguous range because segment ids never
+// decrease), so every key row and every query row of a tile keeps one contiguous visible range, and the
+// range's ends never decrease with the row: the union over a run of rows is [first row's begin, last row's
+// end). Kernels use it to skip work that is entirely masked; skipping adds nothing but exact zeros (P = 0),
 // so results are the same as computing the full tile.
 struct Band {
   int64_t lo = -kFar, hi = kFar;
-  // Queries visible to some key of [r, r + n): [r - hi, r + n - 1 - lo).
-  int64_t query_begin(int64_t r) const { return r - hi; }
-  int64_t query_end(int64_t r, int64_t n) const { return r + n - 1 - lo; }
-  // Keys visible to some query of [r, r + n): [r + lo + 1, r + n + hi).
-  int64_t key_begin(int64_t r) const { return r + lo + 1; }
-  int64_t key_end(int64_t r, int64_t n) const { return r + n + hi; }
-  // True when all qn x kn pairs of the tile are visible (no per-element mask needed).
-  bool all_visible(int64_t qn, int64_t kn) const { return lo < 1 - qn && kn - 1 <= hi; }
+  // Segments (optional): position p's segment is [seg_begin[p], seg_end[p]) (absolute positions of the batch
+  // row); i0 and j0 are the tile's first query and first key.
+  const int32_t* seg_begin = nullptr;
+  const int32_t* seg_end = nullptr;
+  int64_t i0 = 0, j0 = 0;
+
+  // Queries visible to some key of [r, r + n): [query_begin(r), query_end(r, n)) (may be empty).
+  int64_t query_begin(int64_t r) const {
+    return seg_begin ? std::max(r - hi, seg_begin[j0 + r] - i0) : r - hi;
+  }
+  int64_t query_end(int64_t r, int64_t n) const {
+    return seg_begin ? std::min(r + n - 1 - lo, seg_end[j0 + r + n - 1] - i0) : r + n - 1 - lo;
+  }
+  // Keys visible to some query of [r, r + n): [key_begin(r), key_end(r, n)) (may be empty).
+  int64_t key_begin(int64_t r) const { return seg_begin ? std::max(r + lo + 1, seg_begin[i0 + r] - j0) : r + lo + 1; }
+  int64_t key_end(int64_t r, int64_t n) const {
+    return seg_begin ? std::min(r + n + hi, seg_end[i0 + r + n - 1] - j0) : r + n + hi;
+  }
+  // True when all qn x kn pairs of the tile are visible (no per-element mask needed): the band holds them
+  // all, and the last query's segment starts, and the first query's ends, outside the tile's keys.
+  bool all_visible(int64_t qn, int64_t kn) const {
+    return lo < 1 - qn && kn - 1 <= hi && (!seg_begin || (seg_begin[i0 + qn - 1] <= j0 && seg_end[i0] >= j0 + kn));
+  }
   // Writes `value` into the entries of S^T row jj (queries 0..kBlock) that key jj cannot see.
   void mask_row(float* row, int64_t jj, float value) const {
     const int64_t b = std::clamp<int64_t>(query_begin(jj), 0, kBlock);

@@ -15,8 +15,10 @@ class CpuOps final : public OpTable {
   void matmul_forward(TensorView out, TensorView inp, TensorView weight, TensorView bias) const override;
   void matmul_backward(TensorView dinp, TensorView dweight, TensorView dbias, TensorView dout, TensorView inp,
                        TensorView weight) const override;
-  void embedding_forward(TensorView out, TensorView tokens, TensorView wte, TensorView wpe) const override;
-  void embedding_backward(TensorView dwte, TensorView dwpe, TensorView dout, TensorView tokens) const override;
+  void embedding_forward(TensorView out, TensorView tokens, TensorView wte, TensorView wpe,
+                         TensorView position_ids = {}) const override;
+  void embedding_backward(TensorView dwte, TensorView dwpe, TensorView dout, TensorView tokens,
+                          TensorView position_ids = {}) const override;
   void layernorm_forward(TensorView out, TensorView mean, TensorView rstd, TensorView inp, TensorView weight,
                          TensorView bias, float eps) const override;
   void layernorm_backward(TensorView dinp, TensorView dweight, TensorView dbias, TensorView dout, TensorView inp,
@@ -29,9 +31,10 @@ class CpuOps final : public OpTable {
   void gelu_backward(TensorView dinp, TensorView inp, TensorView dout) const override;
   void bias_add_forward(TensorView out, TensorView bias) const override;
   void bias_backward(TensorView dbias, TensorView dout) const override;
-  void attention_forward(TensorView out, TensorView lse, TensorView qkv, const AttentionParams& p) const override;
+  void attention_forward(TensorView out, TensorView lse, TensorView qkv, const AttentionParams& p,
+                         TensorView segment_ids = {}) const override;
   void attention_backward(TensorView dqkv, TensorView dout, TensorView qkv, TensorView out, TensorView lse,
-                          const AttentionParams& p) const override;
+                          const AttentionParams& p, TensorView segment_ids = {}) const override;
   void cross_entropy_forward_backward(TensorView losses, TensorView logits, TensorView targets, int64_t vocab_size,
                                       TensorView loss_mask, float dlogits_scale) const override;
   void adamw_update(TensorView param, TensorView grad, TensorView m, TensorView v,

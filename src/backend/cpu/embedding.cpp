@@ -1,9 +1,12 @@
 // Token + position embedding lookup and its gradient.
-// Forward is a row gather, parallel over tokens. Backward scatters rows of dout into dwte; several tokens
-// can hit the same vocabulary row, so threads split the CHANNELS (chunks of kChunk) and each walks the
-// tokens in (b, t) order: every dwte element receives its additions in token order whatever the thread
-// count. dwpe[t] sums over b in order, parallel over t. Token ids are validated before any parallel
-// region (an exception cannot cross an OpenMP region).
+// Positions are t, or position_ids[b, t] when given (Megatron's --reset-position-ids restarts them at
+// each document, so several tokens of a batch row may share a wpe row).
+// Forward is a row gather, parallel over tokens. Backward scatters rows of dout into dwte and dwpe; several
+// tokens can hit the same vocabulary or position row, so threads split the CHANNELS (chunks of kChunk) and
+// each walks the tokens in (b, t) order: every dwte/dwpe element receives its additions in token order
+// whatever the thread count (and without position_ids, dwpe[t] gets b = 0, 1, ... in order, the same bits
+// as position_ids = t). Token and position ids are validated before any parallel region (an exception
+// cannot cross an OpenMP region) and before anything is written.
 #include <algorithm>
 
 #include "backend/cpu/cpu_ops.h"
@@ -47,19 +50,39 @@ EmbShape check_tokens(const char* op, TensorView tokens, TensorView table, const
   return s;
 }
 
-void check_positions(const char* op, TensorView pos, const char* name, const EmbShape& s) {
+// The position table (maxpos, C), when given, and the position ids, when given: same shape as tokens, each id
+// in [0, maxpos). Without ids the positions are 0..T-1, so T must fit the table. Returns the ids or nullptr.
+const int32_t* check_positions(const char* op, TensorView pos, const char* name, TensorView position_ids,
+                               TensorView tokens, const EmbShape& s) {
+  const int32_t* ids = nullptr;
+  if (position_ids.defined()) {
+    LOOM_CHECK(position_ids.dtype() == DType::kI32 && position_ids.device().is_cpu() &&
+                   position_ids.shape() == tokens.shape(),
+               "[", op, "] expected host i32 position_ids shaped like tokens ", tokens.shape().str(), ", got ",
+               position_ids.desc());
+    ids = position_ids.data<int32_t>();
+  }
+  if (!pos.defined()) return ids;  // no position table (e.g. RoPE models): the ids are not used here
   expect_f32(pos, op, name);
   LOOM_CHECK(pos.ndim() == 2 && pos.size(1) == s.C, "[", op, "] expected ", name, " (maxpos, ", s.C, "), got ",
              pos.desc());
-  LOOM_CHECK(pos.size(0) >= s.T, "[", op, "] sequence length ", s.T, " exceeds the ", pos.size(0), " positions of ",
-             name);
+  const int64_t maxpos = pos.size(0);
+  if (ids == nullptr) {
+    LOOM_CHECK(maxpos >= s.T, "[", op, "] sequence length ", s.T, " exceeds the ", maxpos, " positions of ", name);
+  } else {
+    for (int64_t i = 0; i < s.B * s.T; ++i)
+      LOOM_CHECK(ids[i] >= 0 && ids[i] < maxpos, "[", op, "] position id ", ids[i], " at (", i / s.T, ", ",
+                 i % s.T, ") is outside the ", maxpos, " positions [0, ", maxpos, ") of ", name);
+  }
+  return ids;
 }
 
 }  // namespace
 
-void CpuOps::embedding_forward(TensorView out, TensorView tokens, TensorView wte, TensorView wpe) const {
+void CpuOps::embedding_forward(TensorView out, TensorView tokens, TensorView wte, TensorView wpe,
+                               TensorView position_ids) const {
   const EmbShape s = check_tokens("embedding_forward", tokens, wte, "wte", out, "out");
-  if (wpe.defined()) check_positions("embedding_forward", wpe, "wpe", s);
+  const int32_t* pid = check_positions("embedding_forward", wpe, "wpe", position_ids, tokens, s);
   const int32_t* tok = tokens.data<int32_t>();
   const float* te = wte.data<float>();
   const float* pe = wpe.defined() ? wpe.data<float>() : nullptr;
@@ -70,7 +93,7 @@ void CpuOps::embedding_forward(TensorView out, TensorView tokens, TensorView wte
     float* orow = o + i * C;
     const float* trow = te + int64_t(tok[i]) * C;
     if (pe) {
-      const float* prow = pe + (i % s.T) * C;
+      const float* prow = pe + (pid ? int64_t(pid[i]) : i % s.T) * C;
 #pragma omp simd
       for (int64_t c = 0; c < C; ++c) orow[c] = trow[c] + prow[c];
     } else {
@@ -79,33 +102,30 @@ void CpuOps::embedding_forward(TensorView out, TensorView tokens, TensorView wte
   }
 }
 
-void CpuOps::embedding_backward(TensorView dwte, TensorView dwpe, TensorView dout, TensorView tokens) const {
+void CpuOps::embedding_backward(TensorView dwte, TensorView dwpe, TensorView dout, TensorView tokens,
+                                TensorView position_ids) const {
   const EmbShape s = check_tokens("embedding_backward", tokens, dwte, "dwte", dout, "dout");
-  if (dwpe.defined()) check_positions("embedding_backward", dwpe, "dwpe", s);
+  const int32_t* pid = check_positions("embedding_backward", dwpe, "dwpe", position_ids, tokens, s);
   const int32_t* tok = tokens.data<int32_t>();
   const float* dy = dout.data<float>();
   const int64_t BT = s.B * s.T, C = s.C;
   float* dte = dwte.data<float>();
+  float* dpe = dwpe.defined() ? dwpe.data<float>() : nullptr;
   const int64_t nchunks = (C + kChunk - 1) / kChunk;
+  // One pass over dout feeds both tables.
 #pragma omp parallel for schedule(static) if (BT * C > kParallelMinElems)
   for (int64_t ch = 0; ch < nchunks; ++ch) {
     const int64_t c0 = ch * kChunk, width = std::min(kChunk, C - c0);
     for (int64_t i = 0; i < BT; ++i) {
-      float* drow = dte + int64_t(tok[i]) * C + c0;
       const float* yrow = dy + i * C + c0;
+      float* drow = dte + int64_t(tok[i]) * C + c0;
 #pragma omp simd
       for (int64_t c = 0; c < width; ++c) drow[c] += yrow[c];
-    }
-  }
-  if (!dwpe.defined()) return;
-  float* dpe = dwpe.data<float>();
-#pragma omp parallel for schedule(static) if (BT * C > kParallelMinElems)
-  for (int64_t t = 0; t < s.T; ++t) {
-    float* prow = dpe + t * C;
-    for (int64_t b = 0; b < s.B; ++b) {
-      const float* yrow = dy + (b * s.T + t) * C;
+      if (dpe) {
+        float* prow = dpe + (pid ? int64_t(pid[i]) : i % s.T) * C + c0;
 #pragma omp simd
-      for (int64_t c = 0; c < C; ++c) prow[c] += yrow[c];
+        for (int64_t c = 0; c < width; ++c) prow[c] += yrow[c];
+      }
     }
   }
 }

@@ -1,10 +1,11 @@
-// CPU reference ops: embedding, layernorm (+ fused residual), cross-entropy. Each op is compared with a
-// plain f64 loop written here, on odd shapes; backward ops are checked against central finite
+// CPU reference ops: embedding (with and without position_ids), layernorm (+ fused residual), cross-entropy. Each
+// op is compared with a plain f64 loop written here, on odd shapes; backward ops are checked against central finite
 // differences of the f64 forward for the objective L = sum(out * R) (R random), with gradient buffers
 // pre-filled with nonzero values to pin down accumulate (+=) versus overwrite (=). Ops with reductions
 // are run with 1, 2 and 3 OpenMP threads and must agree bit for bit.
 // Tolerances are absolute + relative against the f64 value and are stated at each check.
 #include <functional>
+#include <string>
 
 #include "cpu_test_util.h"
 
@@ -112,6 +113,149 @@ TEST(CpuEmbedding, RejectsOutOfRangeTokensAndTooLongSequences) {
   EXPECT_THROW(ops().embedding_forward(out, tok, wte, TensorView()), Error);
   tok.data<int32_t>()[2] = -1;
   EXPECT_THROW(ops().embedding_backward(wte, TensorView(), out, tok), Error);
+}
+
+// ---- embedding with position_ids (Megatron's --reset-position-ids) ------------------------------------
+
+// Position ids that restart at 0 at random document boundaries (so rows of wpe repeat within a batch row),
+// with the first row's boundaries at 1 and 2 (a one-token document) when T allows.
+Tensor reset_position_ids(int64_t B, int64_t T, uint64_t seed) {
+  Tensor t = Tensor::empty({B, T}, DType::kI32);
+  std::mt19937_64 g(seed);
+  for (int64_t b = 0; b < B; ++b) {
+    int32_t p = 0;
+    for (int64_t i = 0; i < T; ++i) {
+      const bool boundary = i > 0 && ((b == 0 && (i == 1 || i == 2)) || g() % 4 == 0);
+      p = boundary ? 0 : p + (i > 0);
+      t.data<int32_t>()[b * T + i] = p;
+    }
+  }
+  return t;
+}
+
+TEST(CpuEmbedding, PositionIdsForwardMatchesReferenceExactly) {
+  for (EmbCase k : {EmbCase{1, 1, 1, 3}, EmbCase{2, 5, 5, 7}, EmbCase{3, 17, 217, 11}, EmbCase{2, 217, 5, 50}}) {
+    const int64_t maxpos = k.T;  // ids stay below T
+    Tensor tok = random_tokens(k.B, k.T, k.V, 21), pid = reset_position_ids(k.B, k.T, 22);
+    Tensor wte = uniform_tensor({k.V, k.C}, 23), wpe = uniform_tensor({maxpos, k.C}, 24);
+    Tensor out = filled({k.B, k.T, k.C}, 99.0f);
+    ops().embedding_forward(out, tok, wte, wpe, pid);
+    for (int64_t i = 0; i < k.B * k.T; ++i)
+      for (int64_t c = 0; c < k.C; ++c) {
+        const int32_t id = tok.data<int32_t>()[i], pos = pid.data<int32_t>()[i];
+        const double te = wte.data<float>()[id * k.C + c], pe = wpe.data<float>()[pos * k.C + c];
+        ASSERT_EQ(out.data<float>()[i * k.C + c], float(te + pe)) << "B" << k.B << " T" << k.T << " C" << k.C;
+      }
+  }
+}
+
+// A sequence longer than the table is fine when the ids fit it: only the ids are checked.
+TEST(CpuEmbedding, PositionIdsMayExceedTheTableLengthInT) {
+  const int64_t B = 2, T = 9, C = 4, V = 5, maxpos = 3;
+  Tensor tok = random_tokens(B, T, V, 25), pid = Tensor::empty({B, T}, DType::kI32);
+  for (int64_t i = 0; i < B * T; ++i) pid.data<int32_t>()[i] = int32_t(i % maxpos);
+  Tensor wte = uniform_tensor({V, C}, 26), wpe = uniform_tensor({maxpos, C}, 27), out = filled({B, T, C}, 0);
+  ops().embedding_forward(out, tok, wte, wpe, pid);
+  EXPECT_EQ(out.data<float>()[(1 * T + 4) * C + 2],
+            wte.data<float>()[tok.data<int32_t>()[T + 4] * C + 2] + wpe.data<float>()[((T + 4) % maxpos) * C + 2]);
+}
+
+// Repeated positions accumulate: dwpe[p] += sum of dout over every token whose id is p, on top of the
+// pre-filled gradient, against an f64 scatter; dwte is unaffected by the position ids.
+TEST(CpuEmbedding, PositionIdsBackwardAccumulatesRepeatedPositions) {
+  for (EmbCase k : {EmbCase{1, 1, 1, 3}, EmbCase{2, 5, 5, 4}, EmbCase{3, 17, 217, 6}, EmbCase{4, 97, 70, 9}}) {
+    const int64_t maxpos = k.T + 1;
+    Tensor tok = random_tokens(k.B, k.T, k.V, 31), pid = reset_position_ids(k.B, k.T, 32);
+    Tensor R = uniform_tensor({k.B, k.T, k.C}, 33);
+    Tensor dwte = uniform_tensor({k.V, k.C}, 34), dwpe = uniform_tensor({maxpos, k.C}, 35);
+    Tensor dwte_nopid = clone(dwte), dwpe_unused = clone(dwpe);
+    std::vector<double> want_te = to_f64(dwte), want_pe = to_f64(dwpe);
+    ops().embedding_backward(dwte, dwpe, R, tok, pid);
+    ops().embedding_backward(dwte_nopid, TensorView(), R, tok);
+    const int32_t* ids = tok.data<int32_t>();
+    const int32_t* pos = pid.data<int32_t>();
+    const float* r = R.data<float>();
+    for (int64_t i = 0; i < k.B * k.T; ++i)
+      for (int64_t c = 0; c < k.C; ++c) {
+        want_te[size_t(ids[i] * k.C + c)] += r[i * k.C + c];
+        want_pe[size_t(pos[i] * k.C + c)] += r[i * k.C + c];
+      }
+    // Sums of up to B*T values in [-1, 1] in f32 plus the pre-fill.
+    expect_close(dwte, want_te, 1e-5, 1e-6, "dwte");
+    expect_close(dwpe, want_pe, 1e-5, 1e-6, "dwpe");
+    EXPECT_TRUE(same_bits(dwte, dwte_nopid));
+    if (k.T > 2) {  // position 0 is shared by several tokens here: the gradient really summed them
+      int shared = 0;
+      for (int64_t i = 0; i < k.B * k.T; ++i) shared += pos[i] == 0;
+      EXPECT_GT(shared, k.B);
+    }
+  }
+}
+
+// position_ids = t gives the same bits as no position_ids, forward and backward.
+TEST(CpuEmbedding, IdentityPositionIdsGiveTheSameBitsAsNone) {
+  const int64_t B = 3, T = 37, C = 217, V = 9;
+  Tensor tok = random_tokens(B, T, V, 41), pid = Tensor::empty({B, T}, DType::kI32);
+  for (int64_t i = 0; i < B * T; ++i) pid.data<int32_t>()[i] = int32_t(i % T);
+  Tensor wte = uniform_tensor({V, C}, 42), wpe = uniform_tensor({T, C}, 43), dout = uniform_tensor({B, T, C}, 44);
+  Tensor a = filled({B, T, C}, 0), b = filled({B, T, C}, 1);
+  ops().embedding_forward(a, tok, wte, wpe);
+  ops().embedding_forward(b, tok, wte, wpe, pid);
+  EXPECT_TRUE(same_bits(a, b));
+  Tensor te_a = uniform_tensor({V, C}, 45), pe_a = uniform_tensor({T, C}, 46);
+  Tensor te_b = clone(te_a), pe_b = clone(pe_a);
+  ops().embedding_backward(te_a, pe_a, dout, tok);
+  ops().embedding_backward(te_b, pe_b, dout, tok, pid);
+  EXPECT_TRUE(same_bits(te_a, te_b));
+  EXPECT_TRUE(same_bits(pe_a, pe_b));
+}
+
+TEST(CpuEmbedding, PositionIdsBackwardIsThreadCountIndependent) {
+  const int64_t B = 4, T = 97, C = 217, V = 13;
+  Tensor tok = random_tokens(B, T, V, 51), pid = reset_position_ids(B, T, 52);
+  Tensor dout = uniform_tensor({B, T, C}, 53);
+  Tensor dwte0 = uniform_tensor({V, C}, 54), dwpe0 = uniform_tensor({T, C}, 55);
+  std::vector<Tensor> te, pe;
+  for (int threads : {1, 2, 3}) {
+    te.push_back(clone(dwte0));
+    pe.push_back(clone(dwpe0));
+    with_threads(threads, [&] { ops().embedding_backward(te.back(), pe.back(), dout, tok, pid); });
+  }
+  for (size_t i = 1; i < te.size(); ++i) {
+    EXPECT_TRUE(same_bits(te[0], te[i])) << "dwte differs with " << i + 1 << " threads";
+    EXPECT_TRUE(same_bits(pe[0], pe[i])) << "dwpe differs with " << i + 1 << " threads";
+  }
+  EXPECT_FALSE(same_bits(pe[0], dwpe0));
+}
+
+// Out-of-range, mis-shaped or mistyped ids are rejected before anything is written.
+TEST(CpuEmbedding, RejectsBadPositionIdsBeforeWriting) {
+  const int64_t B = 2, T = 4, C = 3, V = 5, maxpos = 4;
+  Tensor tok = random_tokens(B, T, V, 61), pid = reset_position_ids(B, T, 62);
+  Tensor wte = uniform_tensor({V, C}, 63), wpe = uniform_tensor({maxpos, C}, 64);
+  Tensor out = filled({B, T, C}, 7.0f), dout = uniform_tensor({B, T, C}, 65);
+  Tensor dwte = filled({V, C}, 0.5f), dwpe = filled({maxpos, C}, 0.5f);
+  const Tensor out0 = clone(out), dwte0 = clone(dwte), dwpe0 = clone(dwpe);
+  EXPECT_NO_THROW(ops().embedding_forward(out, tok, wte, wpe, pid));
+  out = clone(out0);
+  for (int32_t bad : {int32_t(maxpos), -1, 1 << 30}) {
+    pid.data<int32_t>()[B * T - 1] = bad;  // the last token: the check must cover every id before any work
+    EXPECT_THROW(ops().embedding_forward(out, tok, wte, wpe, pid), Error) << bad;
+    EXPECT_THROW(ops().embedding_backward(dwte, dwpe, dout, tok, pid), Error) << bad;
+  }
+  EXPECT_TRUE(same_bits(out, out0));
+  EXPECT_TRUE(same_bits(dwte, dwte0));
+  EXPECT_TRUE(same_bits(dwpe, dwpe0));
+  try {
+    ops().embedding_forward(out, tok, wte, wpe, pid);
+    ADD_FAILURE() << "position id 2^30 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("position id"), std::string::npos) << e.what();
+  }
+  Tensor wrong_shape = Tensor::zeros({B * T}, DType::kI32), wrong_dtype = Tensor::zeros({B, T}, DType::kF32);
+  EXPECT_THROW(ops().embedding_forward(out, tok, wte, wpe, wrong_shape), Error);
+  EXPECT_THROW(ops().embedding_forward(out, tok, wte, wpe, wrong_dtype), Error);
+  EXPECT_THROW(ops().embedding_backward(dwte, dwpe, dout, tok, wrong_shape), Error);
 }
 
 // ---- layernorm -------------------------------------------------------------------------------------

@@ -68,12 +68,31 @@ TEST(Args, InvalidLayoutsNameTheFlags) {
   e = error_of(a);
   EXPECT_NE(e.find("no training data"), std::string::npos) << e;
   a = base();
+  a[14] = "--data-path";  // replace --mock-data: a prefix needs a tokenizer
+  a.insert(a.begin() + 15, "corpus_text_document");
+  e = error_of(a);
+  EXPECT_NE(e.find("--tokenizer-type is required"), std::string::npos) << e;
+  a = base();
   a.insert(a.end(), {"--lr-warmup-iters", "5"});
   e = error_of(a);
   EXPECT_NE(e.find("--lr-warmup-iters (5) must be smaller than --lr-decay-iters"), std::string::npos) << e;
   a = base();
   a.insert(a.end(), {"--lr-decay-style", "cosin"});
   EXPECT_NE(error_of(a).find("--lr-decay-style"), std::string::npos);
+}
+
+TEST(Args, DataPathTakesSeveralValues) {
+  auto a = base();
+  a.erase(a.begin() + 14);
+  a.insert(a.end(), {"--data-path", "0.3", "a_text_document", "0.7", "b_text_document", "--split", "98,2,0",
+                     "--tokenizer-type", "NullTokenizer", "--eod-mask-loss"});
+  const TrainConfig c = parse_train_args(a);
+  EXPECT_EQ(c.data.data_path, (std::vector<std::string>{"0.3", "a_text_document", "0.7", "b_text_document"}));
+  EXPECT_EQ(c.data.split, "98,2,0");
+  EXPECT_TRUE(c.data.eod_mask_loss);
+  EXPECT_EQ(c.data.tokenizer.type, "NullTokenizer");
+  EXPECT_EQ(*c.data.tokenizer.vocab_size, 100);
+  EXPECT_NE(error_of({"--data-path", "--split", "1"}).find("--data-path needs at least one value"), std::string::npos);
 }
 
 TEST(Args, VocabPaddingIsMegatrons) {

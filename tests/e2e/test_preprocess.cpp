@@ -1,0 +1,311 @@
+// `loom preprocess` end to end: runs the binary on JSONL files and reads the output back with
+// IndexedDataset. Output must not depend on --workers; bad lines are errors naming file:line (or are
+// skipped and counted); a failed run leaves no files; each --json-keys key gets its own .bin/.idx.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "loom/data/indexed_dataset.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using Doc = std::vector<std::vector<int32_t>>;
+
+struct PpResult {
+  int code = -1;
+  std::string out, err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+class Preprocess : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() / ("loom_pp_" + std::to_string(::getpid()) + "_" + info->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  void write_input(const std::string& text, const std::string& name = "in.jsonl") {
+    std::ofstream(dir_ / name, std::ios::binary) << text;
+  }
+
+  // Runs `loom preprocess <args>` inside the test directory.
+  PpResult loom(const std::string& args) {
+    const std::string cmd = "cd " + dir_.string() + " && " + LOOM_BINARY + " preprocess " + args +
+                            " >stdout.txt 2>stderr.txt";
+    const int status = std::system(cmd.c_str());
+    PpResult r;
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.out = slurp(dir_ / "stdout.txt");
+    r.err = slurp(dir_ / "stderr.txt");
+    fs::remove(dir_ / "stdout.txt");
+    fs::remove(dir_ / "stderr.txt");
+    return r;
+  }
+
+  // Files in the test directory other than the inputs (*.jsonl).
+  std::vector<std::string> outputs() const {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir_))
+      if (e.path().extension() != ".jsonl") names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+  std::vector<Doc> read_docs(const std::string& prefix, loom::IndexDType expect_dtype = loom::IndexDType::kU16) {
+    const auto ds = loom::IndexedDataset::open((dir_ / prefix).string());
+    EXPECT_EQ(ds->dtype(), expect_dtype);
+    std::vector<Doc> docs;
+    const auto di = ds->document_indices();
+    const auto lens = ds->sequence_lengths();
+    for (size_t k = 0; k + 1 < di.size(); ++k) {
+      Doc d;
+      for (int64_t s = di[k]; s < di[k + 1]; ++s) {
+        std::vector<int32_t> t(size_t(lens[s]));
+        ds->read(s, 0, lens[s], t.data());
+        d.push_back(t);
+      }
+      docs.push_back(d);
+    }
+    return docs;
+  }
+
+  fs::path dir_;
+};
+
+const std::string kNull = " --tokenizer-type NullTokenizer --vocab-size 1000";
+
+TEST_F(Preprocess, DocumentsSentencesEmptyDocumentsAndEod) {
+  write_input(
+      "{\"text\": \"1 2 3\"}\n"
+      "{\"text\": \"\"}\n"                        // empty document: kept, zero sequences, no EOD
+      "{\"text\": [\"4 5\", \"\", \" 6 \"]}\n"    // list = sentences; the empty one is dropped
+      "{\"text\": \"  7\\n8 \", \"other\": 1}\n"  // extra keys ignored; last line without newline
+      "{\"text\": []}");
+  PpResult r = loom("--input in.jsonl --output-prefix out" + kNull);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(read_docs("out_text_document"),
+            (std::vector<Doc>{{{1, 2, 3}}, {}, {{4, 5}, {6}}, {{7, 8}}, {}}));
+  EXPECT_EQ(outputs(), (std::vector<std::string>{"out_text_document.bin", "out_text_document.idx"}));
+
+  r = loom("--input in.jsonl --output-prefix eod --append-eod" + kNull);
+  ASSERT_EQ(r.code, 0) << r.err;
+  // EOD (NullTokenizer: vocab - 1) extends the last sequence of every non-empty document.
+  EXPECT_EQ(read_docs("eod_text_document"),
+            (std::vector<Doc>{{{1, 2, 3, 999}}, {}, {{4, 5}, {6, 999}}, {{7, 8, 999}}, {}}));
+  EXPECT_NE(r.out.find("Processed 5 documents"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("eod_text_document.bin/.idx: 5 documents, 4 sequences, 11 tokens (uint16)"),
+            std::string::npos)
+      << r.out;
+}
+
+// Lines longer than the reader's 1 MiB chunks and 64 KiB reads, CRLF line ends, an empty input.
+TEST_F(Preprocess, LongLinesCrlfAndEmptyInput) {
+  std::vector<int32_t> big;
+  std::string text = "{\"text\": \"";
+  for (int i = 0; i < 700000; ++i) {  // ~2.7 MB of text
+    big.push_back(i % 997);
+    text += std::to_string(i % 997) + " ";
+  }
+  write_input("{\"text\": \"1\"}\r\n" + text + "\"}\r\n{\"text\": \"2 3\"}\r\n");
+  PpResult r = loom("--input in.jsonl --output-prefix out --workers 3" + kNull);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(read_docs("out_text_document"), (std::vector<Doc>{{{1}}, {big}, {{2, 3}}}));
+
+  write_input("", "empty.jsonl");
+  r = loom("--input empty.jsonl --output-prefix e" + kNull);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(read_docs("e_text_document").empty());
+}
+
+TEST_F(Preprocess, VocabSizeChoosesInt32) {
+  write_input("{\"text\": \"70000 3\"}\n");
+  const PpResult r = loom("--input in.jsonl --output-prefix big --tokenizer-type NullTokenizer --vocab-size 70001");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(read_docs("big_text_document", loom::IndexDType::kI32), (std::vector<Doc>{{{70000, 3}}}));
+}
+
+// Many chunks of lines with random documents, sentence lists and empty documents.
+std::string random_jsonl(int lines, std::vector<Doc>* expect, std::vector<Doc>* expect_title) {
+  std::mt19937 rng(7);
+  std::string s;
+  auto sentence = [&](std::vector<int32_t>& toks) {
+    std::string t;
+    const int n = int(rng() % 12);
+    for (int i = 0; i < n; ++i) {
+      const int32_t id = int32_t(rng() % 998);
+      toks.push_back(id);
+      t += (rng() % 3 ? " " : "\\n") + std::to_string(id);
+    }
+    return t;
+  };
+  for (int i = 0; i < lines; ++i) {
+    Doc d, dt;
+    std::vector<int32_t> toks, title;
+    std::string text;
+    if (rng() % 4 == 0) {
+      text = "[";
+      const int n = int(rng() % 4);
+      for (int k = 0; k < n; ++k) {
+        toks.clear();
+        text += (k ? ", \"" : "\"") + sentence(toks) + "\"";
+        if (!toks.empty()) d.push_back(toks);
+      }
+      text += "]";
+    } else {
+      text = "\"" + sentence(toks) + "\"";
+      if (!toks.empty()) d.push_back(toks);
+    }
+    if (!d.empty()) d.back().push_back(999);  // --append-eod
+    const std::string t = sentence(title);
+    if (!title.empty()) dt.push_back(title), dt.back().push_back(999);
+    s += "{\"title\": \"" + t + "\", \"text\": " + text + "}\n";
+    expect->push_back(d);
+    expect_title->push_back(dt);
+  }
+  return s;
+}
+
+TEST_F(Preprocess, OutputIndependentOfWorkersAndMultipleKeys) {
+  std::vector<Doc> expect, expect_title;
+  write_input(random_jsonl(3000, &expect, &expect_title));
+  const std::string common = " --input in.jsonl --append-eod --json-keys text title" + kNull;
+  PpResult r1 = loom("--workers 1 --output-prefix w1" + common);
+  ASSERT_EQ(r1.code, 0) << r1.err;
+  PpResult r4 = loom("--workers 4 --log-interval 1000 --output-prefix w4" + common);
+  ASSERT_EQ(r4.code, 0) << r4.err;
+  for (const std::string key : {"text", "title"})
+    for (const std::string ext : {".bin", ".idx"}) {
+      const std::string a = slurp(dir_ / ("w1_" + key + "_document" + ext));
+      EXPECT_FALSE(a.empty());
+      EXPECT_EQ(a, slurp(dir_ / ("w4_" + key + "_document" + ext))) << key << ext;
+    }
+  EXPECT_EQ(read_docs("w4_text_document"), expect);
+  EXPECT_EQ(read_docs("w4_title_document"), expect_title);
+  // Megatron's progress line every --log-interval documents.
+  EXPECT_NE(r4.out.find("Processed 1000 documents ("), std::string::npos) << r4.out;
+  EXPECT_NE(r4.out.find("Processed 3000 documents ("), std::string::npos) << r4.out;
+  EXPECT_EQ(r4.out.find("Processed 1500 documents"), std::string::npos) << r4.out;
+  EXPECT_NE(r4.out.find(" docs/s, "), std::string::npos) << r4.out;
+  EXPECT_NE(r4.out.find(" MB/s)."), std::string::npos) << r4.out;
+}
+
+const std::string kBad =
+    "{\"text\": \"1 2\"}\n"
+    "{\"txt\": \"3\"}\n"         // line 2: missing key
+    "{\"text\": \"4\"\n"         // line 3: malformed JSON
+    "{\"text\": 5}\n"            // line 4: not a string
+    "{\"text\": \"6 x\"}\n"      // line 5: the tokenizer rejects it
+    "\n"                         // line 6: empty line
+    "[1, 2]\n"                   // line 7: not an object
+    "{\"text\": [\"7\", 8]}\n"   // line 8: list with a non-string
+    "{\"text\": \"9\"}\n";
+
+TEST_F(Preprocess, BadLinesAreErrorsWithLineNumbers) {
+  struct Case {
+    int line;
+    std::string needle;
+  };
+  const std::vector<Case> cases = {{2, "missing key 'text'"}, {3, "invalid JSON"}, {4, "is a JSON number"},
+                                   {5, "NullTokenizer"},      {6, "empty line"},   {7, "expected a JSON object"},
+                                   {8, "list holding a JSON number"}};
+  const std::vector<std::string> lines = [] {
+    std::vector<std::string> v;
+    std::istringstream is(kBad);
+    for (std::string l; std::getline(is, l);) v.push_back(l + "\n");
+    return v;
+  }();
+  for (const Case& c : cases) {
+    // Good lines, then the one bad line at its original line number.
+    std::string text;
+    for (int i = 1; i < c.line; ++i) text += "{\"text\": \"" + std::to_string(i) + "\"}\n";
+    text += lines[size_t(c.line - 1)];
+    text += "{\"text\": \"1\"}\n";
+    write_input(text);
+    const PpResult r = loom("--input in.jsonl --output-prefix out --workers 2" + kNull);
+    EXPECT_EQ(r.code, 2) << c.needle;
+    EXPECT_NE(r.err.find("in.jsonl:" + std::to_string(c.line) + ": "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("--skip-bad-lines"), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_TRUE(outputs().empty()) << "files left after a failed run, case " << c.line;
+  }
+}
+
+TEST_F(Preprocess, SkipBadLinesCountsThem) {
+  write_input(kBad);
+  const PpResult r = loom("--input in.jsonl --output-prefix out --skip-bad-lines --append-eod" + kNull);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("Processed 2 documents"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("skipped 7 bad lines"), std::string::npos) << r.out;
+  EXPECT_EQ(read_docs("out_text_document"), (std::vector<Doc>{{{1, 2, 999}}, {{9, 999}}}));
+}
+
+TEST_F(Preprocess, FailureLateInALargeInputLeavesNoFiles) {
+  std::vector<Doc> e1, e2;
+  std::string text = random_jsonl(2000, &e1, &e2);
+  text += "{\"text\": \"oops\"}\n";
+  write_input(text);
+  const PpResult r = loom("--input in.jsonl --output-prefix sub_out --json-keys text title --workers 3" + kNull);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("in.jsonl:2001: "), std::string::npos) << r.err;
+  EXPECT_TRUE(outputs().empty());
+}
+
+TEST_F(Preprocess, FlagErrors) {
+  write_input("{\"text\": \"1\"}\n");
+  struct Case {
+    std::string args, needle;
+  };
+  const std::vector<Case> cases = {
+      {"--input in.jsonl --output-prefx o" + kNull, "unknown flag --output-prefx (did you mean --output-prefix?)"},
+      {"--input in.jsonl --output-prefix o --json-keys text text" + kNull, "key 'text' given twice"},
+      {"--output-prefix o" + kNull, "--input is required"},
+      {"--input in.jsonl" + kNull, "--output-prefix is required"},
+      {"--input missing.jsonl --output-prefix o" + kNull, "cannot open missing.jsonl"},
+      {"--input in.jsonl --output-prefix o --workers 0" + kNull, "--workers"},
+      {"--input in.jsonl --output-prefix o --split-sentences" + kNull, "not supported"},
+      {"--input in.jsonl --output-prefix o --tokenizer-type NullTokenizer", "--vocab-size"},
+      {"--input in.jsonl --output-prefix nodir/o" + kNull, "nodir/o_text_document.bin"},
+      {"--input in.jsonl --output-prefix o --vocab x" + kNull, "ambiguous"},
+  };
+  for (const Case& c : cases) {
+    const PpResult r = loom(c.args);
+    EXPECT_EQ(r.code, 2) << c.args;
+    EXPECT_TRUE(r.err.find(c.needle) != std::string::npos) << c.args << " -> " << r.err;
+    EXPECT_TRUE(outputs().empty()) << c.args;
+  }
+  // argparse-style abbreviations and --flag=value work.
+  const PpResult ok = loom("--input=in.jsonl --output o --tokenizer-type=NullTokenizer --vocab-size 10 --json-keys=text");
+  EXPECT_EQ(ok.code, 0) << ok.err;
+  EXPECT_EQ(read_docs("o_text_document"), (std::vector<Doc>{{{1}}}));
+}
+
+TEST_F(Preprocess, Gpt2Tokenizer) {
+  const std::string data = std::string(LOOM_SOURCE_DIR) + "/data/";
+  if (!fs::exists(data + "encoder.json")) GTEST_SKIP() << "data/encoder.json missing (scripts/setup.sh)";
+  write_input("{\"text\": \"Hello world\"}\n{\"text\": \"\"}\n");
+  const PpResult r = loom("--input in.jsonl --output-prefix g --tokenizer-type GPT2BPETokenizer --vocab-file " + data +
+                     "encoder.json --merge-file " + data + "vocab.bpe --append-eod --workers 2");
+  if (r.code != 0 && r.err.find("placeholder") != std::string::npos) GTEST_SKIP() << "GPT-2 tokenizer not built yet";
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(read_docs("g_text_document"), (std::vector<Doc>{{{15496, 995, 50256}}, {}}));
+}
+
+}  // namespace

@@ -1,0 +1,408 @@
+// CPU attention core with document segments (segment_ids, Megatron's --reset-attention-mask): key j is
+// visible to query i only when both are in the same segment, on top of the causal/window rule.
+// Checked against a naive f64 reference that applies the full mask from its definition, on odd shapes
+// (T in {1, 5, 217}, head sizes 5 and 64) for MHA, GQA and MQA, with and without a sliding window and
+// non-causal, with random segment boundaries that include one-token segments, boundaries at the 64-row
+// block edges (63/64/65) and non-consecutive ids; plus finite differences, bit-identical results across
+// thread counts, bit-identical results for one segment per row versus no segment_ids, isolation between
+// documents (changing one document leaves the others' bits alone) and argument checks.
+// Tolerance: f32 kernel vs f64 reference, max abs error <= 1e-5 * max |reference| per tensor.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_ops.h"
+
+namespace loom::cpu {
+namespace {
+
+struct Case {
+  int64_t B, T, NH, NKV, HS, window;
+  bool causal = true;
+  int64_t qkv_cols() const { return NKV * (NH / NKV + 2) * HS; }
+  float scale() const { return 1.0f / std::sqrt(float(HS)); }
+  AttentionParams params() const {
+    AttentionParams p;
+    p.num_heads = NH;
+    p.num_kv_heads = NKV;
+    p.head_dim = HS;
+    p.softmax_scale = scale();
+    p.causal = causal;
+    p.window = window;
+    return p;
+  }
+  std::string name() const {
+    return "B" + std::to_string(B) + "_T" + std::to_string(T) + "_NH" + std::to_string(NH) + "_NKV" +
+           std::to_string(NKV) + "_HS" + std::to_string(HS) + "_W" + (window < 0 ? "inf" : std::to_string(window)) +
+           (causal ? "" : "_noncausal");
+  }
+};
+
+std::vector<float> randn(int64_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = dist(gen);
+  return v;
+}
+
+// Segment ids (B, T) with a boundary before every position in `cuts` (when < T) and, elsewhere, before a
+// position with probability 1/mean_len. Ids start at an arbitrary value and step by 1 or 3 (only equality
+// matters, not consecutiveness).
+std::vector<int32_t> make_segments(int64_t B, int64_t T, const std::vector<int64_t>& cuts, int64_t mean_len,
+                                   uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<int32_t> ids(size_t(B * T));
+  for (int64_t b = 0; b < B; ++b) {
+    int32_t id = int32_t(gen() % 5) - 2;
+    for (int64_t t = 0; t < T; ++t) {
+      const bool cut = t > 0 && (std::count(cuts.begin(), cuts.end(), t) > 0 ||
+                                 (mean_len > 0 && gen() % uint32_t(mean_len) == 0));
+      if (cut) id += gen() % 2 ? 1 : 3;
+      ids[size_t(b * T + t)] = id;
+    }
+  }
+  return ids;
+}
+
+// Boundaries every case gets: a one-token segment at 3, boundaries at 63/64/65 (block edges) and 130, 131
+// (another one-token segment) when T reaches them.
+const std::vector<int64_t> kCuts = {3, 4, 63, 64, 65, 130, 131};
+
+struct Outputs {
+  std::vector<float> out, lse, dqkv;
+};
+
+// Runs forward and backward with the given segment ids (none when empty); outputs start as NaN so any
+// element the op fails to write shows up.
+Outputs run_op(const Case& c, std::vector<float>& qkv, std::vector<float>& dout, std::vector<int32_t>& seg) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Outputs r;
+  r.out.assign(size_t(c.B * c.T * c.NH * c.HS), nan);
+  r.lse.assign(size_t(c.B * c.NH * c.T), nan);
+  r.dqkv.assign(qkv.size(), nan);
+  const Shape qkv_s{c.B, c.T, c.qkv_cols()}, out_s{c.B, c.T, c.NH * c.HS}, lse_s{c.B, c.NH, c.T};
+  TensorView tqkv(qkv.data(), DType::kF32, qkv_s), tout(r.out.data(), DType::kF32, out_s);
+  TensorView tlse(r.lse.data(), DType::kF32, lse_s), tdqkv(r.dqkv.data(), DType::kF32, qkv_s);
+  TensorView tdout(dout.data(), DType::kF32, out_s);
+  TensorView tseg = seg.empty() ? TensorView() : TensorView(seg.data(), DType::kI32, Shape{c.B, c.T});
+  CpuOps ops;
+  ops.attention_forward(tout, tlse, tqkv, c.params(), tseg);
+  ops.attention_backward(tdqkv, tdout, tqkv, tout, tlse, c.params(), tseg);
+  return r;
+}
+
+struct Reference {
+  std::vector<double> out, lse, dqkv;
+};
+
+// Naive f64 attention from the definitions: full score rows, two-pass softmax, and the visibility rule
+// written out as causal AND window AND same segment id.
+Reference reference(const Case& c, const std::vector<float>& qkv, const std::vector<float>& dout,
+                    const std::vector<int32_t>& seg) {
+  const int64_t G = c.NH / c.NKV, C3 = c.qkv_cols(), CO = c.NH * c.HS, T = c.T, HS = c.HS;
+  const double scale = c.scale();
+  Reference r;
+  r.out.assign(size_t(c.B * T * CO), 0.0);
+  r.lse.assign(size_t(c.B * c.NH * T), 0.0);
+  r.dqkv.assign(qkv.size(), 0.0);
+  auto at = [&](int64_t b, int64_t t, int64_t col) { return double(qkv[size_t((b * T + t) * C3 + col)]); };
+  std::vector<double> p(static_cast<size_t>(T)), dp(static_cast<size_t>(T));
+  for (int64_t b = 0; b < c.B; ++b) {
+    for (int64_t h = 0; h < c.NH; ++h) {
+      const int64_t grp = h / G;
+      const int64_t qc = (grp * (G + 2) + h % G) * HS, kc = (grp * (G + 2) + G) * HS, vc = kc + HS;
+      for (int64_t i = 0; i < T; ++i) {
+        auto vis = [&](int64_t j) {
+          return (!c.causal || j <= i) && (c.window < 0 || j > i - c.window) &&
+                 seg[size_t(b * T + j)] == seg[size_t(b * T + i)];
+        };
+        double m = -INFINITY;
+        for (int64_t j = 0; j < T; ++j) {
+          if (!vis(j)) continue;
+          double s = 0;
+          for (int64_t d = 0; d < HS; ++d) s += at(b, i, qc + d) * at(b, j, kc + d);
+          p[size_t(j)] = s * scale;
+          m = std::max(m, p[size_t(j)]);
+        }
+        double l = 0;
+        for (int64_t j = 0; j < T; ++j) {
+          p[size_t(j)] = vis(j) ? std::exp(p[size_t(j)] - m) : 0.0;
+          l += p[size_t(j)];
+        }
+        r.lse[size_t((b * c.NH + h) * T + i)] = m + std::log(l);
+        const float* dy = dout.data() + (b * T + i) * CO + h * HS;
+        double dsum = 0;
+        for (int64_t j = 0; j < T; ++j) {
+          p[size_t(j)] /= l;
+          double s = 0;
+          for (int64_t d = 0; d < HS; ++d) s += double(dy[d]) * at(b, j, vc + d);
+          dp[size_t(j)] = s;
+          dsum += p[size_t(j)] * s;
+        }
+        for (int64_t j = 0; j < T; ++j) {
+          const double pj = p[size_t(j)];
+          if (pj == 0) continue;
+          const double ds = pj * (dp[size_t(j)] - dsum) * scale;
+          for (int64_t d = 0; d < HS; ++d) {
+            r.out[size_t((b * T + i) * CO + h * HS + d)] += pj * at(b, j, vc + d);
+            r.dqkv[size_t((b * T + i) * C3 + qc + d)] += ds * at(b, j, kc + d);
+            r.dqkv[size_t((b * T + j) * C3 + kc + d)] += ds * at(b, i, qc + d);
+            r.dqkv[size_t((b * T + j) * C3 + vc + d)] += pj * double(dy[d]);
+          }
+        }
+      }
+    }
+  }
+  return r;
+}
+
+// max |got - want| / max |want|; NaN in got (an element never written) gives +inf.
+double rel_error(const std::vector<float>& got, const std::vector<double>& want) {
+  double err = 0, mag = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double e = std::abs(double(got[i]) - want[i]);
+    err = std::isnan(e) ? INFINITY : std::max(err, e);
+    mag = std::max(mag, std::abs(want[i]));
+  }
+  return err / std::max(mag, 1e-30);
+}
+
+void check_against_reference(const Case& c, std::vector<int32_t> seg, uint32_t seed) {
+  SCOPED_TRACE(c.name());
+  auto qkv = randn(c.B * c.T * c.qkv_cols(), seed);
+  auto dout = randn(c.B * c.T * c.NH * c.HS, seed + 1);
+  const Outputs got = run_op(c, qkv, dout, seg);
+  const Reference want = reference(c, qkv, dout, seg);
+  constexpr double kTol = 1e-5;
+  EXPECT_LE(rel_error(got.out, want.out), kTol);
+  EXPECT_LE(rel_error(got.lse, want.lse), kTol);
+  EXPECT_LE(rel_error(got.dqkv, want.dqkv), kTol);
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// ---- the shape sweep: {MHA, GQA, MQA} x window {unlimited, 3} x T x HS, B = 2 --------------------------
+
+struct Heads {
+  int64_t NH, NKV;
+};
+
+class SegmentSweep : public ::testing::TestWithParam<std::tuple<Heads, int64_t, int64_t, int64_t, int64_t>> {};
+
+// Row 0 gets the fixed cuts plus random ones (mean length mean_len), row 1 its own random layout.
+TEST_P(SegmentSweep, MatchesF64Reference) {
+  const auto [heads, window, T, HS, mean_len] = GetParam();
+  const Case c{2, T, heads.NH, heads.NKV, HS, window};
+  const uint32_t seed = uint32_t(T * 131 + HS * 7 + heads.NH * 1000 + heads.NKV * 10000 + mean_len);
+  check_against_reference(c, make_segments(c.B, c.T, kCuts, mean_len, seed), seed);
+}
+
+std::string sweep_name(const ::testing::TestParamInfo<SegmentSweep::ParamType>& info) {
+  const auto& [heads, window, T, HS, mean_len] = info.param;
+  return Case{2, T, heads.NH, heads.NKV, HS, window}.name() + "_len" + std::to_string(mean_len);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, SegmentSweep,
+                         ::testing::Combine(::testing::Values(Heads{3, 3}, Heads{6, 2}, Heads{3, 1}),
+                                            ::testing::Values(int64_t(-1), int64_t(3)),
+                                            ::testing::Values(int64_t(1), int64_t(5), int64_t(217)),
+                                            ::testing::Values(int64_t(5), int64_t(64)),
+                                            ::testing::Values(int64_t(4), int64_t(50))),
+                         sweep_name);
+
+// Layouts that stress the block logic: every token its own segment; one boundary exactly at each block
+// edge; a single long segment after a short one (whole key blocks skipped); a segment of one token at the
+// very start and end; windows wider than a segment and crossing block edges; non-causal attention (the
+// segment end then limits keys too); head sizes needing several column chunks; a long sequence.
+TEST(CpuAttentionSegments, BlockEdgesAndExtremeLayouts) {
+  struct Layout {
+    Case c;
+    std::vector<int64_t> cuts;
+    int64_t mean_len;
+  };
+  std::vector<int64_t> every(300);
+  for (int64_t t = 0; t < 300; ++t) every[size_t(t)] = t;
+  const Layout layouts[] = {
+      {{1, 130, 2, 2, 16, -1}, every, 0},
+      {{1, 200, 2, 1, 16, -1}, {64, 128, 192}, 0},
+      {{1, 200, 2, 1, 16, -1}, {63, 127, 191}, 0},
+      {{1, 200, 2, 1, 16, -1}, {65, 129, 193}, 0},
+      {{2, 217, 2, 2, 8, -1}, {2, 150}, 0},
+      {{1, 217, 2, 2, 8, -1}, {1, 216}, 0},
+      {{1, 217, 4, 2, 16, 70}, {64, 65, 100}, 0},
+      {{1, 200, 2, 2, 16, 1}, {}, 7},
+      {{2, 217, 3, 3, 64, -1, false}, kCuts, 40},
+      {{1, 150, 2, 1, 5, -1, false}, {1, 2, 64, 149}, 0},
+      {{1, 100, 2, 1, 128, -1}, kCuts, 20},
+      {{1, 97, 2, 2, 80, 33}, kCuts, 30},
+      {{1, 1500, 2, 1, 16, 100}, {}, 120},
+      {{1, 1500, 2, 1, 16, -1}, {}, 300},
+  };
+  uint32_t seed = 17;
+  for (const Layout& l : layouts) {
+    SCOPED_TRACE(seed);
+    check_against_reference(l.c, make_segments(l.c.B, l.c.T, l.cuts, l.mean_len, seed), seed);
+    ++seed;
+  }
+}
+
+// One segment per row (any id value) must give exactly the bits of no segment_ids.
+TEST(CpuAttentionSegments, OneSegmentPerRowIsBitIdenticalToNone) {
+  for (const Case& c : {Case{2, 217, 6, 2, 64, -1}, Case{1, 5, 3, 1, 5, 3}, Case{3, 130, 4, 4, 5, 50},
+                        Case{2, 100, 3, 3, 17, -1, false}, Case{1, 1, 2, 1, 64, -1}, Case{1, 64, 2, 2, 16, -1}}) {
+    SCOPED_TRACE(c.name());
+    auto qkv = randn(c.B * c.T * c.qkv_cols(), 21);
+    auto dout = randn(c.B * c.T * c.NH * c.HS, 22);
+    std::vector<int32_t> none, same(size_t(c.B * c.T));
+    for (int64_t b = 0; b < c.B; ++b) std::fill(same.begin() + b * c.T, same.begin() + (b + 1) * c.T, int32_t(7 * b - 3));
+    const Outputs a = run_op(c, qkv, dout, none);
+    const Outputs b = run_op(c, qkv, dout, same);
+    EXPECT_TRUE(same_bits(a.out, b.out));
+    EXPECT_TRUE(same_bits(a.lse, b.lse));
+    EXPECT_TRUE(same_bits(a.dqkv, b.dqkv));
+  }
+}
+
+// Changing every qkv value outside one document leaves that document's out, lse and dqkv bit-identical
+// (masked keys contribute exact zeros, never a rounding difference), and changes the others.
+TEST(CpuAttentionSegments, DocumentsAreIsolated) {
+  for (const Case& c : {Case{2, 217, 6, 2, 64, -1}, Case{1, 180, 2, 2, 5, 40}, Case{1, 150, 3, 1, 16, -1, false}}) {
+    SCOPED_TRACE(c.name());
+    std::vector<int32_t> seg(size_t(c.B * c.T));
+    const int64_t doc_lo = 60, doc_hi = 131;  // document [60, 131) straddles two block edges
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t t = 0; t < c.T; ++t) seg[size_t(b * c.T + t)] = t < doc_lo ? 0 : t < doc_hi ? 1 : 2 + int32_t(t / 100);
+    auto qkv = randn(c.B * c.T * c.qkv_cols(), 31);
+    auto dout = randn(c.B * c.T * c.NH * c.HS, 32);
+    const Outputs a = run_op(c, qkv, dout, seg);
+    auto qkv2 = qkv, dout2 = dout;
+    const int64_t C3 = c.qkv_cols(), CO = c.NH * c.HS;
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t t = 0; t < c.T; ++t) {
+        if (t >= doc_lo && t < doc_hi) continue;
+        for (int64_t k = 0; k < C3; ++k) qkv2[size_t((b * c.T + t) * C3 + k)] *= -1.5f;
+        for (int64_t k = 0; k < CO; ++k) dout2[size_t((b * c.T + t) * CO + k)] += 1.0f;
+      }
+    const Outputs b = run_op(c, qkv2, dout2, seg);
+    int64_t changed_outside = 0;
+    for (int64_t bt = 0; bt < c.B * c.T; ++bt) {
+      const int64_t t = bt % c.T;
+      const bool inside = t >= doc_lo && t < doc_hi;
+      const bool same_out = std::memcmp(&a.out[size_t(bt * CO)], &b.out[size_t(bt * CO)], size_t(CO) * 4) == 0;
+      const bool same_dx = std::memcmp(&a.dqkv[size_t(bt * C3)], &b.dqkv[size_t(bt * C3)], size_t(C3) * 4) == 0;
+      if (inside) {
+        ASSERT_TRUE(same_out && same_dx) << "position " << t << " of batch row " << bt / c.T;
+      } else {
+        changed_outside += !same_out && !same_dx;
+      }
+    }
+    EXPECT_EQ(changed_outside, c.B * (c.T - (doc_hi - doc_lo)));
+  }
+}
+
+// d/dx sum(out * R) by central differences of the f32 op itself, against attention_backward with dout = R,
+// at q, k and v entries on both sides of a segment boundary (so masked pairs would show up as a gradient).
+TEST(CpuAttentionSegments, FiniteDifferences) {
+  const Case c{2, 11, 4, 2, 5, 6};
+  std::vector<int32_t> seg = {0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2,   // row 0: [0,4) [4,9) [9,11)
+                              5, 6, 6, 6, 6, 6, 6, 6, 6, 9, 9};  // row 1: [0,1) [1,9) [9,11)
+  auto qkv = randn(c.B * c.T * c.qkv_cols(), 5);
+  auto r = randn(c.B * c.T * c.NH * c.HS, 6);
+  const Outputs base = run_op(c, qkv, r, seg);
+  auto objective = [&](std::vector<float>& x) {
+    const Outputs o = run_op(c, x, r, seg);
+    double f = 0;
+    for (size_t i = 0; i < o.out.size(); ++i) f += double(o.out[i]) * double(r[i]);
+    return f;
+  };
+  const int64_t C3 = c.qkv_cols(), HS = c.HS;
+  // (b, t, column): q head 1 (group 0), k/v of group 0, q head 2 (group 1), k/v of group 1.
+  const int64_t probes[][3] = {{0, 3, 1 * HS + 2}, {0, 4, 2 * HS + 0}, {0, 3, 3 * HS + 4}, {0, 8, 4 * HS + 1},
+                               {0, 9, 6 * HS + 3}, {1, 1, 7 * HS + 2}, {1, 0, 6 * HS + 1}, {1, 8, 5 * HS + 0},
+                               {1, 10, 3 * HS + 2}, {1, 2, 2 * HS + 4}};
+  int checked = 0;
+  for (const auto& pr : probes) {
+    const size_t idx = size_t((pr[0] * c.T + pr[1]) * C3 + pr[2]);
+    std::vector<float> xp = qkv, xm = qkv;
+    xp[idx] += 1e-2f;
+    xm[idx] -= 1e-2f;
+    const double fd = (objective(xp) - objective(xm)) / (double(xp[idx]) - double(xm[idx]));
+    const double an = base.dqkv[idx];
+    EXPECT_NEAR(an, fd, 2e-3 + 1e-2 * std::abs(fd)) << "qkv[" << pr[0] << ", " << pr[1] << ", " << pr[2] << "]";
+    checked += std::abs(fd) > 1e-2;
+  }
+  EXPECT_GE(checked, 7);
+  // A one-token segment's key is seen only by its own query, whose softmax is then a constant 1: zero key
+  // gradient (up to rounding of dP - D), while its value gradient is dout itself.
+  const size_t one = size_t((1 * c.T + 0) * C3);
+  for (int64_t d = 0; d < HS; ++d) {
+    EXPECT_NEAR(base.dqkv[one + size_t(2 * HS + d)], 0.0, 1e-6);
+    EXPECT_NEAR(base.dqkv[one + size_t(3 * HS + d)], double(r[size_t(1 * c.T * 4 * HS + d)]) +
+                                                         double(r[size_t(1 * c.T * 4 * HS + HS + d)]), 1e-6);
+  }
+}
+
+// Same inputs and segments, 1, 2 and 3 threads (and a repeat): every output bit-identical.
+TEST(CpuAttentionSegments, BitIdenticalAcrossThreadCounts) {
+  const int saved = omp_get_max_threads();
+  for (const Case& c : {Case{2, 217, 6, 2, 64, -1}, Case{3, 130, 4, 4, 5, 50}, Case{1, 100, 3, 1, 64, -1, false}}) {
+    SCOPED_TRACE(c.name());
+    auto qkv = randn(c.B * c.T * c.qkv_cols(), 11);
+    auto dout = randn(c.B * c.T * c.NH * c.HS, 12);
+    auto seg = make_segments(c.B, c.T, kCuts, 30, 13);
+    omp_set_num_threads(1);
+    const Outputs one = run_op(c, qkv, dout, seg);
+    for (int threads : {2, 3, 2}) {
+      omp_set_num_threads(threads);
+      const Outputs many = run_op(c, qkv, dout, seg);
+      EXPECT_TRUE(same_bits(one.out, many.out)) << threads;
+      EXPECT_TRUE(same_bits(one.lse, many.lse)) << threads;
+      EXPECT_TRUE(same_bits(one.dqkv, many.dqkv)) << threads;
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
+TEST(CpuAttentionSegments, RejectsBadSegmentIds) {
+  CpuOps ops;
+  const Case c{2, 6, 2, 1, 8, -1};
+  std::vector<float> qkv = randn(c.B * c.T * c.qkv_cols(), 1), out(size_t(c.B * c.T * c.NH * c.HS)),
+                     lse(size_t(c.B * c.NH * c.T)), dqkv(qkv.size());
+  TensorView tqkv(qkv.data(), DType::kF32, Shape{c.B, c.T, c.qkv_cols()});
+  TensorView tdqkv(dqkv.data(), DType::kF32, Shape{c.B, c.T, c.qkv_cols()});
+  TensorView tout(out.data(), DType::kF32, Shape{c.B, c.T, c.NH * c.HS});
+  TensorView tlse(lse.data(), DType::kF32, Shape{c.B, c.NH, c.T});
+  std::vector<int32_t> seg = {0, 0, 1, 1, 1, 2, 3, 3, 3, 3, 3, 3};
+  TensorView tseg(seg.data(), DType::kI32, Shape{c.B, c.T});
+  EXPECT_NO_THROW(ops.attention_forward(tout, tlse, tqkv, c.params(), tseg));
+  EXPECT_NO_THROW(ops.attention_backward(tdqkv, tout, tqkv, tout, tlse, c.params(), tseg));
+  seg[9] = 2;  // row 1 decreases: 3, 3, 3, 2
+  EXPECT_THROW(ops.attention_forward(tout, tlse, tqkv, c.params(), tseg), Error);
+  EXPECT_THROW(ops.attention_backward(tdqkv, tout, tqkv, tout, tlse, c.params(), tseg), Error);
+  try {
+    ops.attention_forward(tout, tlse, tqkv, c.params(), tseg);
+    ADD_FAILURE() << "decreasing segment_ids were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("segment_ids[1, 2] = 3 > segment_ids[1, 3] = 2"), std::string::npos)
+        << e.what();
+  }
+  seg[9] = 3;
+  TensorView transposed(seg.data(), DType::kI32, Shape{c.T, c.B});
+  EXPECT_THROW(ops.attention_forward(tout, tlse, tqkv, c.params(), transposed), Error);
+  std::vector<float> fseg(seg.begin(), seg.end());
+  TensorView as_float(fseg.data(), DType::kF32, Shape{c.B, c.T});
+  EXPECT_THROW(ops.attention_forward(tout, tlse, tqkv, c.params(), as_float), Error);
+}
+
+}  // namespace
+}  // namespace loom::cpu
