@@ -1,5 +1,5 @@
-// NullTokenizer (Megatron's): text is whitespace-separated decimal ids; --vocab-size sets the vocabulary
-// and the EOD id is vocab_size - 1, as in Megatron (whose NullTokenizer reserves the last id for EOD).
+// NullTokenizer (Megatron's _NullTokenizer): text is decimal ids separated by whitespace; --vocab-size N
+// gives ids [0, N) and the EOD id N, so the vocabulary holds N + 1 ids, as in Megatron.
 #include <cctype>
 #include <charconv>
 
@@ -12,7 +12,7 @@ namespace {
 
 class NullTokenizer final : public Tokenizer {
  public:
-  explicit NullTokenizer(int64_t vocab) : vocab_(vocab) {}
+  explicit NullTokenizer(int64_t vocab_without_eod) : vocab_(vocab_without_eod + 1) {}
   std::string name() const override { return "NullTokenizer"; }
   int64_t vocab_size() const override { return vocab_; }
   void encode(std::string_view text, std::vector<int32_t>& out) const override {
@@ -38,7 +38,7 @@ class NullTokenizer final : public Tokenizer {
     }
     return s;
   }
-  int32_t eod() const override { return int32_t(vocab_ - 1); }
+  int32_t eod() const override { return int32_t(vocab_ - 1); }  // = --vocab-size
 
  private:
   int64_t vocab_;
@@ -48,8 +48,8 @@ class NullTokenizer final : public Tokenizer {
 
 std::unique_ptr<Tokenizer> make_null_tokenizer(const TokenizerConfig& cfg) {
   if (!cfg.vocab_size) user_error("--tokenizer-type NullTokenizer needs --vocab-size");
-  if (*cfg.vocab_size < 2 || *cfg.vocab_size > (int64_t(1) << 31) - 1)
-    user_error("--vocab-size must be in [2, 2^31 - 1] for NullTokenizer, got ", *cfg.vocab_size);
+  if (*cfg.vocab_size < 1 || *cfg.vocab_size > (int64_t(1) << 31) - 2)
+    user_error("--vocab-size must be in [1, 2^31 - 2] for NullTokenizer, got ", *cfg.vocab_size);
   return std::make_unique<NullTokenizer>(*cfg.vocab_size);
 }
 

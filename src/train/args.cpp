@@ -101,7 +101,7 @@ const std::vector<Flag>& flags() {
       {"--merge-file", "FILE", "GPT-2 vocab.bpe / merges.txt", [](C& c, S v) { c.data.tokenizer.merge_file = v; }},
       {"--tokenizer-model", "FILE", "tiktoken rank file or SentencePiece model",
        [](C& c, S v) { c.data.tokenizer.tokenizer_model = v; }},
-      {"--tiktoken-pattern", "v1|v2", "TikTokenizer split pattern (v1 GPT-2, v2 cl100k; default v2)",
+      {"--tiktoken-pattern", "v1|v2", "TikTokenizer split pattern: v1 | v2 (Megatron's) | gpt2 | cl100k (default v2)",
        [](C& c, S v) { c.data.tokenizer.tiktoken_pattern = v; }},
       {"--tiktoken-num-special-tokens", "N", "TikTokenizer special ids before the ranks (default 1000)",
        [](C& c, S v) { c.data.tokenizer.tiktoken_num_special_tokens = parse_int("--tiktoken-num-special-tokens", v); }},

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "loom/data/indexed_dataset.h"
+#include "loom/data/tokenizer.h"
 
 namespace fs = std::filesystem;
 
@@ -90,6 +91,13 @@ class Preprocess : public ::testing::Test {
 };
 
 const std::string kNull = " --tokenizer-type NullTokenizer --vocab-size 1000";
+// The EOD id of that tokenizer (Megatron's NullTokenizer: the id just past the --vocab-size ids).
+const int32_t kEod = [] {
+  loom::TokenizerConfig c;
+  c.type = "NullTokenizer";
+  c.vocab_size = 1000;
+  return loom::make_tokenizer(c)->eod();
+}();
 
 TEST_F(Preprocess, DocumentsSentencesEmptyDocumentsAndEod) {
   write_input(
@@ -106,9 +114,9 @@ TEST_F(Preprocess, DocumentsSentencesEmptyDocumentsAndEod) {
 
   r = loom("--input in.jsonl --output-prefix eod --append-eod" + kNull);
   ASSERT_EQ(r.code, 0) << r.err;
-  // EOD (NullTokenizer: vocab - 1) extends the last sequence of every non-empty document.
+  // EOD (NullTokenizer: the id --vocab-size, as Megatron) extends the last sequence of every non-empty document.
   EXPECT_EQ(read_docs("eod_text_document"),
-            (std::vector<Doc>{{{1, 2, 3, 999}}, {}, {{4, 5}, {6, 999}}, {{7, 8, 999}}, {}}));
+            (std::vector<Doc>{{{1, 2, 3, 1000}}, {}, {{4, 5}, {6, 1000}}, {{7, 8, 1000}}, {}}));
   EXPECT_NE(r.out.find("Processed 5 documents"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("eod_text_document.bin/.idx: 5 documents, 4 sequences, 11 tokens (uint16)"),
             std::string::npos)
@@ -172,9 +180,9 @@ std::string random_jsonl(int lines, std::vector<Doc>* expect, std::vector<Doc>* 
       text = "\"" + sentence(toks) + "\"";
       if (!toks.empty()) d.push_back(toks);
     }
-    if (!d.empty()) d.back().push_back(999);  // --append-eod
+    if (!d.empty()) d.back().push_back(1000);  // --append-eod
     const std::string t = sentence(title);
-    if (!title.empty()) dt.push_back(title), dt.back().push_back(999);
+    if (!title.empty()) dt.push_back(title), dt.back().push_back(1000);
     s += "{\"title\": \"" + t + "\", \"text\": " + text + "}\n";
     expect->push_back(d);
     expect_title->push_back(dt);
@@ -254,7 +262,7 @@ TEST_F(Preprocess, SkipBadLinesCountsThem) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("Processed 2 documents"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("skipped 7 bad lines"), std::string::npos) << r.out;
-  EXPECT_EQ(read_docs("out_text_document"), (std::vector<Doc>{{{1, 2, 999}}, {{9, 999}}}));
+  EXPECT_EQ(read_docs("out_text_document"), (std::vector<Doc>{{{1, 2, kEod}}, {{9, kEod}}}));
 }
 
 TEST_F(Preprocess, FailureLateInALargeInputLeavesNoFiles) {

@@ -17,6 +17,7 @@
 #include "loom/core/check.h"
 #include "loom/data/indexed_dataset.h"
 #include "loom/data/preprocess.h"
+#include "loom/data/tokenizer.h"
 
 namespace fs = std::filesystem;
 
@@ -90,12 +91,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   loom::PreprocessStats stats;
   if (!run(cfg, stats)) return 0;
   require(stats.outputs.size() == cfg.json_keys.size(), "one output per key");
-  const int32_t eod = int32_t(*cfg.tokenizer.vocab_size - 1);
+  const auto tok = loom::make_tokenizer(cfg.tokenizer);
+  const int32_t eod = tok->eod();
+  const int64_t vocab = tok->vocab_size();
   std::vector<std::string> bytes;
   for (size_t k = 0; k < stats.outputs.size(); ++k) {
     const auto ds = loom::IndexedDataset::open(stats.outputs[k]);
     require(int64_t(ds->document_indices().size()) == stats.documents + 1, "document count");
-    require(ds->dtype() == loom::index_dtype_for_vocab(*cfg.tokenizer.vocab_size), "dtype");
+    require(ds->dtype() == loom::index_dtype_for_vocab(vocab), "dtype");
     int64_t tokens = 0;
     const auto di = ds->document_indices();
     const auto lens = ds->sequence_lengths();
@@ -105,7 +108,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         require(lens[s] > 0, "no empty sequences");
         buf.resize(size_t(lens[s]));
         ds->read(s, 0, lens[s], buf.data());
-        for (int32_t t : buf) require(t >= 0 && t < *cfg.tokenizer.vocab_size, "token in vocabulary");
+        for (int32_t t : buf) require(t >= 0 && t < vocab, "token in vocabulary");
         if (cfg.append_eod && s == di[d + 1] - 1) require(buf.back() == eod, "EOD ends each non-empty document");
         tokens += lens[s];
       }

@@ -34,16 +34,20 @@ if ! "$CXX" -fsanitize=fuzzer,address,undefined "$probe/p.cpp" -o "$probe/p" >/d
 fi
 rm -rf "$probe"
 
+# Several sessions may share one build dir: builds take turns under a lock, and each run gets its own
+# log and scratch corpus, so concurrent runs never clobber each other.
+mkdir -p "$BUILD/logs"
+exec 9>"$BUILD/.build.lock"
+flock 9
 echo "run_fuzz: building in $BUILD with $CXX"
-if ! cmake -S "$ROOT/tests/fuzz" -B "$BUILD" -DCMAKE_CXX_COMPILER="$CXX" -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$BUILD.configure.log" 2>&1; then
-  cat "$BUILD.configure.log"
+if ! cmake -S "$ROOT/tests/fuzz" -B "$BUILD" -DCMAKE_CXX_COMPILER="$CXX" -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$BUILD/logs/configure.$$.log" 2>&1; then
+  cat "$BUILD/logs/configure.$$.log"
   echo "run_fuzz: configure failed"
   exit 1
 fi
-rm -f "$BUILD.configure.log"
-if ! cmake --build "$BUILD" -j"$JOBS" --target loom_fuzz_lib >"$BUILD/build.log" 2>&1; then
-  grep -E "error|Error" "$BUILD/build.log" | head -40
-  echo "run_fuzz: building the Loom core/data sources failed (full log: $BUILD/build.log)"
+if ! cmake --build "$BUILD" -j"$JOBS" --target loom_fuzz_lib >"$BUILD/logs/build.$$.log" 2>&1; then
+  grep -E "error|Error" "$BUILD/logs/build.$$.log" | head -40
+  echo "run_fuzz: building the Loom core/data sources failed (full log: $BUILD/logs/build.$$.log)"
   exit 1
 fi
 
@@ -56,17 +60,19 @@ fi
 failed=()
 built=()
 for t in "${TARGETS[@]}"; do  # one target failing to compile does not stop the others
-  if cmake --build "$BUILD" -j"$JOBS" --target "$t" >"$BUILD/build_$t.log" 2>&1; then
+  if cmake --build "$BUILD" -j"$JOBS" --target "$t" >"$BUILD/logs/build_$t.$$.log" 2>&1; then
     built+=("$t")
   else
-    grep -E "error" "$BUILD/build_$t.log" | head -20
-    echo "run_fuzz: $t failed to build (log: $BUILD/build_$t.log)"
+    grep -E "error" "$BUILD/logs/build_$t.$$.log" | head -20
+    echo "run_fuzz: $t failed to build (log: $BUILD/logs/build_$t.$$.log)"
     failed+=("$t")
   fi
 done
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1:allocator_may_return_null=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+flock -u 9
+
 for t in "${built[@]}"; do
   exe="$BUILD/$t"
   if [[ ! -x "$exe" ]]; then
@@ -78,17 +84,17 @@ for t in "${built[@]}"; do
   [[ -d "$ROOT/tests/fuzz/seeds/$t" ]] && cp -r "$ROOT/tests/fuzz/seeds/$t/." "$corpus/"
   artifacts="$BUILD/artifacts/$t"
   mkdir -p "$artifacts"
-  log="$BUILD/$t.log"
+  log="$BUILD/logs/$t.$$.log"
   echo "run_fuzz: $t for ${SECS}s ($(ls "$corpus" | wc -l) seeds), log $log"
   # -timeout: one input running longer than 30 s counts as a hang; -rss_limit_mb bounds memory.
   # shellcheck disable=SC2086
   (cd "$corpus" && "$exe" -max_total_time="$SECS" -timeout=30 -rss_limit_mb=4096 -print_final_stats=1 \
      -artifact_prefix="$artifacts/" ${LOOM_FUZZ_FLAGS:-} "$corpus") >"$log" 2>&1
   rc=$?
-  execs=$(grep -E "^stat::number_of_executed_units" "$log" | awk '{print $2}')
-  if [[ $rc -ne 0 ]] || grep -qE "ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error:" "$log"; then
+  execs=$(grep -a -E "^stat::number_of_executed_units" "$log" | awk '{print $2}')
+  if [[ $rc -ne 0 ]] || grep -aqE "ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error:" "$log"; then
     echo "run_fuzz: $t FAILED (exit $rc, ${execs:-?} execs); report:"
-    grep -E -A25 "ERROR:|runtime error:|==ERROR|deadly signal" "$log" | head -60
+    grep -a -E -A25 "ERROR:|runtime error:|==ERROR|deadly signal" "$log" | head -60
     ls "$artifacts" | sed 's/^/  artifact: /'
     failed+=("$t")
   else

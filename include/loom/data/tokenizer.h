@@ -1,6 +1,6 @@
 // Tokenizers, selected by Megatron's --tokenizer-type: GPT2BPETokenizer (--vocab-file, --merge-file),
-// TikTokenizer (--tokenizer-model rank file, --tiktoken-pattern v1|v2), SentencePieceTokenizer and
-// Llama2Tokenizer (--tokenizer-model .model), NullTokenizer (--vocab-size; ids written as text).
+// TikTokenizer (--tokenizer-model rank file, --tiktoken-pattern v1|v2|gpt2|cl100k), SentencePieceTokenizer and
+// Llama2Tokenizer (--tokenizer-model .model), NullTokenizer (--vocab-size N: ids as text, EOD = N).
 // Encoding is thread-safe (loom preprocess runs it from many threads) and deterministic.
 #pragma once
 #include <cstdint>
@@ -35,7 +35,7 @@ struct TokenizerConfig {
   std::string vocab_file;      // --vocab-file (GPT-2 encoder.json / vocab.json)
   std::string merge_file;      // --merge-file (GPT-2 vocab.bpe / merges.txt)
   std::string tokenizer_model; // --tokenizer-model (tiktoken rank file or SentencePiece .model)
-  std::string tiktoken_pattern = "v2";   // --tiktoken-pattern v1 (GPT-2 style) | v2 (cl100k style)
+  std::string tiktoken_pattern = "v2";   // --tiktoken-pattern v1 | v2 (Megatron's) | gpt2 | cl100k
   int64_t tiktoken_num_special_tokens = 1000;  // --tiktoken-num-special-tokens
   std::optional<int64_t> vocab_size;     // --vocab-size (NullTokenizer)
 };

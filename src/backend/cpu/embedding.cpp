@@ -1,12 +1,12 @@
 // Token + position embedding lookup and its gradient.
 // Positions are t, or position_ids[b, t] when given (Megatron's --reset-position-ids restarts them at
 // each document, so several tokens of a batch row may share a wpe row).
-// Forward is a row gather, parallel over tokens. Backward scatters rows of dout into dwte and dwpe; several
-// tokens can hit the same vocabulary or position row, so threads split the CHANNELS (chunks of kChunk) and
-// each walks the tokens in (b, t) order: every dwte/dwpe element receives its additions in token order
-// whatever the thread count (and without position_ids, dwpe[t] gets b = 0, 1, ... in order, the same bits
-// as position_ids = t). Token and position ids are validated before any parallel region (an exception
-// cannot cross an OpenMP region) and before anything is written.
+// Forward is a row gather, parallel over tokens. Backward scatters rows of dout into dwte (and into dwpe
+// when position_ids are given); several tokens can hit the same row, so threads split the CHANNELS (chunks
+// of kChunk) and each walks the tokens in (b, t) order: every element receives its additions in token order
+// whatever the thread count. Without position_ids, dwpe[t] sums over b in order, parallel over t: the same
+// order, hence the same bits, as position_ids = t. Token and position ids are validated before any
+// parallel region (an exception cannot cross an OpenMP region) and before anything is written.
 #include <algorithm>
 
 #include "backend/cpu/cpu_ops.h"
@@ -112,20 +112,38 @@ void CpuOps::embedding_backward(TensorView dwte, TensorView dwpe, TensorView dou
   float* dte = dwte.data<float>();
   float* dpe = dwpe.defined() ? dwpe.data<float>() : nullptr;
   const int64_t nchunks = (C + kChunk - 1) / kChunk;
-  // One pass over dout feeds both tables.
 #pragma omp parallel for schedule(static) if (BT * C > kParallelMinElems)
   for (int64_t ch = 0; ch < nchunks; ++ch) {
     const int64_t c0 = ch * kChunk, width = std::min(kChunk, C - c0);
     for (int64_t i = 0; i < BT; ++i) {
-      const float* yrow = dy + i * C + c0;
       float* drow = dte + int64_t(tok[i]) * C + c0;
+      const float* yrow = dy + i * C + c0;
 #pragma omp simd
       for (int64_t c = 0; c < width; ++c) drow[c] += yrow[c];
-      if (dpe) {
-        float* prow = dpe + (pid ? int64_t(pid[i]) : i % s.T) * C + c0;
+    }
+  }
+  if (!dpe) return;
+  if (pid) {  // positions repeat: the same channel split as dwte
+#pragma omp parallel for schedule(static) if (BT * C > kParallelMinElems)
+    for (int64_t ch = 0; ch < nchunks; ++ch) {
+      const int64_t c0 = ch * kChunk, width = std::min(kChunk, C - c0);
+      for (int64_t i = 0; i < BT; ++i) {
+        float* prow = dpe + int64_t(pid[i]) * C + c0;
+        const float* yrow = dy + i * C + c0;
 #pragma omp simd
         for (int64_t c = 0; c < width; ++c) prow[c] += yrow[c];
       }
+    }
+    return;
+  }
+  // Position t is hit once per batch row: whole rows, parallel over t, b in order.
+#pragma omp parallel for schedule(static) if (BT * C > kParallelMinElems)
+  for (int64_t t = 0; t < s.T; ++t) {
+    float* prow = dpe + t * C;
+    for (int64_t b = 0; b < s.B; ++b) {
+      const float* yrow = dy + (b * s.T + t) * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) prow[c] += yrow[c];
     }
   }
 }

@@ -264,7 +264,8 @@ TEST(CpuAttentionSegments, OneSegmentPerRowIsBitIdenticalToNone) {
     auto qkv = randn(c.B * c.T * c.qkv_cols(), 21);
     auto dout = randn(c.B * c.T * c.NH * c.HS, 22);
     std::vector<int32_t> none, same(size_t(c.B * c.T));
-    for (int64_t b = 0; b < c.B; ++b) std::fill(same.begin() + b * c.T, same.begin() + (b + 1) * c.T, int32_t(7 * b - 3));
+    for (int64_t b = 0; b < c.B; ++b)
+      std::fill(same.begin() + b * c.T, same.begin() + (b + 1) * c.T, int32_t(7 * b - 3));
     const Outputs a = run_op(c, qkv, dout, none);
     const Outputs b = run_op(c, qkv, dout, same);
     EXPECT_TRUE(same_bits(a.out, b.out));
@@ -281,7 +282,8 @@ TEST(CpuAttentionSegments, DocumentsAreIsolated) {
     std::vector<int32_t> seg(size_t(c.B * c.T));
     const int64_t doc_lo = 60, doc_hi = 131;  // document [60, 131) straddles two block edges
     for (int64_t b = 0; b < c.B; ++b)
-      for (int64_t t = 0; t < c.T; ++t) seg[size_t(b * c.T + t)] = t < doc_lo ? 0 : t < doc_hi ? 1 : 2 + int32_t(t / 100);
+      for (int64_t t = 0; t < c.T; ++t)
+        seg[size_t(b * c.T + t)] = t < doc_lo ? 0 : t < doc_hi ? 1 : 2 + int32_t(t / 100);
     auto qkv = randn(c.B * c.T * c.qkv_cols(), 31);
     auto dout = randn(c.B * c.T * c.NH * c.HS, 32);
     const Outputs a = run_op(c, qkv, dout, seg);

@@ -10,6 +10,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <vector>
 
 namespace loom::test {
@@ -23,12 +24,23 @@ inline bool have_node() {
   return ok;
 }
 
+// Temp files live until the test program exits.
+struct TempFiles {
+  std::vector<std::string> paths;
+  ~TempFiles() {
+    std::error_code ec;
+    for (const auto& p : paths) std::filesystem::remove(p, ec);
+  }
+};
+inline TempFiles temp_files;
+
 inline std::string write_temp(const std::string& content, const std::string& suffix = "") {
   static int counter = 0;
   const auto dir = std::filesystem::temp_directory_path();
   const std::string path = (dir / ("loom_tok_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + suffix)).string();
   std::ofstream f(path, std::ios::binary);
   f.write(content.data(), std::streamsize(content.size()));
+  temp_files.paths.push_back(path);
   return path;
 }
 

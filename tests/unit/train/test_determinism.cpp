@@ -64,7 +64,7 @@ TEST(Training, LossFallsOnLearnableData) {
     const std::string sentence = "the quick brown fox jumps over the lazy dog. ";
     for (int d = 0; d < 300; ++d) {
       std::vector<int32_t> ids(sentence.begin(), sentence.end());
-      ids.push_back(256);  // EOD
+      ids.push_back(256);  // EOD = --vocab-size (NullTokenizer)
       w.add_sequence(ids);
       w.end_document();
     }
@@ -73,7 +73,7 @@ TEST(Training, LossFallsOnLearnableData) {
   TrainConfig c = parse_train_args({"--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
                                     "--seq-length", "32", "--micro-batch-size", "8", "--train-iters", "60",
                                     "--lr", "3e-3", "--lr-warmup-iters", "5", "--data-path", dir + "/text_document",
-                                    "--split", "1,0,0", "--tokenizer-type", "NullTokenizer", "--vocab-size", "257",
+                                    "--split", "1,0,0", "--tokenizer-type", "NullTokenizer", "--vocab-size", "256",
                                     "--data-cache-path", dir + "/cache", "--log-interval", "1000"});
   std::ostringstream log;
   const TrainResult r = run_training(c, log);
