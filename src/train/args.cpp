@@ -1,12 +1,9 @@
-// Flag table for `loom train`. Values: "--flag value" or "--flag=value"; switches take no value.
-// Every flag in the table changes what the run does; flags Megatron has but this build does not
-// implement are unknown flags here (an error with a suggestion), never silently accepted.
+// Flag table for `loom train`, parsed by the shared argparse-style parser (train/flags.h). Every flag in
+// the table changes what the run does; Megatron flags for features this build does not have yet are
+// errors that say so, never silently accepted.
 #include "loom/train/args.h"
 
-#include <algorithm>
-#include <charconv>
 #include <functional>
-#include <sstream>
 
 namespace loom {
 
@@ -19,23 +16,8 @@ struct Flag {
   std::function<void(TrainConfig&, const std::string&)> set;
 };
 
-int64_t parse_int(const std::string& flag, const std::string& v) {
-  int64_t out = 0;
-  const auto r = std::from_chars(v.data(), v.data() + v.size(), out);
-  if (r.ec != std::errc() || r.ptr != v.data() + v.size())
-    user_error(flag, ": expected an integer, got '", v, "'");
-  return out;
-}
-
-double parse_float(const std::string& flag, const std::string& v) {
-  try {
-    size_t pos = 0;
-    const double d = std::stod(v, &pos);
-    if (pos == v.size()) return d;
-  } catch (const std::exception&) {
-  }
-  user_error(flag, ": expected a number, got '", v, "'");
-}
+int64_t parse_int(const std::string& flag, const std::string& v) { return parse_int_flag(flag, v); }
+double parse_float(const std::string& flag, const std::string& v) { return parse_float_flag(flag, v); }
 
 const std::vector<Flag>& flags() {
   using C = TrainConfig;
@@ -130,74 +112,46 @@ const std::vector<Flag>& flags() {
 
 }  // namespace
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-    std::swap(prev, cur);
+namespace {
+
+// The table above, as specs for the shared parser: the metavar decides the arity.
+std::vector<FlagSpec<TrainConfig>> specs() {
+  std::vector<FlagSpec<TrainConfig>> out;
+  for (const Flag& f : flags()) {
+    const bool multi = f.metavar.ends_with("...");
+    const Arity arity = f.metavar.empty() ? Arity::kSwitch : multi ? Arity::kOneOrMore : Arity::kOne;
+    std::string metavar = f.metavar;
+    if (multi) metavar = metavar.substr(0, metavar.size() - 3) + " [...]";
+    out.push_back({{f.name, arity, metavar, f.help}, [set = f.set](TrainConfig& c, const std::vector<std::string>& v) {
+                     if (v.empty()) set(c, "");
+                     for (const std::string& x : v) set(c, x);
+                   }});
   }
-  return prev[b.size()];
+  return out;
 }
+
+// Megatron flags for features this build does not have yet: a clear error instead of "unknown flag".
+const std::vector<std::string>& unsupported() {
+  static const std::vector<std::string> names = {
+      "--bf16", "--fp16", "--fp8-format", "--recompute-granularity", "--recompute-activations",
+      "--checkpoint-activations", "--save", "--load", "--save-interval", "--eval-interval", "--eval-iters",
+      "--valid-data-path", "--test-data-path", "--tensorboard-dir", "--hidden-dropout", "--attention-dropout",
+      "--use-distributed-optimizer", "--sequence-parallel", "--swiglu", "--normalization",
+      "--position-embedding-type", "--group-query-attention", "--num-query-groups", "--untie-embeddings-and-output-weights",
+      "--disable-bias-linear", "--ffn-hidden-size", "--use-flash-attn", "--use-mcore-models"};
+  return names;
+}
+
+}  // namespace
 
 TrainConfig parse_train_args(const std::vector<std::string>& args) {
   TrainConfig cfg;
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string name = args[i], value;
-    bool has_value = false;
-    if (name.rfind("--", 0) != 0) user_error("unexpected argument '", name, "' (flags start with --)");
-    if (const size_t eq = name.find('='); eq != std::string::npos) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-      has_value = true;
-    }
-    std::string norm = name;  // Megatron accepts underscores in a few names; treat _ as -
-    std::replace(norm.begin() + 2, norm.end(), '_', '-');
-    const auto& table = flags();
-    const auto it = std::find_if(table.begin(), table.end(), [&](const Flag& f) { return f.name == norm; });
-    if (it == table.end()) {
-      const Flag* best = nullptr;
-      size_t best_d = ~size_t(0);
-      for (const Flag& f : table)
-        if (const size_t d = edit_distance(norm, f.name); d < best_d) {
-          best_d = d;
-          best = &f;
-        }
-      user_error("unknown flag ", name, best ? " (did you mean " + best->name + "?)" : std::string());
-    }
-    const bool multi = it->metavar.size() > 3 && it->metavar.ends_with("...");
-    if (it->metavar.empty()) {
-      if (has_value) user_error(name, " takes no value");
-    } else if (multi && !has_value) {
-      size_t taken = 0;
-      while (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) {
-        it->set(cfg, args[++i]);
-        ++taken;
-      }
-      if (taken == 0) user_error(name, " needs at least one value (", it->metavar, ")");
-      continue;
-    } else if (!has_value) {
-      if (i + 1 >= args.size()) user_error(name, " needs a value (", it->metavar, ")");
-      value = args[++i];
-    }
-    it->set(cfg, value);
-  }
+  apply_flags(specs(), args, cfg, unsupported(), "Megatron's pretrain_gpt.py");
   if (!cfg.max_position_embeddings_given) cfg.model.max_position_embeddings = cfg.batch.seq_length;
-  cfg.data.tokenizer.vocab_size = cfg.data.vocab_size;  // NullTokenizer's --vocab-size
+  cfg.data.tokenizer.vocab_size = cfg.data.vocab_size;  // NullTokenizer's and TikTokenizer's --vocab-size
   return cfg;
 }
 
-std::string train_help() {
-  std::ostringstream os;
-  os << "usage: loom train [flags]   (Megatron-LM flag names)\n\n";
-  for (const Flag& f : flags()) {
-    std::string lhs = "  " + f.name + (f.metavar.empty() ? "" : " " + f.metavar);
-    if (lhs.size() < 40) lhs.resize(40, ' ');
-    os << lhs << " " << f.help << "\n";
-  }
-  return os.str();
-}
+std::string train_help() { return specs_help("usage: loom train [flags]   (Megatron-LM flag names)", specs()); }
 
 }  // namespace loom

@@ -63,8 +63,20 @@ void expect_one_line_error(const CliResult& r, const std::string& needle) {
 }  // namespace
 
 TEST(Cli, UnknownFlag) {
-  expect_one_line_error(loom(kModel + "--mock-data --vocab-size 50 --micro-batch 2"),
-                        "unknown flag --micro-batch (did you mean --micro-batch-size?)");
+  expect_one_line_error(loom(kModel + "--mock-data --vocab-size 50 --micro-bach-size 2"),
+                        "unknown flag --micro-bach-size (did you mean --micro-batch-size?)");
+}
+
+TEST(Cli, MegatronFlagNotInThisBuild) {
+  expect_one_line_error(loom(kModel + "--mock-data --vocab-size 50 --bf16"),
+                        "--bf16 (a flag of Megatron's pretrain_gpt.py) is not supported by Loom yet");
+}
+
+TEST(Cli, UniquePrefixAndUnderscoresAsArgparse) {
+  const CliResult r = loom("train --num_layers 2 --hidden-size 32 --num-attention-heads 4 --seq-len 16 "
+                           "--micro-batch-size 2 --train-iters 2 --lr 1e-3 --mock-data --vocab-size 50");
+  EXPECT_EQ(r.code, 0) << r.err;
+  expect_one_line_error(loom(kModel + "--mock-data --vocab-size 50 --lr-"), "ambiguous flag --lr-");
 }
 
 TEST(Cli, GlobalBatchNotDivisibleByMicro) {

@@ -1,17 +1,15 @@
-// Command-line parsing with Megatron's flag names. A table of flags (name, help, setter) drives parsing,
-// `--help`, and the error for an unknown flag, which names the closest known flag.
+// `loom train` command line with Megatron's flag names (table in args.cpp, parser in flags.h).
 #pragma once
 #include <string>
 #include <vector>
 
 #include "loom/train/config.h"
+#include "loom/train/flags.h"
 
 namespace loom {
 
 // Parses `loom train` arguments (without the program and subcommand names). Throws UserError.
 TrainConfig parse_train_args(const std::vector<std::string>& args);
 std::string train_help();
-// Levenshtein distance, for "did you mean" suggestions.
-size_t edit_distance(const std::string& a, const std::string& b);
 
 }  // namespace loom

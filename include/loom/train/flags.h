@@ -1,0 +1,60 @@
+// Command-line parsing shared by the loom subcommands, with argparse's conventions (what Megatron's
+// scripts rely on): "--flag value" and "--flag=value", "--flag_name" == "--flag-name", a unique prefix
+// of a flag name is accepted ("--output" for --output-prefix), one-or-more value flags take every
+// argument up to the next flag. Unknown flags are errors naming the closest known flag; flags of the
+// Megatron tool that the subcommand does not implement get their own error, never silent acceptance.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace loom {
+
+enum class Arity { kSwitch, kOne, kOneOrMore };
+
+struct FlagInfo {
+  std::string name;     // "--num-layers"
+  Arity arity = Arity::kOne;
+  std::string metavar;  // shown in help: "N", "FILE", "PREFIX [PREFIX ...]"
+  std::string help;
+};
+
+struct ParsedFlag {
+  size_t index;                     // into the table
+  std::vector<std::string> values;  // empty for switches
+};
+
+// Matches `args` against `table`, in order. `unsupported` lists flag names of the original tool that this
+// command does not implement; `tool` names that tool in their error ("Megatron's pretrain_gpt.py").
+std::vector<ParsedFlag> parse_flags(const std::vector<FlagInfo>& table, const std::vector<std::string>& args,
+                                    const std::vector<std::string>& unsupported = {}, const std::string& tool = "");
+std::string flags_help(const std::string& usage, const std::vector<FlagInfo>& table);
+// Levenshtein distance, for "did you mean" suggestions.
+size_t edit_distance(const std::string& a, const std::string& b);
+// Strict integer and number parsing; UserError naming the flag.
+int64_t parse_int_flag(const std::string& flag, const std::string& v);
+double parse_float_flag(const std::string& flag, const std::string& v);
+
+// A flag and what it does to a config.
+template <typename Config>
+struct FlagSpec {
+  FlagInfo info;
+  std::function<void(Config&, const std::vector<std::string>&)> set;
+};
+
+template <typename Config>
+void apply_flags(const std::vector<FlagSpec<Config>>& specs, const std::vector<std::string>& args, Config& cfg,
+                 const std::vector<std::string>& unsupported = {}, const std::string& tool = "") {
+  std::vector<FlagInfo> infos;
+  for (const auto& s : specs) infos.push_back(s.info);
+  for (const ParsedFlag& p : parse_flags(infos, args, unsupported, tool)) specs[p.index].set(cfg, p.values);
+}
+
+template <typename Config>
+std::string specs_help(const std::string& usage, const std::vector<FlagSpec<Config>>& specs) {
+  std::vector<FlagInfo> infos;
+  for (const auto& s : specs) infos.push_back(s.info);
+  return flags_help(usage, infos);
+}
+
+}  // namespace loom
