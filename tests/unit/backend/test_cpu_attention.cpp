@@ -14,132 +14,13 @@
 #include <string>
 #include <vector>
 
+#include "attention_test_util.h"
 #include "backend/cpu/cpu_ops.h"
 
 namespace loom::cpu {
 namespace {
 
-struct Case {
-  int64_t B, T, NH, NKV, HS, window;
-  bool causal = true;
-  int64_t qkv_cols() const { return NKV * (NH / NKV + 2) * HS; }
-  float scale() const { return 1.0f / std::sqrt(float(HS)); }
-  AttentionParams params() const {
-    AttentionParams p;
-    p.num_heads = NH;
-    p.num_kv_heads = NKV;
-    p.head_dim = HS;
-    p.softmax_scale = scale();
-    p.causal = causal;
-    p.window = window;
-    return p;
-  }
-  std::string name() const {
-    return "B" + std::to_string(B) + "_T" + std::to_string(T) + "_NH" + std::to_string(NH) + "_NKV" +
-           std::to_string(NKV) + "_HS" + std::to_string(HS) + "_W" + (window < 0 ? "inf" : std::to_string(window)) +
-           (causal ? "" : "_noncausal");
-  }
-};
-
-std::vector<float> randn(int64_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = dist(gen);
-  return v;
-}
-
-struct Outputs {
-  std::vector<float> out, lse, dqkv;
-};
-
-// Runs the op; outputs start as NaN so any element the op fails to write shows up.
-Outputs run_op(const Case& c, std::vector<float>& qkv, std::vector<float>& dout) {
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  Outputs r;
-  r.out.assign(size_t(c.B * c.T * c.NH * c.HS), nan);
-  r.lse.assign(size_t(c.B * c.NH * c.T), nan);
-  r.dqkv.assign(qkv.size(), nan);
-  const Shape qkv_s{c.B, c.T, c.qkv_cols()}, out_s{c.B, c.T, c.NH * c.HS}, lse_s{c.B, c.NH, c.T};
-  TensorView tqkv(qkv.data(), DType::kF32, qkv_s), tout(r.out.data(), DType::kF32, out_s);
-  TensorView tlse(r.lse.data(), DType::kF32, lse_s), tdqkv(r.dqkv.data(), DType::kF32, qkv_s);
-  TensorView tdout(dout.data(), DType::kF32, out_s);
-  CpuOps ops;
-  ops.attention_forward(tout, tlse, tqkv, c.params());
-  ops.attention_backward(tdqkv, tdout, tqkv, tout, tlse, c.params());
-  return r;
-}
-
-// Naive f64 attention written directly from the definitions (full score rows, two-pass softmax).
-struct Reference {
-  std::vector<double> out, lse, dqkv;
-};
-
-Reference reference(const Case& c, const std::vector<float>& qkv, const std::vector<float>& dout) {
-  const int64_t G = c.NH / c.NKV, C3 = c.qkv_cols(), CO = c.NH * c.HS, T = c.T, HS = c.HS;
-  const double scale = c.scale();
-  Reference r;
-  r.out.assign(size_t(c.B * T * CO), 0.0);
-  r.lse.assign(size_t(c.B * c.NH * T), 0.0);
-  r.dqkv.assign(qkv.size(), 0.0);
-  auto at = [&](int64_t b, int64_t t, int64_t col) { return double(qkv[size_t((b * T + t) * C3 + col)]); };
-  std::vector<double> p(static_cast<size_t>(T)), dp(static_cast<size_t>(T));
-  for (int64_t b = 0; b < c.B; ++b) {
-    for (int64_t h = 0; h < c.NH; ++h) {
-      const int64_t grp = h / G;
-      const int64_t qc = (grp * (G + 2) + h % G) * HS, kc = (grp * (G + 2) + G) * HS, vc = kc + HS;
-      for (int64_t i = 0; i < T; ++i) {
-        auto vis = [&](int64_t j) { return (!c.causal || j <= i) && (c.window < 0 || j > i - c.window); };
-        double m = -INFINITY;
-        for (int64_t j = 0; j < T; ++j) {
-          if (!vis(j)) continue;
-          double s = 0;
-          for (int64_t d = 0; d < HS; ++d) s += at(b, i, qc + d) * at(b, j, kc + d);
-          p[size_t(j)] = s * scale;
-          m = std::max(m, p[size_t(j)]);
-        }
-        double l = 0;
-        for (int64_t j = 0; j < T; ++j) {
-          p[size_t(j)] = vis(j) ? std::exp(p[size_t(j)] - m) : 0.0;
-          l += p[size_t(j)];
-        }
-        r.lse[size_t((b * c.NH + h) * T + i)] = m + std::log(l);
-        const float* dy = dout.data() + (b * T + i) * CO + h * HS;
-        double dsum = 0;  // D_i = sum_j P_ij dP_ij
-        for (int64_t j = 0; j < T; ++j) {
-          p[size_t(j)] /= l;
-          double s = 0;
-          for (int64_t d = 0; d < HS; ++d) s += double(dy[d]) * at(b, j, vc + d);
-          dp[size_t(j)] = s;
-          dsum += p[size_t(j)] * s;
-        }
-        for (int64_t j = 0; j < T; ++j) {
-          const double pj = p[size_t(j)];
-          if (pj == 0) continue;
-          const double ds = pj * (dp[size_t(j)] - dsum) * scale;
-          for (int64_t d = 0; d < HS; ++d) {
-            r.out[size_t((b * T + i) * CO + h * HS + d)] += pj * at(b, j, vc + d);
-            r.dqkv[size_t((b * T + i) * C3 + qc + d)] += ds * at(b, j, kc + d);
-            r.dqkv[size_t((b * T + j) * C3 + kc + d)] += ds * at(b, i, qc + d);
-            r.dqkv[size_t((b * T + j) * C3 + vc + d)] += pj * double(dy[d]);
-          }
-        }
-      }
-    }
-  }
-  return r;
-}
-
-// max |got - want| / max |want|; NaN in got (an element never written) gives +inf.
-double rel_error(const std::vector<float>& got, const std::vector<double>& want) {
-  double err = 0, mag = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double e = std::abs(double(got[i]) - want[i]);
-    err = std::isnan(e) ? INFINITY : std::max(err, e);
-    mag = std::max(mag, std::abs(want[i]));
-  }
-  return err / std::max(mag, 1e-30);
-}
+using namespace attn_test;
 
 void check_against_reference(const Case& c, uint32_t seed) {
   SCOPED_TRACE(c.name());
