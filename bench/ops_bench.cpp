@@ -1,7 +1,12 @@
 // Op-level CPU benchmarks at GPT-2 124M shapes (B·T = 2048 rows, C = 768, Vp = 50304): the matmuls of
 // a layer and of the output layer (GFLOP/s counters, to compare with oneDNN's ceiling), attention,
-// the fused cross-entropy and AdamW. Run: build/bench/loom_bench_ops (also part of `make bench`).
+// the fused cross-entropy and AdamW; the three products of a linear layer one by one and the
+// row-wise ops in f32 / bf16 / f16 (mixed precision). Run: build/bench/loom_bench_ops (also part of
+// `make bench`); e.g. --benchmark_filter='Product|Lowp' for the mixed-precision ones.
 #include <benchmark/benchmark.h>
+
+#include <string>
+#include <utility>
 
 #include "loom/backend/device_context.h"
 #include "loom/core/rng.h"
@@ -18,6 +23,17 @@ const DeviceContext& ctx() {
 Tensor randn(Shape s, float std = 0.02f) {
   Tensor t = Tensor::empty(s, DType::kF32);
   philox_fill_normal(t.data<float>(), t.numel(), 7, hash_stream("bench"), 0, 0.0f, std);
+  return t;
+}
+
+// Dtype codes of the mixed-precision benchmarks' last argument.
+DType dtype_arg(int64_t code) { return code == 0 ? DType::kF32 : code == 1 ? DType::kBF16 : DType::kF16; }
+
+Tensor randn_as(Shape s, DType dt, float std = 0.02f) {
+  Tensor f = randn(s, std);
+  if (dt == DType::kF32) return f;
+  Tensor t = Tensor::empty(s, dt);
+  ctx().ops().cast(t, f);
   return t;
 }
 
@@ -42,6 +58,102 @@ BENCHMARK(BM_Linear)
     ->Args({256, 768, 3072})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
+
+// One product of a linear layer (M, K) -> (M, N) in dtype code st.range(4) (0 f32, 1 bf16, 2 f16):
+// st.range(3) = 0 forward out = x·Wᵀ, 1 dinp = dout·W, 2 dweight += doutᵀ·x into an f32 main grad.
+// 2·M·N·K FLOPs.
+void BM_LinearProduct(benchmark::State& st) {
+  const int64_t M = st.range(0), K = st.range(1), N = st.range(2), which = st.range(3);
+  const DType dt = dtype_arg(st.range(4));
+  Tensor x = randn_as({M, K}, dt, 1.0f), w = randn_as({N, K}, dt), y = randn_as({M, N}, dt);
+  Tensor dx = randn_as({M, K}, dt), dw = randn({N, K});
+  for (auto _ : st) {
+    if (which == 0) ctx().ops().matmul_forward(y, x, w, TensorView());
+    if (which == 1) ctx().ops().matmul_backward(dx, TensorView(), TensorView(), y, x, w);
+    if (which == 2) ctx().ops().matmul_backward(TensorView(), dw, TensorView(), y, x, w);
+  }
+  st.SetLabel(std::string(dtype_name(dt)) + (which == 0 ? " x.W^T" : which == 1 ? " dout.W" : " dout^T.x"));
+  st.counters["GFLOP/s"] = benchmark::Counter(2.0 * double(M * N * K) * double(st.iterations()) / 1e9,
+                                              benchmark::Counter::kIsRate);
+}
+void linear_product_args(benchmark::internal::Benchmark* b) {
+  for (int64_t dt : {1, 0, 2})
+    for (auto [K, N] : {std::pair<int64_t, int64_t>{768, 2304}, {768, 768}, {768, 3072}, {3072, 768}, {768, 50304}})
+      for (int64_t which : {0, 1, 2}) b->Args({2048, K, N, which, dt});
+}
+BENCHMARK(BM_LinearProduct)->Apply(linear_product_args)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// Linear fwd + bwd in bf16 / f16 with f32 main grads (dweight, dbias), as a --bf16 step runs it.
+void BM_LinearLowp(benchmark::State& st) {
+  const int64_t M = st.range(0), K = st.range(1), N = st.range(2);
+  const DType dt = dtype_arg(st.range(3));
+  Tensor x = randn_as({M, K}, dt, 1.0f), w = randn_as({N, K}, dt), b = randn_as({N}, dt), y = randn_as({M, N}, dt);
+  Tensor dx = randn_as({M, K}, dt), dw = randn({N, K}), db = randn({N});
+  for (auto _ : st) {
+    ctx().ops().matmul_forward(y, x, w, b);
+    ctx().ops().matmul_backward(dx, dw, db, y, x, w);
+  }
+  st.SetLabel(dtype_name(dt));
+  st.counters["GFLOP/s"] = benchmark::Counter(6.0 * double(M * N * K) * double(st.iterations()) / 1e9,
+                                              benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_LinearLowp)
+    ->Args({2048, 768, 2304, 1})
+    ->Args({2048, 768, 3072, 1})
+    ->Args({2048, 3072, 768, 1})
+    ->Args({2048, 768, 3072, 2})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// Row-wise ops of a transformer layer at (2048, 768) (GeLU at (2048, 3072)) in dtype code st.range(1);
+// st.range(0) picks the op. GB/s counts the bytes the op must move at that dtype.
+void BM_RowOpsLowp(benchmark::State& st) {
+  const int64_t op = st.range(0), N = 2048, C = 768;
+  const DType dt = dtype_arg(st.range(1));
+  const double es = double(dtype_size(dt));
+  Tensor a = randn_as({N, C}, dt, 1.0f), b = randn_as({N, C}, dt, 1.0f), out = randn_as({N, C}, dt);
+  Tensor res = randn_as({N, C}, dt), w = randn_as({C}, dt, 1.0f), bias = randn_as({C}, dt);
+  Tensor mean = randn({N}), rstd = randn({N}), dw = randn({C}), db = randn({C});
+  Tensor h = randn_as({N, 4 * C}, dt, 1.0f), dh = randn_as({N, 4 * C}, dt), out4 = randn_as({N, 4 * C}, dt);
+  ctx().ops().layernorm_forward(out, mean, rstd, a, w, bias, 1e-5f);
+  double bytes = 0;
+  const char* label = "";
+  for (auto _ : st) {
+    switch (op) {
+      case 0: ctx().ops().layernorm_forward(out, mean, rstd, a, w, bias, 1e-5f); break;
+      case 1: ctx().ops().residual_layernorm_forward(res, out, mean, rstd, a, b, w, bias, 1e-5f); break;
+      case 2: ctx().ops().layernorm_backward(b, dw, db, out, a, w, mean, rstd); break;
+      case 3: ctx().ops().gelu_forward(dh, h); break;
+      case 4: ctx().ops().gelu_backward(dh, h, out4); break;  // not in place: values must not decay
+      case 5: ctx().ops().residual_forward(out, a, b); break;
+    }
+  }
+  switch (op) {
+    case 0: label = "layernorm fwd"; bytes = 2 * N * C * es; break;
+    case 1: label = "residual+layernorm fwd"; bytes = 4 * N * C * es; break;
+    case 2: label = "layernorm bwd"; bytes = 4 * N * C * es; break;
+    case 3: label = "gelu fwd (2048x3072)"; bytes = 2 * N * 4 * C * es; break;
+    case 4: label = "gelu bwd (2048x3072)"; bytes = 3 * N * 4 * C * es; break;
+    case 5: label = "residual"; bytes = 3 * N * C * es; break;
+  }
+  st.SetLabel(std::string(label) + " " + dtype_name(dt));
+  st.counters["GB/s"] = benchmark::Counter(bytes * double(st.iterations()) / 1e9, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_RowOpsLowp)->ArgsProduct({{0, 1, 2, 3, 4, 5}, {0, 1, 2}})->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+// Fused cross-entropy forward + backward on bf16 / f16 logits (dlogits in place, in that dtype).
+void BM_CrossEntropyLowp(benchmark::State& st) {
+  const int64_t N = st.range(0), V = 50257, Vp = 50304;
+  const DType dt = dtype_arg(st.range(1));
+  Tensor logits = randn_as({N, Vp}, dt, 1.0f), losses = Tensor::empty({N}, DType::kF32);
+  Tensor targets = Tensor::empty({N}, DType::kI32);
+  for (int64_t i = 0; i < N; ++i) targets.data<int32_t>()[i] = int32_t((i * 7919) % V);
+  for (auto _ : st) ctx().ops().cross_entropy_forward_backward(losses, logits, targets, V, TensorView(), 1e-3f);
+  st.SetLabel(dtype_name(dt));
+  const double bytes = 2.0 * double(N * Vp) * double(dtype_size(dt));
+  st.counters["GB/s"] = benchmark::Counter(bytes * double(st.iterations()) / 1e9, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_CrossEntropyLowp)->Args({2048, 1})->Args({2048, 2})->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_Attention(benchmark::State& st) {
   const int64_t B = st.range(0), T = st.range(1), NH = 12, HS = 64;

@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include "loom/core/check.h"
+
 namespace loom {
 
 namespace {
@@ -32,6 +34,12 @@ std::array<uint32_t, 4> philox4x32(uint64_t seed, uint64_t stream, uint64_t bloc
     k1 += kW1;
   }
   return {c0, c1, c2, c3};
+}
+
+uint32_t dropout_threshold(float p) {
+  LOOM_CHECK(p >= 0.0f && p < 1.0f, "[dropout] probability must be in [0, 1), got ", p);
+  const double t = std::nearbyint(double(p) * 4294967296.0);
+  return t >= 4294967295.0 ? 0xFFFFFFFFu : uint32_t(t);
 }
 
 float philox_uniform(uint64_t seed, uint64_t stream, uint64_t index) {

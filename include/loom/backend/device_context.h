@@ -21,6 +21,8 @@ class DeviceContext {
   Tensor empty(Shape s, DType dt) const { return Tensor::empty(s, dt, device()); }
   Tensor zeros(Shape s, DType dt) const;
   AllocStats memory_stats() const { return allocator_for(device()).stats(); }
+  // Restarts the high-water mark at the bytes allocated now (the allocator is per device, process-wide).
+  void reset_peak_memory() const { allocator_for(device()).reset_peak(); }
   // Copies between host and this device (plain memcpy on the CPU).
   virtual void copy(TensorView dst, TensorView src) const = 0;
 };

@@ -6,8 +6,11 @@
 //   - activation gradients OVERWRITE (=), except the residual stream, which accumulates (+=) — the ops
 //     that write into the residual stream (layernorm_backward's dinp) say so;
 //   - an empty TensorView means "absent" for optional arguments;
-//   - activations and parameters are f32 unless an op says otherwise; statistics (mean, rstd, lse,
-//     losses) are always f32; token ids are i32;
+//   - dtypes (mixed precision): activations and the parameters an op reads may be f32, bf16 or f16 (the
+//     "compute dtype"; all tensors of one kind in one call share it), arithmetic is f32 inside every op;
+//     parameter gradients (dweight, dbias, dwte, ...) may be f32 or the compute dtype and accumulate in
+//     that dtype (f32 main grads for --bf16, Megatron's default); statistics (mean, rstd, lse, losses)
+//     are always f32; token ids are i32. Ops that only take f32 say so;
 //   - results are deterministic and independent of the thread count: reductions use a fixed split
 //     of the work that does not depend on how many threads run it.
 #pragma once
@@ -24,6 +27,14 @@ struct AttentionParams {
   float softmax_scale = 0;   // usually 1/sqrt(HS)
   bool causal = true;
   int64_t window = -1;  // sliding window: key j visible to query i iff i - window < j <= i; -1 = unlimited
+  // Attention dropout on the softmax probabilities (Megatron's --attention-dropout): probability p of
+  // (b, h, i, j) being dropped is decided by dropout_keep(dropout_seed, dropout_stream, index) with
+  // index = ((b * NH + h) * T + i) * T + j, so forward, backward and a recomputed forward see the same
+  // mask whatever the tiling or thread count, and no mask is stored. Kept probabilities are scaled by
+  // 1 / (1 - p). 0 disables.
+  float dropout_p = 0;
+  uint64_t dropout_seed = 0;
+  uint64_t dropout_stream = 0;
 };
 
 struct AdamWParams {
@@ -37,12 +48,27 @@ struct AdamWParams {
   bool zero_grad = false;   // write 0 into the gradient after reading it (saves a separate pass)
 };
 
+// Gated MLP activations (Megatron's --swiglu, and GeGLU / ReGLU): the fc1 output holds the gate half
+// then the up half, [gate (F) | up (F)] per row, as Megatron's fused fc1 is chunked; out = act(gate) · up.
+enum class GluKind { kSwiGLU, kGeGLU, kReGLU };  // act = silu | gelu (tanh approximation) | relu
+
+// Rotary position embedding (--position-embedding-type rope) applied to the query and key heads of a
+// grouped qkv tensor (layout as attention_forward). The first rotary_dim channels of each head rotate
+// (--rotary-percent · HS, even), the rest pass through. Pairs are (c, c + rotary_dim/2) (Megatron and
+// Hugging Face Llama's rotate_half layout) or (2c, 2c + 1) when interleaved (--rotary-interleaved).
+// cos/sin tables (max_positions, rotary_dim / 2) f32 are built by the caller (frequencies, base and
+// Llama-3 scaling are the module's business); position = position_ids[b, t] when given, else t.
+struct RopeParams {
+  int64_t rotary_dim = 0;
+  bool interleaved = false;
+};
+
 class OpTable {
  public:
   virtual ~OpTable() = default;
 
   // ---- matmul (linear layer) --------------------------------------------------------------------
-  // out (M, N) = inp (M, K) · weight (N, K)^T + bias (N). inp/weight f32 or bf16; out f32 or bf16;
+  // out (M, N) = inp (M, K) · weight (N, K)^T + bias (N). inp/weight in the compute dtype; out in it or f32;
   // accumulation in f32. Leading dims of inp/out are flattened (inp may be (B, T, K)).
   virtual void matmul_forward(TensorView out, TensorView inp, TensorView weight, TensorView bias) const = 0;
   // dinp (M, K) = dout · weight            (overwrite; skipped when dinp is empty)
@@ -73,6 +99,30 @@ class OpTable {
                                           TensorView a, TensorView b, TensorView weight, TensorView bias,
                                           float eps) const = 0;
 
+  // ---- RMSNorm (--normalization RMSNorm) -----------------------------------------------------------
+  // Over the last dim C of inp (N, C): out = inp · rstd · weight, rstd = 1 / sqrt(mean(inp²) + eps);
+  // saves rstd (N) f32 (may be empty when no backward follows).
+  virtual void rmsnorm_forward(TensorView out, TensorView rstd, TensorView inp, TensorView weight,
+                               float eps) const = 0;
+  // dinp += ... (residual stream: ACCUMULATES), dweight += ...
+  virtual void rmsnorm_backward(TensorView dinp, TensorView dweight, TensorView dout, TensorView inp,
+                                TensorView weight, TensorView rstd) const = 0;
+  // Fused: residual = a + b, then out = rmsnorm(residual).
+  virtual void residual_rmsnorm_forward(TensorView residual, TensorView out, TensorView rstd, TensorView a,
+                                        TensorView b, TensorView weight, float eps) const = 0;
+
+  // ---- gated MLP and rotary embedding ---------------------------------------------------------------
+  // inp (N, 2F) = [gate | up]; out (N, F) = act(gate) · up.
+  virtual void glu_forward(TensorView out, TensorView inp, GluKind kind) const = 0;
+  // dinp (N, 2F) = [dgate | dup] (overwrite; dinp may alias inp) from dout (N, F) and the forward's inp.
+  virtual void glu_backward(TensorView dinp, TensorView inp, TensorView dout, GluKind kind) const = 0;
+  // Rotates the q and k heads of qkv (B, T, NKV·(NH/NKV + 2)·HS) in place; v is untouched.
+  virtual void rope_forward(TensorView qkv, TensorView cos, TensorView sin, const AttentionParams& p,
+                            const RopeParams& r, TensorView position_ids = {}) const = 0;
+  // The transpose (inverse rotation) applied in place to the dq and dk heads of dqkv.
+  virtual void rope_backward(TensorView dqkv, TensorView cos, TensorView sin, const AttentionParams& p,
+                             const RopeParams& r, TensorView position_ids = {}) const = 0;
+
   // ---- elementwise ----------------------------------------------------------------------------------
   virtual void residual_forward(TensorView out, TensorView a, TensorView b) const = 0;  // out = a + b
   // GeLU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
@@ -81,6 +131,13 @@ class OpTable {
   virtual void gelu_backward(TensorView dinp, TensorView inp, TensorView dout) const = 0;
   virtual void bias_add_forward(TensorView out, TensorView bias) const = 0;  // out (N, C) += bias (C)
   virtual void bias_backward(TensorView dbias, TensorView dout) const = 0;   // dbias (C) += colsum(dout)
+
+  // ---- dropout (Megatron's --hidden-dropout) ---------------------------------------------------------
+  // out = inp * keep / (1 - p) with keep[i] = dropout_keep(seed, stream, i) for the flat element index
+  // i; out may alias inp. The mask is regenerated, never stored. p == 0 is a copy.
+  virtual void dropout_forward(TensorView out, TensorView inp, float p, uint64_t seed, uint64_t stream) const = 0;
+  // dinp = dout * keep / (1 - p) with the same mask (overwrite; dinp may alias dout).
+  virtual void dropout_backward(TensorView dinp, TensorView dout, float p, uint64_t seed, uint64_t stream) const = 0;
 
   // ---- attention core ------------------------------------------------------------------------------
   // qkv (B, T, NKV * (NH/NKV + 2) * HS) in Megatron's grouped layout: for each query group g, the
@@ -97,7 +154,7 @@ class OpTable {
                                   TensorView lse, const AttentionParams& p, TensorView segment_ids = {}) const = 0;
 
   // ---- cross-entropy ----------------------------------------------------------------------------
-  // logits (N, Vp) f32, targets i32 (N), columns >= vocab_size are padding and excluded.
+  // logits (N, Vp) f32/bf16/f16 (arithmetic in f32), targets i32 (N), columns >= vocab_size are padding and excluded.
   // losses (N) = logsumexp(logits[n, :V]) - logits[n, target]. When dlogits_scale != 0, the logits
   // buffer is overwritten IN PLACE with dlogits = (softmax - onehot) * dlogits_scale * mask[n]
   // (0 in padded columns): one pass, no second V-wide buffer. loss_mask (N) f32 optional: it scales
@@ -109,10 +166,11 @@ class OpTable {
                                               float dlogits_scale) const = 0;
 
   // ---- optimizer and buffer utilities -------------------------------------------------------------
-  // PyTorch/apex AdamW (decoupled weight decay) on f32 param, grad, exp_avg m, exp_avg_sq v.
+  // PyTorch/apex AdamW (decoupled weight decay) on f32 param, grad, exp_avg m, exp_avg_sq v (f32 only).
   virtual void adamw_update(TensorView param, TensorView grad, TensorView m, TensorView v,
                             const AdamWParams& p) const = 0;
-  // Sum of squares in f64 (for the global gradient norm); deterministic for a given numel.
+  // Sum of squares in f64 (for the global gradient norm); deterministic for a given numel. Any float dtype
+  // (as are has_inf_or_nan, scale_ and fill_).
   virtual double sum_squares(TensorView x) const = 0;
   // True when x contains an inf or NaN.
   virtual bool has_inf_or_nan(TensorView x) const = 0;

@@ -23,6 +23,14 @@ void philox_fill_normal(float* out, int64_t n, uint64_t seed, uint64_t stream, u
                         float std);
 void philox_fill_uniform(float* out, int64_t n, uint64_t seed, uint64_t stream, uint64_t offset);
 
+// Dropout masks: element `index` of a (seed, stream) use is kept iff its Philox word (word index % 4 of
+// block index / 4) is >= dropout_threshold(p), i.e. with probability 1 - p up to 2^-32. Kernels that
+// drop whole blocks at once call philox4x32 directly with the same rule.
+uint32_t dropout_threshold(float p);  // p in [0, 1): round(p * 2^32), saturating
+inline bool dropout_keep(uint64_t seed, uint64_t stream, uint64_t index, uint32_t threshold) {
+  return philox4x32(seed, stream, index / 4)[index % 4] >= threshold;
+}
+
 // 64-bit FNV-1a, for turning names into stream ids.
 uint64_t hash_stream(std::string_view name);
 

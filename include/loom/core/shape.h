@@ -18,7 +18,12 @@ class Shape {
   int64_t operator[](int i) const;
   int64_t numel() const;
   // Product of all dimensions but the last (the "rows" of a 2-D view), and the last dimension.
-  int64_t rows() const { return ndim_ == 0 ? 1 : numel() / dims_[ndim_ - 1]; }
+  // Product of the leading dims (well defined when the last dim is 0, e.g. a K = 0 matmul operand).
+  int64_t rows() const {
+    int64_t r = 1;
+    for (int i = 0; i + 1 < ndim_; ++i) r *= dims_[i];
+    return r;
+  }
   int64_t cols() const { return ndim_ == 0 ? 1 : dims_[ndim_ - 1]; }
   const int64_t* begin() const { return dims_; }
   const int64_t* end() const { return dims_ + ndim_; }

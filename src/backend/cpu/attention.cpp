@@ -28,6 +28,14 @@
 //     a visible entry's arithmetic).
 //   - Rows of qkv/out are ~3C floats apart, which the hardware prefetcher does not follow: the next
 //     block's rows and the output rows are software-prefetched while the current block computes.
+//   - Mixed precision: qkv, out, dout and dqkv may be bf16 or f16 (one dtype per call). Rows are converted
+//     to f32 (exactly) when copied into scratch and rounded when stored, and everything in between is the
+//     f32 code: results are the f32 op's on the widened inputs, rounded once to the output dtype.
+//   - Attention dropout (p > 0): the mask is a pure function of the element index (dropout_tile), so the
+//     forward, the backward and a recomputed forward regenerate the same mask tile by tile. The softmax
+//     statistics (m, l, lse) use the undropped probabilities; O = (P * Z / (1 - p)) V. Backward (FA-2 with
+//     dropout): dV = (P * Z / (1 - p))^T dO, dP = (dO V^T) * Z / (1 - p), D_i = rowsum(dO_i * O_i),
+//     dS = P * (dP - D). With p = 0 none of this runs: the code path is the one without dropout.
 #include <omp.h>
 
 #include <algorithm>
@@ -37,17 +45,22 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cpu/attention_tiles.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/fast_math.h"
+#include "backend/cpu/lowp.h"
+#include "loom/core/rng.h"
 
 namespace loom::cpu {
 
 namespace {
 
 using attn::Band;
+using attn::Dropout;
+using attn::dropout_tile;
 using attn::kBlock;
 using attn::kW;
 using attn::Rows;
@@ -75,6 +88,26 @@ inline float exp_nonpositive(float x) {
   return x < -87.0f ? 0.0f : p * two_n;
 }
 
+// ---- storage dtypes --------------------------------------------------------------------------------
+
+// One element of qkv/out/dout/dqkv: an f32, or the bits of a bf16 or f16.
+template <DType D>
+using Elem = std::conditional_t<D == DType::kF32, float, uint16_t>;
+
+// dst[0, n) = src[0, n) widened to f32 (exact).
+template <DType D>
+inline void widen_row(float* dst, const Elem<D>* src, int64_t n) {
+  if constexpr (D == DType::kF32) std::memcpy(dst, src, size_t(n) * sizeof(float));
+  else Lowp<D>::widen(dst, src, n);
+}
+
+// dst[0, n) = src[0, n) rounded to the dtype (nearest even); f32 is a copy.
+template <DType D>
+inline void narrow_row(Elem<D>* dst, const float* src, int64_t n) {
+  if constexpr (D == DType::kF32) std::memcpy(dst, src, size_t(n) * sizeof(float));
+  else Lowp<D>::narrow(dst, src, n);
+}
+
 // 64-byte aligned float scratch, zero-initialised.
 struct Scratch {
   struct Free {
@@ -99,6 +132,14 @@ struct Geometry {
   float scale;
   bool causal;
   int64_t window;
+  DType dtype;      // of qkv, out, dout, dqkv
+  bool dropout;     // attention dropout on (p > 0)
+  Dropout drop;
+  // First mask index of the tile of head h of batch row b with queries from i0 and keys from j0; query
+  // rows are T indices apart.
+  uint64_t mask_base(int64_t b, int64_t h, int64_t i0, int64_t j0) const {
+    return (uint64_t(b * NH + h) * uint64_t(T) + uint64_t(i0)) * uint64_t(T) + uint64_t(j0);
+  }
 
   // Column offsets inside a qkv row (Megatron's grouped layout).
   int64_t q_col(int64_t h) const { return ((h / G) * (G + 2) + h % G) * HS; }
@@ -147,8 +188,12 @@ Geometry make_geometry(TensorView qkv, const AttentionParams& p, const char* op)
   LOOM_CHECK(p.head_dim > 0, "[", op, "] expected head_dim > 0, got ", p.head_dim);
   LOOM_CHECK(p.window == -1 || p.window > 0, "[", op, "] expected window -1 (unlimited) or > 0, got ", p.window);
   LOOM_CHECK(p.causal || p.window == -1, "[", op, "] a sliding window needs causal attention");
-  LOOM_CHECK(qkv.dtype() == DType::kF32 && qkv.ndim() == 3, "[", op, "] expected qkv f32 (B, T, 3*C), got ",
-             qkv.desc());
+  LOOM_CHECK(p.dropout_p >= 0.0f && p.dropout_p < 1.0f, "[", op, "] expected dropout_p in [0, 1), got ",
+             p.dropout_p);
+  const DType dt = qkv.dtype();
+  LOOM_CHECK((dt == DType::kF32 || dt == DType::kBF16 || dt == DType::kF16) && qkv.ndim() == 3 &&
+                 qkv.device().is_cpu(),
+             "[", op, "] expected host qkv f32, bf16 or f16 (B, T, 3*C), got ", qkv.desc());
   Geometry g{};
   g.B = qkv.size(0);
   g.T = qkv.size(1);
@@ -162,14 +207,19 @@ Geometry make_geometry(TensorView qkv, const AttentionParams& p, const char* op)
   g.scale = p.softmax_scale;
   g.causal = p.causal;
   g.window = p.window;
+  g.dtype = dt;
+  g.dropout = p.dropout_p > 0.0f;
+  if (g.dropout) g.drop = Dropout{p.dropout_seed, p.dropout_stream, dropout_threshold(p.dropout_p),
+                                  1.0f / (1.0f - p.dropout_p)};
   LOOM_CHECK(qkv.size(2) == g.qkv_row, "[", op, "] expected qkv last dim NKV*(NH/NKV+2)*HS = ", g.qkv_row,
              ", got ", qkv.desc());
   return g;
 }
 
-void check_same(TensorView t, Shape s, const char* op, const char* name) {
-  LOOM_CHECK(t.dtype() == DType::kF32 && t.shape() == s, "[", op, "] expected ", name, " f32", s.str(), ", got ",
-             t.desc());
+// t must have shape s and dtype dt (that of qkv for activations, f32 for lse).
+void check_same(TensorView t, Shape s, DType dt, const char* op, const char* name) {
+  LOOM_CHECK(t.dtype() == dt && t.shape() == s && t.device().is_cpu(), "[", op, "] expected host ", name, " ",
+             dtype_name(dt), s.str(), ", got ", t.desc());
 }
 
 // Segment ranges from segment_ids (B, T) i32, non-decreasing along T: for each position, the first position
@@ -203,13 +253,14 @@ std::vector<int32_t> segment_ranges(TensorView segment_ids, const Geometry& g, c
 }
 
 // Copies rows [r0, r0 + n) of one head (columns [col, col + HS) of rows with stride ld) into dst
-// (kBlock x HSP, row-major), zeroing the padding columns and rows n..kBlock.
-void copy_rows(float* dst, const float* src, int64_t ld, int64_t col, int64_t r0, int64_t n, const Geometry& g,
+// (kBlock x HSP, row-major, f32), zeroing the padding columns and rows n..kBlock.
+template <DType D>
+void copy_rows(float* dst, const Elem<D>* src, int64_t ld, int64_t col, int64_t r0, int64_t n, const Geometry& g,
                int64_t dst_rows = kBlock) {
   for (int64_t r = 0; r < dst_rows; ++r) {
     float* d = dst + r * g.HSP;
     if (r < n) {
-      std::memcpy(d, src + (r0 + r) * ld + col, size_t(g.HS) * sizeof(float));
+      widen_row<D>(d, src + (r0 + r) * ld + col, g.HS);
       std::fill(d + g.HS, d + g.HSP, 0.0f);
     } else {
       std::fill(d, d + g.HSP, 0.0f);
@@ -223,11 +274,15 @@ void copy_rows(float* dst, const float* src, int64_t ld, int64_t col, int64_t r0
 // on full fill buffers.
 class PrefetchQueue {
  public:
-  void add(const float* base, int64_t ld, int64_t col, int64_t r0, int64_t n, int64_t hs, bool write = false) {
+  // Rows [r0, r0 + n) of a head: elements [col, col + hs) of rows ld elements apart.
+  template <typename E>
+  void add(const E* base, int64_t ld, int64_t col, int64_t r0, int64_t n, int64_t hs, bool write = false) {
     if (n <= 0) return;
     LOOM_CHECK(count_ < kMaxRanges, "[attention] prefetch queue full");
-    ranges_[count_++] = {base + r0 * ld + col, ld, n, (hs + kW - 1) / kW, write};
-    left_ += n * ((hs + kW - 1) / kW);
+    const int64_t lines = (hs * int64_t(sizeof(E)) + kLine - 1) / kLine;
+    ranges_[count_++] = {reinterpret_cast<const char*>(base + r0 * ld + col), ld * int64_t(sizeof(E)), n, lines,
+                         write};
+    left_ += n * lines;
   }
   void plan(int64_t steps) { per_step_ = (left_ + steps - 1) / std::max<int64_t>(steps, 1); }  // spread over steps
   void step() { issue(per_step_); }
@@ -239,18 +294,19 @@ class PrefetchQueue {
 
  private:
   struct Range {
-    const float* p;
-    int64_t ld, rows, lines;
+    const char* p;
+    int64_t ld, rows, lines;  // ld in bytes
     bool write;
   };
   static constexpr int kMaxRanges = 8;
+  static constexpr int64_t kLine = 64;  // bytes per cache line
   void issue(int64_t n) {
     while (n > 0 && cur_ < count_) {
       const Range& r = ranges_[cur_];
-      const float* p = r.p + row_ * r.ld;
+      const char* p = r.p + row_ * r.ld;
       for (int64_t l = 0; l < r.lines; ++l) {
-        if (r.write) __builtin_prefetch(p + l * kW, 1);
-        else __builtin_prefetch(p + l * kW, 0);
+        if (r.write) __builtin_prefetch(p + l * kLine, 1);
+        else __builtin_prefetch(p + l * kLine, 0);
       }
       n -= r.lines;
       left_ -= r.lines;
@@ -273,15 +329,17 @@ struct HeadRows {
   float* v;
   int64_t have = 0;  // rows below this are present (or were skipped as never needed)
 
-  void require(const float* x, const Geometry& g, int64_t grp, int64_t begin, int64_t end) {
+  template <DType D>
+  void require(const Elem<D>* x, const Geometry& g, int64_t grp, int64_t begin, int64_t end) {
     const int64_t lo = std::max(have, begin);
     if (end > lo) {
-      copy_rows(k + lo * g.HSP, x, g.qkv_row, g.k_col(grp), lo, end - lo, g, end - lo);
-      copy_rows(v + lo * g.HSP, x, g.qkv_row, g.v_col(grp), lo, end - lo, g, end - lo);
+      copy_rows<D>(k + lo * g.HSP, x, g.qkv_row, g.k_col(grp), lo, end - lo, g, end - lo);
+      copy_rows<D>(v + lo * g.HSP, x, g.qkv_row, g.v_col(grp), lo, end - lo, g, end - lo);
     }
     have = std::max(have, end);
   }
-  void prefetch(PrefetchQueue& pf, const float* x, const Geometry& g, int64_t grp, int64_t begin,
+  template <typename E>
+  void prefetch(PrefetchQueue& pf, const E* x, const Geometry& g, int64_t grp, int64_t begin,
                 int64_t end) const {
     const int64_t lo = std::max(have, begin);
     pf.add(x, g.qkv_row, g.k_col(grp), lo, end - lo, g.HS);
@@ -294,31 +352,35 @@ struct HeadRows {
 struct ForwardScratch {
   Scratch k, v;            // one kv head: T x HSP
   Scratch q, qt, st, o;    // one query block
+  Scratch z;               // dropout mask tile (kBlock x kBlock, S^T layout); unused without dropout
   explicit ForwardScratch(const Geometry& g)
       : k(g.T * g.HSP),
         v(g.T * g.HSP),
         q(kBlock * g.HSP),
         qt(g.HSP * kBlock),
         st(kBlock * kBlock),
-        o(kBlock * g.HSP) {}
+        o(kBlock * g.HSP),
+        z(g.dropout ? kBlock * kBlock : 1) {}
 };
 
 // Query blocks [qb0, qb1) of head h of batch row b.
-void forward_task(float* out, float* lse, const float* qkv, const Geometry& g, int64_t b, int64_t h, int64_t qb0,
-                  int64_t qb1, ForwardScratch& s) {
-  const float* x = qkv + b * g.T * g.qkv_row;
+template <DType D>
+void forward_task(Elem<D>* out, float* lse, const Elem<D>* qkv, const Geometry& g, int64_t b, int64_t h,
+                  int64_t qb0, int64_t qb1, ForwardScratch& s) {
+  const Elem<D>* x = qkv + b * g.T * g.qkv_row;
   const Geometry::RowSegments sg = g.segments(b);
   const int64_t grp = h / g.G;
   float* qt = s.qt.get();
   float* st = s.st.get();
   float* o = s.o.get();
+  const float* z = s.z.get();
   HeadRows kv{s.k.get(), s.v.get()};
   PrefetchQueue pf;
   for (int64_t qb = qb0; qb < qb1; ++qb) {
     const int64_t i0 = qb * kBlock, qn = std::min(kBlock, g.T - i0);
     const int64_t kbeg = g.key_begin(sg, i0), kend = g.key_end(sg, i0, qn);
-    kv.require(x, g, grp, kbeg, kend);
-    copy_rows(s.q.get(), x, g.qkv_row, g.q_col(h), i0, qn, g);
+    kv.require<D>(x, g, grp, kbeg, kend);
+    copy_rows<D>(s.q.get(), x, g.qkv_row, g.q_col(h), i0, qn, g);
     transpose_block(qt, s.q.get(), g.HSP, g.scale);  // scores come out scaled
     pf.add(out, g.out_row, h * g.HS, b * g.T + i0, qn, g.HS, true);
     if (qb + 1 < qb1) {
@@ -355,12 +417,27 @@ void forward_task(float* out, float* lse, const float* qkv, const Geometry& g, i
         m[i] = mb[i];
         l[i] *= alpha[i];
       }
-      for (int64_t j = 0; j < kn; ++j) {
-        float* row = st + j * kBlock;
+      if (!g.dropout) {
+        for (int64_t j = 0; j < kn; ++j) {
+          float* row = st + j * kBlock;
 #pragma omp simd
-        for (int64_t i = 0; i < kBlock; ++i) {
-          row[i] = exp_nonpositive(row[i] - msafe[i]);
-          l[i] += row[i];
+          for (int64_t i = 0; i < kBlock; ++i) {
+            row[i] = exp_nonpositive(row[i] - msafe[i]);
+            l[i] += row[i];
+          }
+        }
+      } else {
+        // The normaliser l sums the undropped probabilities; the tile that multiplies V is dropped and scaled.
+        dropout_tile(s.z.get(), g.drop, g.mask_base(b, h, i0, j0), uint64_t(g.T), qn, kn, band);
+        for (int64_t j = 0; j < kn; ++j) {
+          float* row = st + j * kBlock;
+          const float* zr = z + j * kBlock;
+#pragma omp simd
+          for (int64_t i = 0; i < kBlock; ++i) {
+            const float e = exp_nonpositive(row[i] - msafe[i]);
+            l[i] += e;
+            row[i] = e * zr[i];
+          }
         }
       }
       if (j0 != kbeg) {  // the first block finds o at zero
@@ -378,10 +455,16 @@ void forward_task(float* out, float* lse, const float* qkv, const Geometry& g, i
 
     for (int64_t i = 0; i < qn; ++i) {
       const float inv = 1.0f / l[i];
-      float* dst = out + (b * g.T + i0 + i) * g.out_row + h * g.HS;
-      const float* orow = o + i * g.HSP;
+      Elem<D>* dst = out + (b * g.T + i0 + i) * g.out_row + h * g.HS;
+      float* orow = o + i * g.HSP;
+      if constexpr (D == DType::kF32) {
 #pragma omp simd
-      for (int64_t d = 0; d < g.HS; ++d) dst[d] = orow[d] * inv;
+        for (int64_t d = 0; d < g.HS; ++d) dst[d] = orow[d] * inv;
+      } else {  // the same f32 products, rounded once
+#pragma omp simd
+        for (int64_t d = 0; d < g.HS; ++d) orow[d] *= inv;
+        narrow_row<D>(dst, orow, g.HS);
+      }
       lse[(b * g.NH + h) * g.T + i0 + i] = m[i] + std::log(l[i]);
     }
   }
@@ -393,6 +476,8 @@ struct BackwardScratch {
   Scratch k, v, dk, dv;        // one kv head: T x HSP
   Scratch q, qt, dout, doutt;  // one query block
   Scratch st, dpt, dq;
+  Scratch y;                   // one output row widened to f32 (bf16/f16 only)
+  Scratch z;                   // dropout mask tile (kBlock x kBlock, S^T layout); unused without dropout
   explicit BackwardScratch(const Geometry& g)
       : k(g.T * g.HSP),
         v(g.T * g.HSP),
@@ -404,16 +489,19 @@ struct BackwardScratch {
         doutt(g.HSP * kBlock),
         st(kBlock * kBlock),
         dpt(kBlock * kBlock),
-        dq(kBlock * g.HSP) {}
+        dq(kBlock * g.HSP),
+        y(g.dtype == DType::kF32 ? 1 : g.HSP),
+        z(g.dropout ? kBlock * kBlock : 1) {}
 };
 
 // All query heads of group grp for batch row b: writes dq of those heads and dk, dv of the group.
-void backward_group(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+template <DType D>
+void backward_group(Elem<D>* dqkv, const Elem<D>* dout, const Elem<D>* qkv, const Elem<D>* out, const float* lse,
                     const Geometry& g, int64_t b, int64_t grp, BackwardScratch& s) {
-  const float* x = qkv + b * g.T * g.qkv_row;
-  const float* dy = dout + b * g.T * g.out_row;
-  const float* y = out + b * g.T * g.out_row;
-  float* dx = dqkv + b * g.T * g.qkv_row;
+  const Elem<D>* x = qkv + b * g.T * g.qkv_row;
+  const Elem<D>* dy = dout + b * g.T * g.out_row;
+  const Elem<D>* y = out + b * g.T * g.out_row;
+  Elem<D>* dx = dqkv + b * g.T * g.qkv_row;
   const Geometry::RowSegments sg = g.segments(b);
   HeadRows kv{s.k.get(), s.v.get()};
   PrefetchQueue pf;
@@ -422,16 +510,17 @@ void backward_group(float* dqkv, const float* dout, const float* qkv, const floa
   float* st = s.st.get();
   float* dpt = s.dpt.get();
   float* dq = s.dq.get();
+  const float* z = s.z.get();
   const int64_t nqb = (g.T + kBlock - 1) / kBlock;
 
   for (int64_t h = grp * g.G; h < (grp + 1) * g.G; ++h) {
     for (int64_t qb = 0; qb < nqb; ++qb) {
       const int64_t i0 = qb * kBlock, qn = std::min(kBlock, g.T - i0);
       const int64_t kbeg = g.key_begin(sg, i0), kend = g.key_end(sg, i0, qn);
-      kv.require(x, g, grp, kbeg, kend);
-      copy_rows(s.q.get(), x, g.qkv_row, g.q_col(h), i0, qn, g);
+      kv.require<D>(x, g, grp, kbeg, kend);
+      copy_rows<D>(s.q.get(), x, g.qkv_row, g.q_col(h), i0, qn, g);
       transpose_block(s.qt.get(), s.q.get(), g.HSP, g.scale);  // scores come out scaled
-      copy_rows(s.dout.get(), dy, g.out_row, h * g.HS, i0, qn, g);
+      copy_rows<D>(s.dout.get(), dy, g.out_row, h * g.HS, i0, qn, g);
       transpose_block(s.doutt.get(), s.dout.get(), g.HSP, 1.0f);
       pf.add(dx, g.qkv_row, g.q_col(h), i0, qn, g.HS, true);
       if (h == (grp + 1) * g.G - 1) {  // dk, dv rows are written at the end; spread their prefetch over the last head
@@ -455,7 +544,13 @@ void backward_group(float* dqkv, const float* dout, const float* qkv, const floa
       for (int64_t i = 0; i < kBlock; ++i) {
         if (i < qn) {
           lse_i[i] = lse[(b * g.NH + h) * g.T + i0 + i];
-          const float* yr = y + (i0 + i) * g.out_row + h * g.HS;
+          const float* yr;
+          if constexpr (D == DType::kF32) {
+            yr = y + (i0 + i) * g.out_row + h * g.HS;
+          } else {
+            widen_row<D>(s.y.get(), y + (i0 + i) * g.out_row + h * g.HS, g.HS);
+            yr = s.y.get();
+          }
           const float* dyr = s.dout.get() + i * g.HSP;
           float acc = 0;
 #pragma omp simd reduction(+ : acc)
@@ -477,15 +572,26 @@ void backward_group(float* dqkv, const float* dout, const float* qkv, const floa
         pf.step();
         tile_abt(dpt, vj, s.doutt.get(), kn, g.HSP, band);  // dP^T[j][i] = v_j . dO_i
         pf.step();
+        if (g.dropout) dropout_tile(s.z.get(), g.drop, g.mask_base(b, h, i0, j0), uint64_t(g.T), qn, kn, band);
         const bool masked = !band.all_visible(qn, kn);
         for (int64_t j = 0; j < kn; ++j) {
           float* prow = st + j * kBlock;
           float* drow = dpt + j * kBlock;
 #pragma omp simd
           for (int64_t i = 0; i < kBlock; ++i) prow[i] = exp_nonpositive(prow[i] - lse_i[i]);
-          // drow becomes dS^T of the raw scores: P * (dP - D) * scale.
+          if (!g.dropout) {
+            // drow becomes dS^T of the raw scores: P * (dP - D) * scale.
 #pragma omp simd
-          for (int64_t i = 0; i < kBlock; ++i) drow[i] = prow[i] * (drow[i] - d_i[i]) * g.scale;
+            for (int64_t i = 0; i < kBlock; ++i) drow[i] = prow[i] * (drow[i] - d_i[i]) * g.scale;
+          } else {
+            // dP of the dropped probabilities is dO V^T * Z / (1 - p); prow becomes P * Z / (1 - p) for dV.
+            const float* zr = z + j * kBlock;
+#pragma omp simd
+            for (int64_t i = 0; i < kBlock; ++i) {
+              drow[i] = prow[i] * (drow[i] * zr[i] - d_i[i]) * g.scale;
+              prow[i] *= zr[i];
+            }
+          }
           if (masked) {
             band.mask_row(prow, j, 0.0f);
             band.mask_row(drow, j, 0.0f);
@@ -499,13 +605,23 @@ void backward_group(float* dqkv, const float* dout, const float* qkv, const floa
         pf.step();
       }
       pf.drain();
-      for (int64_t i = 0; i < qn; ++i)
-        std::memcpy(dx + (i0 + i) * g.qkv_row + g.q_col(h), dq + i * g.HSP, size_t(g.HS) * sizeof(float));
+      for (int64_t i = 0; i < qn; ++i) narrow_row<D>(dx + (i0 + i) * g.qkv_row + g.q_col(h), dq + i * g.HSP, g.HS);
     }
   }
   for (int64_t t = 0; t < g.T; ++t) {
-    std::memcpy(dx + t * g.qkv_row + g.k_col(grp), s.dk.get() + t * g.HSP, size_t(g.HS) * sizeof(float));
-    std::memcpy(dx + t * g.qkv_row + g.v_col(grp), s.dv.get() + t * g.HSP, size_t(g.HS) * sizeof(float));
+    narrow_row<D>(dx + t * g.qkv_row + g.k_col(grp), s.dk.get() + t * g.HSP, g.HS);
+    narrow_row<D>(dx + t * g.qkv_row + g.v_col(grp), s.dv.get() + t * g.HSP, g.HS);
+  }
+}
+
+// Calls fn(std::integral_constant<DType, D>) for the activation dtype of g.
+template <typename Fn>
+void with_dtype(const Geometry& g, Fn&& fn) {
+  switch (g.dtype) {
+    case DType::kF32: fn(std::integral_constant<DType, DType::kF32>{}); return;
+    case DType::kBF16: fn(std::integral_constant<DType, DType::kBF16>{}); return;
+    case DType::kF16: fn(std::integral_constant<DType, DType::kF16>{}); return;
+    default: LOOM_FAIL("[attention] unsupported dtype ", dtype_name(g.dtype));
   }
 }
 
@@ -514,15 +630,13 @@ void backward_group(float* dqkv, const float* dout, const float* qkv, const floa
 void CpuOps::attention_forward(TensorView out, TensorView lse, TensorView qkv, const AttentionParams& p,
                                TensorView segment_ids) const {
   Geometry g = make_geometry(qkv, p, "attention_forward");
-  check_same(out, Shape{g.B, g.T, g.out_row}, "attention_forward", "out");
-  check_same(lse, Shape{g.B, g.NH, g.T}, "attention_forward", "lse");
+  check_same(out, Shape{g.B, g.T, g.out_row}, g.dtype, "attention_forward", "out");
+  check_same(lse, Shape{g.B, g.NH, g.T}, DType::kF32, "attention_forward", "lse");
   const std::vector<int32_t> seg = segment_ranges(segment_ids, g, "attention_forward");
   if (!seg.empty()) {
     g.seg_begin = seg.data();
     g.seg_end = seg.data() + g.B * g.T;
   }
-  const float* x = qkv.data<float>();
-  float* y = out.data<float>();
   float* ls = lse.data<float>();
   // Tasks are (b, head, run of query blocks): a run shares one copy of the head's k/v rows. Runs are
   // split only as far as needed to give every thread several tasks; each query block's arithmetic is
@@ -532,42 +646,51 @@ void CpuOps::attention_forward(TensorView out, TensorView lse, TensorView qkv, c
   const int64_t runs = std::clamp<int64_t>((4 * omp_get_max_threads() + bh - 1) / std::max<int64_t>(bh, 1), 1,
                                            std::max<int64_t>(nqb, 1));
   const int64_t tasks = bh * runs;
+  with_dtype(g, [&](auto tag) {
+    constexpr DType D = decltype(tag)::value;
+    const auto* x = static_cast<const Elem<D>*>(qkv.raw());
+    auto* y = static_cast<Elem<D>*>(out.raw());
 #pragma omp parallel if (tasks > 1)
-  {
-    ForwardScratch s(g);
-    // Later runs see more keys (causal): hand them out first so the tail of the loop is short.
+    {
+      ForwardScratch s(g);
+      // Later runs see more keys (causal): hand them out first so the tail of the loop is short.
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < tasks; ++task) {
-      const int64_t run = runs - 1 - task % runs, head = task / runs;
-      forward_task(y, ls, x, g, head / g.NH, head % g.NH, run * nqb / runs, (run + 1) * nqb / runs, s);
+      for (int64_t task = 0; task < tasks; ++task) {
+        const int64_t run = runs - 1 - task % runs, head = task / runs;
+        forward_task<D>(y, ls, x, g, head / g.NH, head % g.NH, run * nqb / runs, (run + 1) * nqb / runs, s);
+      }
     }
-  }
+  });
 }
 
 void CpuOps::attention_backward(TensorView dqkv, TensorView dout, TensorView qkv, TensorView out, TensorView lse,
                                 const AttentionParams& p, TensorView segment_ids) const {
   Geometry g = make_geometry(qkv, p, "attention_backward");
-  check_same(dqkv, qkv.shape(), "attention_backward", "dqkv");
-  check_same(out, Shape{g.B, g.T, g.out_row}, "attention_backward", "out");
-  check_same(dout, Shape{g.B, g.T, g.out_row}, "attention_backward", "dout");
-  check_same(lse, Shape{g.B, g.NH, g.T}, "attention_backward", "lse");
+  check_same(dqkv, qkv.shape(), g.dtype, "attention_backward", "dqkv");
+  check_same(out, Shape{g.B, g.T, g.out_row}, g.dtype, "attention_backward", "out");
+  check_same(dout, Shape{g.B, g.T, g.out_row}, g.dtype, "attention_backward", "dout");
+  check_same(lse, Shape{g.B, g.NH, g.T}, DType::kF32, "attention_backward", "lse");
   const std::vector<int32_t> seg = segment_ranges(segment_ids, g, "attention_backward");
   if (!seg.empty()) {
     g.seg_begin = seg.data();
     g.seg_end = seg.data() + g.B * g.T;
   }
   const int64_t tasks = g.B * g.NKV;
-  float* dx = dqkv.data<float>();
-  const float* dy = dout.data<float>();
-  const float* x = qkv.data<float>();
-  const float* y = out.data<float>();
   const float* ls = lse.data<float>();
+  with_dtype(g, [&](auto tag) {
+    constexpr DType D = decltype(tag)::value;
+    auto* dx = static_cast<Elem<D>*>(dqkv.raw());
+    const auto* dy = static_cast<const Elem<D>*>(dout.raw());
+    const auto* x = static_cast<const Elem<D>*>(qkv.raw());
+    const auto* y = static_cast<const Elem<D>*>(out.raw());
 #pragma omp parallel if (tasks > 1)
-  {
-    BackwardScratch s(g);
+    {
+      BackwardScratch s(g);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < tasks; ++task) backward_group(dx, dy, x, y, ls, g, task / g.NKV, task % g.NKV, s);
-  }
+      for (int64_t task = 0; task < tasks; ++task)
+        backward_group<D>(dx, dy, x, y, ls, g, task / g.NKV, task % g.NKV, s);
+    }
+  });
 }
 
 }  // namespace loom::cpu

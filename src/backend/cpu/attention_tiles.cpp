@@ -6,6 +6,8 @@
 #include <cstring>
 #include <utility>
 
+#include "backend/cpu/philox_simd.h"
+
 // The 64-byte vector type never crosses this file (internal linkage), so GCC's note that passing it by
 // value changes the psABI on targets without AVX-512 (LOOM_NATIVE=OFF) does not apply.
 #pragma GCC diagnostic ignored "-Wpsabi"
@@ -15,6 +17,7 @@ namespace loom::cpu::attn {
 namespace {
 
 using Vec = float __attribute__((vector_size(64)));  // kW floats
+using UVec = uint32_t __attribute__((vector_size(64)));
 constexpr int64_t kBlockVecs = kBlock / kW;
 
 inline Vec load(const float* p) {
@@ -136,6 +139,49 @@ void tile_acc(float* out, const float* c, int64_t cr, int64_t ck, const float* x
       case 3: acc_cols<3>(out + d0, c, cr, ck, x + d0, kcount, rows, hsp, band, kind); break;
       case 2: acc_cols<2>(out + d0, c, cr, ck, x + d0, kcount, rows, hsp, band, kind); break;
       default: acc_cols<1>(out + d0, c, cr, ck, x + d0, kcount, rows, hsp, band, kind); break;
+    }
+  }
+}
+
+// One 16-query group at a time, lanes = queries: lane l's mask indices for keys kb, kb + 1, ... are
+// consecutive, so its Philox blocks are too, starting at word r_l = (index of key kb) % 4 of its first
+// block. Rows kb + 4g .. kb + 4g + 3 then read words r_l .. r_l + 3 of the concatenation of the lane's
+// blocks g and g + 1 (a per-lane select), and come out as whole S^T row vectors: no transpose, and about
+// one Philox block per 4 visible entries (plus one per group and row range for the offset).
+void dropout_tile(float* z, const Dropout& d, uint64_t base, uint64_t stride, int64_t qn, int64_t kn,
+                  const Band& band) {
+  static_assert(kW == 16, "one Philox call covers 16 query lanes");
+  const UVec thr = UVec{} + d.threshold;
+  const Vec keep_value = Vec{} + d.scale, drop_value = Vec{};
+  for (int64_t q0 = 0; q0 < qn; q0 += kW) {
+    const int64_t kb = std::clamp<int64_t>(band.key_begin(q0), 0, kn);
+    const int64_t ke = std::clamp<int64_t>(band.key_end(q0, std::min(kW, qn - q0)), kb, kn);
+    if (kb >= ke) continue;
+    uint64_t block[kW];
+    UVec r;
+    uint32_t rmax = 0;
+    for (int l = 0; l < kW; ++l) {
+      const uint64_t idx = base + uint64_t(q0 + l) * stride + uint64_t(kb);
+      block[l] = idx / 4;
+      r[l] = uint32_t(idx % 4);
+      rmax = std::max(rmax, r[l]);
+    }
+    const int64_t nblocks = (int64_t(rmax) + (ke - kb) + 3) / 4;  // blocks any lane needs
+    alignas(64) uint32_t words[4][16];
+    UVec cat[8] = {};  // words of blocks g (0..3) and g + 1 (4..7) of every lane
+    philox4x32_x16(words, d.seed, d.stream, block);
+    for (int w = 0; w < 4; ++w) std::memcpy(&cat[w], words[w], sizeof(UVec));
+    for (int64_t g = 0; kb + 4 * g < ke; ++g) {
+      if (g + 1 < nblocks) {
+        for (int l = 0; l < kW; ++l) ++block[l];
+        philox4x32_x16(words, d.seed, d.stream, block);
+        for (int w = 0; w < 4; ++w) std::memcpy(&cat[4 + w], words[w], sizeof(UVec));
+      }
+      for (int t = 0; t < 4 && kb + 4 * g + t < ke; ++t) {
+        const UVec w = r == 0 ? cat[t] : r == 1 ? cat[t + 1] : r == 2 ? cat[t + 2] : cat[t + 3];
+        store(z + (kb + 4 * g + t) * kBlock + q0, w >= thr ? keep_value : drop_value);
+      }
+      for (int w = 0; w < 4; ++w) cat[w] = cat[4 + w];
     }
   }
 }

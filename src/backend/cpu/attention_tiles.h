@@ -5,6 +5,8 @@
 // product is "broadcast one scalar, FMA a contiguous row" with 4-row register blocking, so it compiles to
 // full-width vector FMAs (AVX-512 with -march=native; GCC/Clang split the 16-float vectors on narrower
 // ISAs). No kernel's result depends on anything but its arguments (thread-count independent).
+// Attention dropout masks (dropout_tile) come from the same pure function of the element index that
+// dropout_keep (core/rng.h) defines, generated 16 queries at a time straight into the S^T layout.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -69,6 +71,21 @@ enum class Rows { kQueries, kKeys };  // what the output rows of tile_acc are (k
 // dK += dS^T·Q have key rows.
 void tile_acc(float* out, const float* c, int64_t cr, int64_t ck, const float* x, int64_t kcount, int64_t rows,
               int64_t hsp, const Band& band, Rows kind);
+
+// Attention dropout of one head (ops.h): entry (query i, key j) is kept iff the Philox word of mask index
+// ((b * NH + h) * T + i) * T + j is >= threshold (dropout_keep's rule), and kept entries are scaled.
+struct Dropout {
+  uint64_t seed = 0, stream = 0;
+  uint32_t threshold = 0;  // dropout_threshold(p)
+  float scale = 1;         // 1 / (1 - p)
+};
+
+// z (S^T layout, kBlock floats per key row): z[jj][ii] = d.scale if the tile entry (query ii, key jj), whose
+// mask index is base + ii * stride + jj, is kept and 0 if dropped, for every ii < qn, jj < kn the band leaves
+// visible. Other entries keep their previous values (callers start from finite ones, and zero the invisible
+// part of their tiles anyway).
+void dropout_tile(float* z, const Dropout& d, uint64_t base, uint64_t stride, int64_t qn, int64_t kn,
+                  const Band& band);
 
 // dst (hsp x kBlock) = scale * src^T for src (kBlock x hsp) row-major.
 void transpose_block(float* dst, const float* src, int64_t hsp, float scale);

@@ -1,6 +1,6 @@
 // The CPU op table (the reference backend). Definitions are split by op family:
 //   matmul.cpp (oneDNN), attention.cpp, norm.cpp, elementwise.cpp, embedding.cpp, cross_entropy.cpp,
-//   optimizer.cpp. Parallel with OpenMP; reductions use fixed-size blocks summed in a fixed order so
+//   optimizer.cpp, dropout.cpp, rmsnorm.cpp, glu.cpp, rope.cpp. Parallel with OpenMP; reductions use fixed-size blocks summed in a fixed order so
 //   results do not depend on the number of threads.
 #pragma once
 #include "loom/backend/ops.h"
@@ -26,11 +26,24 @@ class CpuOps final : public OpTable {
   void residual_layernorm_forward(TensorView residual, TensorView out, TensorView mean, TensorView rstd,
                                   TensorView a, TensorView b, TensorView weight, TensorView bias,
                                   float eps) const override;
+  void rmsnorm_forward(TensorView out, TensorView rstd, TensorView inp, TensorView weight, float eps) const override;
+  void rmsnorm_backward(TensorView dinp, TensorView dweight, TensorView dout, TensorView inp, TensorView weight,
+                        TensorView rstd) const override;
+  void residual_rmsnorm_forward(TensorView residual, TensorView out, TensorView rstd, TensorView a, TensorView b,
+                                TensorView weight, float eps) const override;
+  void glu_forward(TensorView out, TensorView inp, GluKind kind) const override;
+  void glu_backward(TensorView dinp, TensorView inp, TensorView dout, GluKind kind) const override;
+  void rope_forward(TensorView qkv, TensorView cos, TensorView sin, const AttentionParams& p, const RopeParams& r,
+                    TensorView position_ids = {}) const override;
+  void rope_backward(TensorView dqkv, TensorView cos, TensorView sin, const AttentionParams& p, const RopeParams& r,
+                     TensorView position_ids = {}) const override;
   void residual_forward(TensorView out, TensorView a, TensorView b) const override;
   void gelu_forward(TensorView out, TensorView inp) const override;
   void gelu_backward(TensorView dinp, TensorView inp, TensorView dout) const override;
   void bias_add_forward(TensorView out, TensorView bias) const override;
   void bias_backward(TensorView dbias, TensorView dout) const override;
+  void dropout_forward(TensorView out, TensorView inp, float p, uint64_t seed, uint64_t stream) const override;
+  void dropout_backward(TensorView dinp, TensorView dout, float p, uint64_t seed, uint64_t stream) const override;
   void attention_forward(TensorView out, TensorView lse, TensorView qkv, const AttentionParams& p,
                          TensorView segment_ids = {}) const override;
   void attention_backward(TensorView dqkv, TensorView dout, TensorView qkv, TensorView out, TensorView lse,

@@ -7,11 +7,15 @@
 // the fixed-order lane_sum, blocks added in f64: loss accuracy ~1e-7 relative, order fixed by V alone.
 // loss_mask scales the gradient only; losses are reported for every row. A row with loss_mask == 0 may
 // carry an out-of-range target (e.g. -1 padding): its loss and gradient are then 0.
+// bf16/f16 logits: each row is widened into per-thread f32 scratch, goes through the same f32 row code
+// and (when the gradient is wanted) is narrowed back in place (RNE): losses equal the f32 op's on the
+// widened logits exactly, dlogits are its dlogits rounded once.
 #include <algorithm>
 #include <cmath>
 
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/fast_math.h"
+#include "backend/cpu/lowp.h"
 
 namespace loom::cpu {
 
@@ -35,13 +39,32 @@ double sum_exp(float* x, int64_t V, float mx) {
   return total;
 }
 
+// One row: returns the loss; with backward, x[0..Vp) becomes the row's dlogits (coef = scale * mask).
+inline float ce_row(float* x, int64_t V, int64_t Vp, int32_t t, bool valid, bool backward, float coef) {
+  const float mx = lane_max(x, V);
+  const float x_t = valid ? x[t] : 0.0f;  // read before the row is overwritten
+  const double sum = backward ? sum_exp<true>(x, V, mx) : sum_exp<false>(x, V, mx);
+  const float loss = valid ? float(double(mx) + std::log(sum) - double(x_t)) : 0.0f;
+  if (!backward) return loss;
+  if (coef == 0.0f) {
+    std::fill(x, x + Vp, 0.0f);
+    return loss;
+  }
+  const float inv = float(double(coef) / sum);
+#pragma omp simd
+  for (int64_t j = 0; j < V; ++j) x[j] *= inv;
+  x[t] -= coef;
+  std::fill(x + V, x + Vp, 0.0f);
+  return loss;
+}
+
 }  // namespace
 
 void CpuOps::cross_entropy_forward_backward(TensorView losses, TensorView logits, TensorView targets,
                                             int64_t vocab_size, TensorView loss_mask, float dlogits_scale) const {
   const char* op = "cross_entropy_forward_backward";
-  LOOM_CHECK(logits.defined() && logits.dtype() == DType::kF32 && logits.device().is_cpu(), "[", op,
-             "] expected host f32 logits, got ", logits.desc());
+  LOOM_CHECK(logits.defined() && is_compute_dtype(logits.dtype()) && logits.device().is_cpu(), "[", op,
+             "] expected host f32, bf16 or f16 logits, got ", logits.desc());
   const int64_t Vp = logits.shape().cols();
   const int64_t V = vocab_size;
   LOOM_CHECK(V >= 1 && V <= Vp, "[", op, "] vocab_size ", V, " must be in [1, ", Vp, "] (padded logits width)");
@@ -63,30 +86,32 @@ void CpuOps::cross_entropy_forward_backward(TensorView losses, TensorView logits
                " is outside the vocabulary [0, ", V, ") and the row is not masked out");
   }
 
-  float* x_all = logits.data<float>();
   float* loss = losses.data<float>();
   const bool backward = dlogits_scale != 0.0f;
+  auto coef_of = [&](int64_t n, bool valid) { return valid ? dlogits_scale * (mask ? mask[n] : 1.0f) : 0.0f; };
+  if (logits.dtype() == DType::kF32) {
+    float* x_all = logits.data<float>();
 #pragma omp parallel for schedule(static) if (N > 1)
-  for (int64_t n = 0; n < N; ++n) {
-    float* x = x_all + n * Vp;
-    const int32_t t = tgt[n];
-    const bool valid = t >= 0 && t < V;
-    const float mx = lane_max(x, V);
-    const float x_t = valid ? x[t] : 0.0f;  // read before the row is overwritten
-    const double sum = backward ? sum_exp<true>(x, V, mx) : sum_exp<false>(x, V, mx);
-    loss[n] = valid ? float(double(mx) + std::log(sum) - double(x_t)) : 0.0f;
-    if (!backward) continue;
-    const float coef = valid ? dlogits_scale * (mask ? mask[n] : 1.0f) : 0.0f;
-    if (coef == 0.0f) {
-      std::fill(x, x + Vp, 0.0f);
-      continue;
+    for (int64_t n = 0; n < N; ++n) {
+      const int32_t t = tgt[n];
+      const bool valid = t >= 0 && t < V;
+      loss[n] = ce_row(x_all + n * Vp, V, Vp, t, valid, backward, coef_of(n, valid));
     }
-    const float inv = float(double(coef) / sum);
-#pragma omp simd
-    for (int64_t j = 0; j < V; ++j) x[j] *= inv;
-    x[t] -= coef;
-    std::fill(x + V, x + Vp, 0.0f);
+    return;
   }
+  with_lowp(logits.dtype(), [&](auto L) {
+    using Lp = decltype(L);
+    uint16_t* x_all = static_cast<uint16_t*>(logits.raw());
+#pragma omp parallel for schedule(static) if (N > 1)
+    for (int64_t n = 0; n < N; ++n) {
+      const int32_t t = tgt[n];
+      const bool valid = t >= 0 && t < V;
+      float* x = thread_scratch(0, size_t(Vp));
+      Lp::widen(x, x_all + n * Vp, backward ? Vp : V);
+      loss[n] = ce_row(x, V, Vp, t, valid, backward, coef_of(n, valid));
+      if (backward) Lp::narrow(x_all + n * Vp, x, Vp);
+    }
+  });
 }
 
 }  // namespace loom::cpu

@@ -2,16 +2,26 @@
 // casts and the inf/NaN scan. Every loop is a flat contiguous pass the compiler vectorises; OpenMP splits
 // large ones statically. The only reduction (bias_backward) splits work by channel, never by row, so each
 // output element is summed in one fixed order whatever the thread count.
-// Casts reproduce the core scalar conversions of loom/core/dtype.h bit for bit: bf16 and f16 encoders are
-// branch-free integer versions of the same round-to-nearest-even (vectorisable); f16 and fp8 decoders are
-// tables filled from the core decoders; fp8 encoders call the core directly (FP8 is not on a hot CPU path).
+// Mixed precision: tensors may be f32, bf16 or f16 (one compute dtype per call; dbias f32 or the dtype of
+// dout). The f32 code is the reference; a bf16/f16 call widens blocks of kLowpBlock elements (or rows)
+// into per-thread f32 scratch, runs the same per-element f32 code and narrows with RNE, so its result is
+// exactly the f32 op on the widened inputs, rounded once. Gradients kept in bf16/f16 accumulate in f32
+// and are rounded once per call.
+// Casts reproduce the core scalar conversions of loom/core/dtype.h bit for bit: f32/bf16/f16 go through
+// the vector codecs of lowp.h; fp8 decoders are tables filled from the core decoders and fp8 encoders call
+// the core directly (FP8 is not on a hot CPU path).
 #include <algorithm>
 #include <array>
 #include <bit>
 #include <cstring>
+#include <initializer_list>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/fast_math.h"
+#include "backend/cpu/lowp.h"
 
 namespace loom::cpu {
 
@@ -24,48 +34,8 @@ void expect_host(const TensorView& t, const char* op, const char* name) {
   LOOM_CHECK(t.device().is_cpu(), "[", op, "] expected a host tensor for ", name, ", got ", t.desc());
 }
 
-void expect_f32(const TensorView& t, const char* op, const char* name) {
-  expect_host(t, op, name);
-  LOOM_CHECK(t.dtype() == DType::kF32, "[", op, "] expected f32 ", name, ", got ", t.desc());
-}
-
 void expect_numel(const TensorView& t, int64_t n, const char* op, const char* name) {
   LOOM_CHECK(t.numel() == n, "[", op, "] expected ", name, " with ", n, " elements, got ", t.desc());
-}
-
-// ---- scalar codecs --------------------------------------------------------------------------------
-
-// f32 -> bf16, identical to loom::f32_to_bf16 (RNE; NaN quietened with its sign kept), branch-free.
-inline uint16_t bf16_encode(float x) {
-  const uint32_t u = std::bit_cast<uint32_t>(x);
-  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-  const uint32_t quiet_nan = (u >> 16) | 0x0040u;
-  return uint16_t((u & 0x7FFFFFFFu) > 0x7F800000u ? quiet_nan : rounded);
-}
-
-inline float bf16_decode(uint16_t x) { return std::bit_cast<float>(uint32_t(x) << 16); }
-
-// f32 -> f16, identical to loom::f32_to_f16 (RNE, overflow to inf, NaN -> sign | 0x7E00), branch-free.
-inline uint16_t f16_encode(float x) {
-  const uint32_t u = std::bit_cast<uint32_t>(x);
-  const uint32_t sign = (u >> 16) & 0x8000u;
-  const uint32_t a = u & 0x7FFFFFFFu;
-  // Normal range: rebias the exponent (127 -> 15) and round the 13 dropped bits to nearest even; a
-  // mantissa carry moves into the exponent, which is what rounding up to the next binade means.
-  const uint32_t normal = (a - 0x38000000u + 0x0FFFu + ((a >> 13) & 1u)) >> 13;
-  // Subnormal range (|x| < 2^-14): the f16 bits are round(|x| * 2^24) = round(m * 2^(e - 126)).
-  const uint32_t e = a >> 23;
-  const uint32_t m = (a & 0x7FFFFFu) | 0x800000u;
-  const uint32_t ec = e < 125u ? e : 125u;  // keeps the shift in [1, 31] for lanes the select discards
-  const uint32_t shift = 126u - ec < 31u ? 126u - ec : 31u;
-  const uint32_t q = m >> shift;
-  const uint32_t rem = m & ((1u << shift) - 1u);
-  const uint32_t half = 1u << (shift - 1u);
-  const uint32_t sub = q + uint32_t(rem > half || (rem == half && (q & 1u)));
-  uint32_t bits = a < 0x38800000u ? sub : normal;
-  bits = a >= 0x477FF000u ? 0x7C00u : bits;  // >= 65520 rounds past the largest finite value
-  bits = a > 0x7F800000u ? 0x7E00u : bits;
-  return uint16_t(sign | bits);
 }
 
 template <size_t N, typename Decode>
@@ -146,127 +116,277 @@ void fill_pattern(T* x, int64_t n, T value) {
   for (int64_t i = 0; i < n; ++i) x[i] = value;
 }
 
+const uint16_t* u16(const TensorView& t) { return static_cast<const uint16_t*>(t.raw()); }
+
+// Elements per thread task of the bf16/f16 paths, and per block converted at once on the stack (a few
+// vectors: enough independent work to hide the kernel's latency, small enough to stay in L1).
+constexpr int64_t kLowpChunk = 1024;
+constexpr int64_t kLowpBlock = 128;
+
+// The compute dtype of an elementwise op: every tensor must have it (f32, bf16 or f16).
+DType common_dtype(const char* op, std::initializer_list<std::pair<const char*, const TensorView*>> ts) {
+  const DType dt = ts.begin()->second->dtype();
+  LOOM_CHECK(is_compute_dtype(dt), "[", op, "] expected f32, bf16 or f16 tensors, got ", ts.begin()->first, " ",
+             ts.begin()->second->desc());
+  for (const auto& [name, t] : ts)
+    LOOM_CHECK(t->dtype() == dt, "[", op, "] all tensors must share one dtype (f32, bf16 or f16): ",
+               ts.begin()->first, " is ", dtype_name(dt), " but ", name, " is ", t->desc());
+  return dt;
+}
+
+// Runs kernel(out, in..., len) over n low-precision elements, 16 at a time: the inputs are widened into
+// stack vectors, the f32 result narrowed into out, so the conversions stay in registers/L1 and fuse with
+// the kernel (a full block calls it with the constant 16, which compiles to straight-line SIMD code).
+// Threads take chunks of kLowpChunk elements. out may alias an input.
+template <typename L, size_t NIn, typename Kernel>
+void lowp_map(L, uint16_t* out, std::array<const uint16_t*, NIn> in, int64_t n, int64_t parallel_min,
+              Kernel&& kernel) {
+  const int64_t nchunks = (n + kLowpChunk - 1) / kLowpChunk;
+#pragma omp parallel for schedule(static) if (n > parallel_min)
+  for (int64_t ch = 0; ch < nchunks; ++ch) {
+    const int64_t i1 = std::min(n, (ch + 1) * kLowpChunk);
+    alignas(64) float f[NIn][kLowpBlock];
+    alignas(64) float o[kLowpBlock];
+    std::array<const float*, NIn> fp;
+    for (size_t k = 0; k < NIn; ++k) fp[k] = f[k];
+    for (int64_t i = ch * kLowpChunk; i < i1; i += kLowpBlock) {
+      const int64_t len = std::min(kLowpBlock, i1 - i);
+      for (size_t k = 0; k < NIn; ++k) L::widen(f[k], in[k] + i, len);
+      if (len == kLowpBlock)
+        std::apply([&](auto... ins) { kernel(o, ins..., kLowpBlock); }, fp);
+      else
+        std::apply([&](auto... ins) { kernel(o, ins..., len); }, fp);
+      L::narrow(out + i, o, len);
+    }
+  }
+}
+
 // GeLU, tanh form, rewritten with 0.5 (1 + tanh(u)) = sigmoid(2u): no cancellation for large |x|.
 constexpr float kGeluK0 = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluK1 = 0.044715f;
 
+inline float gelu_value(float xi) {
+  const float u = kGeluK0 * (xi + kGeluK1 * xi * xi * xi);
+  return xi * fast_sigmoid(2.0f * u);
+}
+
+// d/dx [x s(2u)] = s + x * 2 s (1 - s) u'   with s = sigmoid(2u), 1 - s = e s, e = exp(-2u).
+inline float gelu_grad(float xi, float dy) {
+  const float u = kGeluK0 * (xi + kGeluK1 * xi * xi * xi);
+  const float du = kGeluK0 * (1.0f + 3.0f * kGeluK1 * xi * xi);
+  const float e = fast_exp(-2.0f * u);
+  const float s = 1.0f / (1.0f + e);
+  const float one_minus_s = e < INFINITY ? e * s : 1.0f;  // e = inf: s = 0 and e * s would be NaN
+  return (s + 2.0f * xi * s * one_minus_s * du) * dy;
+}
+
 // Column sums over a fixed split: rows in blocks of kReduceBlockRows (f32 partial sums in row order),
 // blocks added in order in f64. Threads take channel ranges, so no element's order depends on them.
-template <typename T>
-void column_sums_accumulate(float* dbias, const T* dout, int64_t N, int64_t C) {
-  constexpr int64_t kChunk = 64;  // channels per task: 4 cache lines of each row
-  const int64_t nchunks = (C + kChunk - 1) / kChunk;
+// Load(row, w, tmp) returns the f32 values of w channels of a row (tmp: room for kColChunk floats).
+// Store(c, total) adds the f64 block total into channel c of dbias.
+constexpr int64_t kColChunk = 64;  // channels per task: 4 cache lines of each f32 row
+template <typename Load, typename Store>
+void column_sums(int64_t N, int64_t C, Load&& load, Store&& store) {
+  const int64_t nchunks = (C + kColChunk - 1) / kColChunk;
 #pragma omp parallel for schedule(static) if (N * C > kParallelMin)
   for (int64_t ch = 0; ch < nchunks; ++ch) {
-    const int64_t c0 = ch * kChunk, w = std::min(kChunk, C - c0);
-    double total[kChunk] = {};
+    const int64_t c0 = ch * kColChunk, w = std::min(kColChunk, C - c0);
+    double total[kColChunk] = {};
+    float tmp[kColChunk];
     for (int64_t r0 = 0; r0 < N; r0 += kReduceBlockRows) {
       const int64_t r1 = std::min(N, r0 + kReduceBlockRows);
-      float part[kChunk] = {};
+      float part[kColChunk] = {};
       for (int64_t r = r0; r < r1; ++r) {
-        const T* row = dout + r * C + c0;
-        for (int64_t c = 0; c < w; ++c) {
-          if constexpr (std::is_same_v<T, float>)
-            part[c] += row[c];
-          else
-            part[c] += bf16_decode(row[c]);
-        }
+        const float* row = load(r * C + c0, w, tmp);
+        for (int64_t c = 0; c < w; ++c) part[c] += row[c];
       }
       for (int64_t c = 0; c < w; ++c) total[c] += double(part[c]);
     }
-    for (int64_t c = 0; c < w; ++c) dbias[c0 + c] = float(double(dbias[c0 + c]) + total[c]);
+    for (int64_t c = 0; c < w; ++c) store(c0 + c, total[c]);
   }
 }
 
 }  // namespace
 
 void CpuOps::residual_forward(TensorView out, TensorView a, TensorView b) const {
-  expect_f32(out, "residual_forward", "out");
-  expect_f32(a, "residual_forward", "a");
-  expect_f32(b, "residual_forward", "b");
+  const char* op = "residual_forward";
+  expect_host(out, op, "out");
+  expect_host(a, op, "a");
+  expect_host(b, op, "b");
+  const DType dt = common_dtype(op, {{"out", &out}, {"a", &a}, {"b", &b}});
   const int64_t n = out.numel();
-  expect_numel(a, n, "residual_forward", "a");
-  expect_numel(b, n, "residual_forward", "b");
-  float* o = out.data<float>();
-  const float* pa = a.data<float>();
-  const float* pb = b.data<float>();
+  expect_numel(a, n, op, "a");
+  expect_numel(b, n, op, "b");
+  if (dt == DType::kF32) {
+    float* o = out.data<float>();
+    const float* pa = a.data<float>();
+    const float* pb = b.data<float>();
 #pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) o[i] = pa[i] + pb[i];
+    for (int64_t i = 0; i < n; ++i) o[i] = pa[i] + pb[i];
+    return;
+  }
+  with_lowp(dt, [&](auto L) {
+    lowp_map(L, static_cast<uint16_t*>(out.raw()),
+             std::array<const uint16_t*, 2>{u16(a), u16(b)},
+             n, kParallelMin / 2, [](float* o, const float* pa, const float* pb, int64_t len) {
+#pragma omp simd
+               for (int64_t i = 0; i < len; ++i) o[i] = pa[i] + pb[i];
+             });
+  });
 }
 
 void CpuOps::gelu_forward(TensorView out, TensorView inp) const {
-  expect_f32(out, "gelu_forward", "out");
-  expect_f32(inp, "gelu_forward", "inp");
+  const char* op = "gelu_forward";
+  expect_host(out, op, "out");
+  expect_host(inp, op, "inp");
+  const DType dt = common_dtype(op, {{"out", &out}, {"inp", &inp}});
   const int64_t n = out.numel();
-  expect_numel(inp, n, "gelu_forward", "inp");
-  float* o = out.data<float>();
-  const float* x = inp.data<float>();
+  expect_numel(inp, n, op, "inp");
+  if (dt == DType::kF32) {
+    float* o = out.data<float>();
+    const float* x = inp.data<float>();
 #pragma omp parallel for simd schedule(static) if (n > kParallelMin / 8)
-  for (int64_t i = 0; i < n; ++i) {
-    const float xi = x[i];
-    const float u = kGeluK0 * (xi + kGeluK1 * xi * xi * xi);
-    o[i] = xi * fast_sigmoid(2.0f * u);
+    for (int64_t i = 0; i < n; ++i) o[i] = gelu_value(x[i]);
+    return;
   }
+  with_lowp(dt, [&](auto L) {
+    lowp_map(L, static_cast<uint16_t*>(out.raw()), std::array<const uint16_t*, 1>{u16(inp)},
+             n, kParallelMin / 8, [](float* o, const float* x, int64_t len) {
+#pragma omp simd
+               for (int64_t i = 0; i < len; ++i) o[i] = gelu_value(x[i]);
+             });
+  });
 }
 
 void CpuOps::gelu_backward(TensorView dinp, TensorView inp, TensorView dout) const {
-  expect_f32(dinp, "gelu_backward", "dinp");
-  expect_f32(inp, "gelu_backward", "inp");
-  expect_f32(dout, "gelu_backward", "dout");
+  const char* op = "gelu_backward";
+  expect_host(dinp, op, "dinp");
+  expect_host(inp, op, "inp");
+  expect_host(dout, op, "dout");
+  const DType dt = common_dtype(op, {{"dinp", &dinp}, {"inp", &inp}, {"dout", &dout}});
   const int64_t n = dinp.numel();
-  expect_numel(inp, n, "gelu_backward", "inp");
-  expect_numel(dout, n, "gelu_backward", "dout");
-  float* dx = dinp.data<float>();
-  const float* x = inp.data<float>();
-  const float* dy = dout.data<float>();
-  // d/dx [x s(2u)] = s + x * 2 s (1 - s) u'   with s = sigmoid(2u), 1 - s = e s, e = exp(-2u).
+  expect_numel(inp, n, op, "inp");
+  expect_numel(dout, n, op, "dout");
+  if (dt == DType::kF32) {
+    float* dx = dinp.data<float>();
+    const float* x = inp.data<float>();
+    const float* dy = dout.data<float>();
 #pragma omp parallel for simd schedule(static) if (n > kParallelMin / 8)
-  for (int64_t i = 0; i < n; ++i) {
-    const float xi = x[i];
-    const float u = kGeluK0 * (xi + kGeluK1 * xi * xi * xi);
-    const float du = kGeluK0 * (1.0f + 3.0f * kGeluK1 * xi * xi);
-    const float e = fast_exp(-2.0f * u);
-    const float s = 1.0f / (1.0f + e);
-    const float one_minus_s = e < INFINITY ? e * s : 1.0f;  // e = inf: s = 0 and e * s would be NaN
-    dx[i] = (s + 2.0f * xi * s * one_minus_s * du) * dy[i];
+    for (int64_t i = 0; i < n; ++i) dx[i] = gelu_grad(x[i], dy[i]);
+    return;
   }
+  with_lowp(dt, [&](auto L) {
+    lowp_map(L, static_cast<uint16_t*>(dinp.raw()),
+             std::array<const uint16_t*, 2>{u16(inp), u16(dout)},
+             n, kParallelMin / 8, [](float* dx, const float* x, const float* dy, int64_t len) {
+#pragma omp simd
+               for (int64_t i = 0; i < len; ++i) dx[i] = gelu_grad(x[i], dy[i]);
+             });
+  });
 }
 
 void CpuOps::bias_add_forward(TensorView out, TensorView bias) const {
-  expect_f32(out, "bias_add_forward", "out");
-  expect_f32(bias, "bias_add_forward", "bias");
+  const char* op = "bias_add_forward";
+  expect_host(out, op, "out");
+  expect_host(bias, op, "bias");
+  const DType dt = out.dtype();
+  LOOM_CHECK(is_compute_dtype(dt), "[", op, "] expected f32, bf16 or f16 out, got ", out.desc());
+  // The sum is f32 whatever the bias dtype, rounded once to out's dtype: a bias in out's dtype, an f32
+  // bias, or (f32 out, as matmul_forward allows) a bf16/f16 bias.
+  LOOM_CHECK(bias.dtype() == dt || bias.dtype() == DType::kF32 || (dt == DType::kF32 && is_lowp(bias.dtype())), "[",
+             op, "] bias must be ", dtype_name(dt), " (out's dtype) or f32, got bias ", bias.desc(), " for out ",
+             out.desc());
   const int64_t C = bias.numel();
-  LOOM_CHECK(C > 0 && out.numel() % C == 0, "[bias_add_forward] out ", out.desc(), " is not a multiple of bias ",
+  LOOM_CHECK(C > 0 && out.numel() % C == 0, "[", op, "] out ", out.desc(), " is not a multiple of bias ",
              bias.desc());
   const int64_t N = out.numel() / C;
-  float* o = out.data<float>();
-  const float* b = bias.data<float>();
-#pragma omp parallel for schedule(static) if (N * C > kParallelMin)
-  for (int64_t r = 0; r < N; ++r) {
-    float* row = o + r * C;
-#pragma omp simd
-    for (int64_t c = 0; c < C; ++c) row[c] += b[c];
+  std::vector<float> bias_buf;
+  const float* b = bias.dtype() == DType::kF32 ? bias.data<float>() : nullptr;
+  if (!b) {
+    bias_buf.resize(static_cast<size_t>(C));
+    widen(bias_buf.data(), bias.raw(), bias.dtype(), C);
+    b = bias_buf.data();
   }
+  if (dt == DType::kF32) {
+    float* o = out.data<float>();
+#pragma omp parallel for schedule(static) if (N * C > kParallelMin)
+    for (int64_t r = 0; r < N; ++r) {
+      float* row = o + r * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) row[c] += b[c];
+    }
+    return;
+  }
+  with_lowp(dt, [&](auto L) {
+    using Lp = decltype(L);
+    uint16_t* o = static_cast<uint16_t*>(out.raw());
+#pragma omp parallel for schedule(static) if (N * C > kParallelMin)
+    for (int64_t r = 0; r < N; ++r) {
+      for (int64_t c0 = 0; c0 < C; c0 += kLowpChunk) {
+        const int64_t len = std::min(kLowpChunk, C - c0);
+        float* row = thread_scratch(0, size_t(kLowpChunk));
+        Lp::widen(row, o + r * C + c0, len);
+#pragma omp simd
+        for (int64_t c = 0; c < len; ++c) row[c] += b[c0 + c];
+        Lp::narrow(o + r * C + c0, row, len);
+      }
+    }
+  });
 }
 
 void CpuOps::bias_backward(TensorView dbias, TensorView dout) const {
-  expect_f32(dbias, "bias_backward", "dbias");
-  expect_host(dout, "bias_backward", "dout");
+  const char* op = "bias_backward";
+  expect_host(dbias, op, "dbias");
+  expect_host(dout, op, "dout");
+  const DType dt = dout.dtype();
+  LOOM_CHECK(is_compute_dtype(dt), "[", op, "] expected f32, bf16 or f16 dout, got ", dout.desc());
+  LOOM_CHECK(dbias.dtype() == DType::kF32 || dbias.dtype() == dt, "[", op, "] dbias must be f32 or dout's dtype ",
+             dtype_name(dt), ", got dbias ", dbias.desc(), " for dout ", dout.desc());
   const int64_t C = dbias.numel();
-  LOOM_CHECK(C > 0 && dout.numel() % C == 0, "[bias_backward] dout ", dout.desc(), " is not a multiple of dbias ",
+  LOOM_CHECK(C > 0 && dout.numel() % C == 0, "[", op, "] dout ", dout.desc(), " is not a multiple of dbias ",
              dbias.desc());
   const int64_t N = dout.numel() / C;
-  if (dout.dtype() == DType::kF32) {
-    column_sums_accumulate(dbias.data<float>(), dout.data<float>(), N, C);
+  auto run = [&](auto&& load) {
+    if (dbias.dtype() == DType::kF32) {
+      float* db = dbias.data<float>();
+      column_sums(N, C, load, [db](int64_t c, double total) { db[c] = float(double(db[c]) + total); });
+    } else {
+      with_lowp(dbias.dtype(), [&](auto L) {
+        using Lp = decltype(L);
+        uint16_t* db = static_cast<uint16_t*>(dbias.raw());
+        column_sums(N, C, load,
+                    [db](int64_t c, double total) { db[c] = Lp::enc(float(double(Lp::dec(db[c])) + total)); });
+      });
+    }
+  };
+  if (dt == DType::kF32) {
+    const float* dy = dout.data<float>();
+    run([dy](int64_t off, int64_t, float*) { return dy + off; });
   } else {
-    LOOM_CHECK(dout.dtype() == DType::kBF16, "[bias_backward] expected f32 or bf16 dout, got ", dout.desc());
-    column_sums_accumulate(dbias.data<float>(), dout.data<uint16_t>(), N, C);
+    with_lowp(dt, [&](auto L) {
+      using Lp = decltype(L);
+      const uint16_t* dy = static_cast<const uint16_t*>(dout.raw());
+      run([dy](int64_t off, int64_t w, float* tmp) {
+        Lp::widen(tmp, dy + off, w);
+        return static_cast<const float*>(tmp);
+      });
+    });
   }
 }
 
 void CpuOps::scale_(TensorView x, float s) const {
   expect_host(x, "scale_", "x");
   const int64_t n = x.numel();
+  if (is_lowp(x.dtype())) {
+    with_lowp(x.dtype(), [&](auto L) {
+      uint16_t* p = static_cast<uint16_t*>(x.raw());
+      lowp_map(L, p, std::array<const uint16_t*, 1>{p}, n, kParallelMin, [s](float* o, const float* v, int64_t len) {
+#pragma omp simd
+        for (int64_t i = 0; i < len; ++i) o[i] = v[i] * s;
+      });
+    });
+    return;
+  }
   with_codec(x.dtype(), "scale_", [&](auto codec) {
     using C = decltype(codec);
     using T = typename C::T;
@@ -302,6 +422,27 @@ void CpuOps::cast(TensorView out, TensorView inp) const {
     if (out.raw() != inp.raw() && n > 0) std::memcpy(out.raw(), inp.raw(), size_t(inp.nbytes()));
     return;
   }
+  if (is_compute_dtype(inp.dtype()) && is_compute_dtype(out.dtype())) {
+    // f32 <-> bf16 <-> f16 through the vector codecs, chunk by chunk (one of the two is low precision).
+    const DType di = inp.dtype(), dout = out.dtype();
+    const int64_t nchunks = (n + kLowpChunk - 1) / kLowpChunk;
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+    for (int64_t ch = 0; ch < nchunks; ++ch) {
+      const int64_t i0 = ch * kLowpChunk, len = std::min(kLowpChunk, n - i0);
+      void* dst = elem_ptr(out.raw(), dout, i0);
+      const void* src = elem_ptr(inp.raw(), di, i0);
+      if (di == DType::kF32) {
+        narrow(dst, dout, static_cast<const float*>(src), len);
+      } else if (dout == DType::kF32) {
+        widen(static_cast<float*>(dst), src, di, len);
+      } else {
+        float* buf = thread_scratch(0, size_t(kLowpChunk));
+        widen(buf, src, di, len);
+        narrow(dst, dout, buf, len);
+      }
+    }
+    return;
+  }
   with_codec(inp.dtype(), "cast", [&](auto in_codec) {
     with_codec(out.dtype(), "cast", [&](auto out_codec) {
       using CI = decltype(in_codec);
@@ -319,6 +460,14 @@ bool CpuOps::has_inf_or_nan(TensorView x) const {
   expect_host(x, "has_inf_or_nan", "x");
   const int64_t n = x.numel();
   int bad = 0;
+  if (is_lowp(x.dtype())) {
+    // An all-ones exponent field is inf or NaN: bf16 0x7F80, f16 0x7C00.
+    const uint16_t exp_mask = x.dtype() == DType::kBF16 ? 0x7F80u : 0x7C00u;
+    const uint16_t* p = static_cast<const uint16_t*>(x.raw());
+#pragma omp parallel for simd schedule(static) reduction(| : bad) if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) bad |= int((p[i] & exp_mask) == exp_mask);
+    return bad != 0;
+  }
   with_codec(x.dtype(), "has_inf_or_nan", [&](auto codec) {
     using C = decltype(codec);
     const auto* p = static_cast<const typename C::T*>(x.raw());

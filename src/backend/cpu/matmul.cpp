@@ -1,18 +1,36 @@
-// Linear-layer matmuls on the CPU through oneDNN's matmul primitive (no hand-written GEMM).
-// All three products of a linear layer are expressed with strided (transposed) views, so no operand is
-// ever copied or transposed in memory:
+// Linear-layer matmuls on the CPU through oneDNN (no hand-written GEMM).
+// All three products of a linear layer are expressed with strided (transposed) views, so no f32 or bf16
+// operand is ever copied or transposed in memory:
 //   forward  out  (M, N)  = inp (M, K) · W^T        W^T viewed as (K, N) with strides (1, K)
 //   dinp          (M, K)  = dout (M, N) · W          W is (N, K) row-major
 //   dweight       (N, K) += dout^T (N, M) · inp      dout^T viewed with strides (1, N); sum post-op accumulates
-// Primitives are cached by (shapes, strides, dtypes, accumulate) because creating one costs far more than
-// running a small one. f32 products use oneDNN's sgemm entry point instead (see gemm()). The bias gradient is a column sum done by bias_backward (fixed-order, deterministic).
+// dtypes: inp/weight/dout (and bias) share the compute dtype (f32, bf16 or f16); out and dinp are in it or
+// f32; dweight/dbias accumulate into f32 main grads or into the compute dtype (f32 sum, one rounding).
+//   f32  -> dnnl_sgemm (the matmul primitive's brgemm reaches only half of sgemm's speed on some
+//           transposed f32 products; bench/RESULTS.md);
+//   bf16 -> the matmul primitive (AMX / AVX512-BF16 brgemm; f32 accumulation, bias fused, sum post-op for
+//           +=). Unlike f32, a transposed stride is not what makes a product slow: at GPT-2 shapes dweight
+//           (transposed dout) runs at 0.6-0.75x and dinp (all operands plain) at 0.6-1.2x of the forward's
+//           rate, and making an operand plain first (a transposed copy by a oneDNN reorder, or weights
+//           reordered to the blocked layout) cost more than it saved in every case measured, so nothing
+//           is copied.
+//           AMX and VCVTNEPS2BF16 flush bf16 subnormals (|x| < 1.2e-38) to zero; every other value is
+//           the RNE rounding of the f32 accumulation;
+//   f16  -> gemm_widened: this oneDNN version has no CPU f16 matmul (it needs AVX512-FP16/AMX-FP16
+//           kernels), so tiles are widened to f32 and multiplied by sgemm: f32 speed plus the widening
+//           (5-30% more time, single thread).
+// Primitives are cached by (shapes, strides, dtypes, bias dtype, accumulate) because creating one costs far
+// more than running a small one. The bias gradient is a column sum done by bias_backward (fixed-order,
+// deterministic).
 #include <map>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <tuple>
 #include <unordered_map>
+#include <vector>
 
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/lowp.h"
 
 namespace loom::cpu {
 
@@ -37,7 +55,8 @@ struct GemmKey {
   int64_t lda, ldb;
   DType ta, tb, tc;
   bool bias, accumulate;
-  auto tie() const { return std::tie(M, N, K, trans_a, trans_b, lda, ldb, ta, tb, tc, bias, accumulate); }
+  DType bias_dt = DType::kF32;  // when bias
+  auto tie() const { return std::tie(M, N, K, trans_a, trans_b, lda, ldb, ta, tb, tc, bias, accumulate, bias_dt); }
   bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
 };
 
@@ -95,7 +114,7 @@ class DnnlRuntime {
     }
     std::unique_ptr<dnnl::matmul::desc> d;
     if (k.bias) {
-      g.bias = memory::desc({1, k.N}, to_dnnl(k.tc == DType::kF32 ? DType::kF32 : k.tc), memory::dims{k.N, 1});
+      g.bias = memory::desc({1, k.N}, to_dnnl(k.bias_dt), memory::dims{k.N, 1});
       d = std::make_unique<dnnl::matmul::desc>(g.a, g.b, g.bias, g.c);
     } else {
       d = std::make_unique<dnnl::matmul::desc>(g.a, g.b, g.c);
@@ -111,22 +130,114 @@ class DnnlRuntime {
   std::map<GemmKey, Gemm> cache_;
 };
 
+// Product of all dims but the last, computed without dividing by the last dim (which may be 0 when K = 0).
+int64_t leading_rows(const Shape& s) {
+  int64_t r = 1;
+  for (int i = 0; i + 1 < s.ndim(); ++i) r *= s[i];
+  return r;
+}
+
 void check_2d(const char* op, TensorView t, int64_t rows, int64_t cols, const char* name) {
-  LOOM_CHECK(t.shape().rows() == rows && t.shape().cols() == cols, "[", op, "] ", name, " expected (", rows, ", ",
-             cols, ") (leading dims flattened), got ", t.desc());
+  LOOM_CHECK(leading_rows(t.shape()) == rows && t.shape().cols() == cols, "[", op, "] ", name, " expected (", rows,
+             ", ", cols, ") (leading dims flattened), got ", t.desc());
   LOOM_CHECK(t.device().is_cpu(), "[", op, "] ", name, " must be a CPU tensor, got ", t.desc());
+}
+
+// dtype rules: `t` must be the compute dtype cd, or (when f32_ok) f32.
+void check_dtype(const char* op, TensorView t, DType cd, bool f32_ok, const char* name) {
+  LOOM_CHECK(t.dtype() == cd || (f32_ok && t.dtype() == DType::kF32), "[", op, "] ", name, " must be ",
+             dtype_name(cd), f32_ok && cd != DType::kF32 ? " (the compute dtype) or f32" : " (the compute dtype)",
+             ", got ", t.desc());
+}
+
+DType compute_dtype(const char* op, TensorView t, const char* name) {
+  LOOM_CHECK(is_compute_dtype(t.dtype()), "[", op, "] expected ", name, " in f32, bf16 or f16, got ", t.desc());
+  return t.dtype();
+}
+
+// oneDNN's matmul primitive takes bf16 (AMX / AVX512-BF16); f16 needs AVX512-FP16 + AMX-FP16 kernels this
+// oneDNN version does not have, so f16 products go through gemm_widened.
+bool primitive_takes(DType dt) { return dt == DType::kBF16; }
+
+// ---- f16 products: f32 tiles through sgemm ----------------------------------------------------------
+// C (M, N) [+]= op(A) · op(B) (+ bias) for operands the matmul primitive cannot take: tiles of op(A) and
+// op(B) are widened (exactly) into f32 scratch in their stored layout and multiplied by sgemm with the
+// same transpose flags; C accumulates in f32 across K tiles and is narrowed (RNE) once per call when it is
+// not f32. bias (N), when given, is added in f32 before that rounding (as bias_add_forward does).
+constexpr int64_t kTileM = 2048, kTileN = 2048, kTileK = 1024;
+
+void gemm_widened(const GemmKey& k, const void* a, const void* b, void* c, const void* bias, DType bias_dt) {
+  const bool c_f32 = k.tc == DType::kF32;
+  std::vector<float> bias_f32;
+  if (bias) {
+    bias_f32.resize(size_t(k.N));
+    widen(bias_f32.data(), bias, bias_dt, k.N);
+  }
+  // Widens rows [r0, r0 + nr) x cols [c0, c0 + nc) of a stored row-major matrix (leading dim ld).
+  auto widen_block = [](float* dst, const void* src, DType dt, int64_t ld, int64_t r0, int64_t nr, int64_t c0,
+                        int64_t nc) {
+#pragma omp parallel for schedule(static) if (nr * nc > (int64_t(1) << 15))
+    for (int64_t r = 0; r < nr; ++r) widen(dst + r * nc, elem_ptr(src, dt, (r0 + r) * ld + c0), dt, nc);
+  };
+  const int64_t tm = std::min(kTileM, k.M), tn = std::min(kTileN, k.N), tk = std::min(kTileK, k.K);
+  float* ta = thread_scratch(4, size_t(tm * tk));
+  float* tb = thread_scratch(5, size_t(tk * tn));
+  float* tc = c_f32 ? nullptr : thread_scratch(6, size_t(tm * tn));
+  for (int64_t m0 = 0; m0 < k.M; m0 += kTileM) {
+    const int64_t mb = std::min(kTileM, k.M - m0);
+    for (int64_t n0 = 0; n0 < k.N; n0 += kTileN) {
+      const int64_t nb = std::min(kTileN, k.N - n0);
+      float* cf = c_f32 ? static_cast<float*>(c) + m0 * k.N + n0 : tc;
+      const int64_t ldc = c_f32 ? k.N : nb;
+      if (!c_f32 && k.accumulate) widen_block(tc, c, k.tc, k.N, m0, mb, n0, nb);
+      for (int64_t k0 = 0; k0 < k.K; k0 += kTileK) {
+        const int64_t kb = std::min(kTileK, k.K - k0);
+        // op(A) tile (mb, kb): stored (kb, mb) when transposed. With a single K tile it is the same for
+        // every N tile: widened once per M tile.
+        if (n0 == 0 || k.K > kTileK) {
+          if (k.trans_a)
+            widen_block(ta, a, k.ta, k.lda, k0, kb, m0, mb);
+          else
+            widen_block(ta, a, k.ta, k.lda, m0, mb, k0, kb);
+        }
+        if (k.trans_b)
+          widen_block(tb, b, k.tb, k.ldb, n0, nb, k0, kb);
+        else
+          widen_block(tb, b, k.tb, k.ldb, k0, kb, n0, nb);
+        const float beta = (k0 > 0 || k.accumulate) ? 1.0f : 0.0f;
+        const dnnl_status_t st = dnnl_sgemm(k.trans_a ? 'T' : 'N', k.trans_b ? 'T' : 'N', mb, nb, kb, 1.0f, ta,
+                                            k.trans_a ? mb : kb, tb, k.trans_b ? kb : nb, beta, cf, ldc);
+        LOOM_CHECK(st == dnnl_success, "[matmul] dnnl_sgemm failed with status ", int(st), " for a ", mb, "x", nb,
+                   "x", kb, " tile");
+      }
+      const float* bf = bias ? bias_f32.data() + n0 : nullptr;
+#pragma omp parallel for schedule(static) if (mb * nb > (int64_t(1) << 15))
+      for (int64_t r = 0; r < mb; ++r) {
+        float* row = cf + r * ldc;
+        if (bf) {
+#pragma omp simd
+          for (int64_t j = 0; j < nb; ++j) row[j] += bf[j];
+        }
+        if (!c_f32) narrow(elem_ptr(c, k.tc, (m0 + r) * k.N + n0), k.tc, row, nb);
+      }
+    }
+  }
 }
 
 }  // namespace
 
 void CpuOps::matmul_forward(TensorView out, TensorView inp, TensorView weight, TensorView bias) const {
+  const char* op = "matmul_forward";
   LOOM_CHECK(weight.ndim() == 2, "[matmul_forward] weight must be (N, K), got ", weight.desc());
-  const int64_t N = weight.size(0), K = weight.size(1), M = inp.shape().rows();
-  check_2d("matmul_forward", inp, M, K, "inp");
-  check_2d("matmul_forward", out, M, N, "out");
+  const int64_t N = weight.size(0), K = weight.size(1), M = leading_rows(inp.shape());
+  check_2d(op, inp, M, K, "inp");
+  check_2d(op, out, M, N, "out");
+  const DType cd = compute_dtype(op, inp, "inp");
+  check_dtype(op, weight, cd, false, "weight");
+  check_dtype(op, out, cd, true, "out");
   if (bias) {
     LOOM_CHECK(bias.numel() == N, "[matmul_forward] bias expected (", N, "), got ", bias.desc());
-    LOOM_CHECK(bias.dtype() == out.dtype(), "[matmul_forward] bias dtype must match out: ", bias.desc());
+    check_dtype(op, bias, cd, true, "bias");
   }
   if (M == 0 || N == 0) return;
   if (K == 0) {
@@ -134,39 +245,57 @@ void CpuOps::matmul_forward(TensorView out, TensorView inp, TensorView weight, T
     if (bias) bias_add_forward(out.reshape({M, N}), bias);
     return;
   }
-  const bool all_f32 = inp.dtype() == DType::kF32 && weight.dtype() == DType::kF32 && out.dtype() == DType::kF32;
+  const bool all_f32 = cd == DType::kF32;
   // f32 goes through sgemm, which has no bias epilogue: add the bias in a second (cheap) pass.
   const bool fuse_bias = bias && !all_f32;
-  const GemmKey key{M, N, K, false, true, K, K, inp.dtype(), weight.dtype(), out.dtype(), fuse_bias, false};
-  DnnlRuntime::get().gemm(key, inp.raw(), weight.raw(), out.raw(), fuse_bias ? bias.raw() : nullptr);
-  if (bias && !fuse_bias) bias_add_forward(out.reshape({M, N}), bias);
+  GemmKey key{M, N, K, false, true, K, K, cd, cd, out.dtype(), fuse_bias, false};
+  if (fuse_bias) key.bias_dt = bias.dtype();
+  if (all_f32 || primitive_takes(cd)) {
+    DnnlRuntime::get().gemm(key, inp.raw(), weight.raw(), out.raw(), fuse_bias ? bias.raw() : nullptr);
+    if (bias && !fuse_bias) bias_add_forward(out.reshape({M, N}), bias);
+  } else {
+    gemm_widened(key, inp.raw(), weight.raw(), out.raw(), bias ? bias.raw() : nullptr,
+                 bias ? bias.dtype() : DType::kF32);
+  }
 }
 
 void CpuOps::matmul_backward(TensorView dinp, TensorView dweight, TensorView dbias, TensorView dout, TensorView inp,
                              TensorView weight) const {
+  const char* op = "matmul_backward";
   LOOM_CHECK(weight.ndim() == 2, "[matmul_backward] weight must be (N, K), got ", weight.desc());
-  const int64_t N = weight.size(0), K = weight.size(1), M = dout.shape().rows();
-  check_2d("matmul_backward", dout, M, N, "dout");
+  const int64_t N = weight.size(0), K = weight.size(1), M = leading_rows(dout.shape());
+  check_2d(op, dout, M, N, "dout");
+  const DType cd = compute_dtype(op, dout, "dout");
+  check_dtype(op, weight, cd, false, "weight");
+  auto run = [&](const GemmKey& key, const void* a, const void* b, void* c) {
+    if (cd == DType::kF32 || primitive_takes(cd))
+      DnnlRuntime::get().gemm(key, a, b, c, nullptr);
+    else
+      gemm_widened(key, a, b, c, nullptr, DType::kF32);
+  };
   if (dinp) {
-    check_2d("matmul_backward", dinp, M, K, "dinp");
+    check_2d(op, dinp, M, K, "dinp");
+    check_dtype(op, dinp, cd, true, "dinp");
     if (N == 0) {
       fill_(dinp, 0.0f);
     } else if (M > 0 && K > 0) {
-      const GemmKey key{M, K, N, false, false, N, K, dout.dtype(), weight.dtype(), dinp.dtype(), false, false};
-      DnnlRuntime::get().gemm(key, dout.raw(), weight.raw(), dinp.raw(), nullptr);
+      run(GemmKey{M, K, N, false, false, N, K, cd, cd, dinp.dtype(), false, false}, dout.raw(), weight.raw(),
+          dinp.raw());
     }
   }
   if (dweight) {
-    check_2d("matmul_backward", inp, M, K, "inp");
+    check_2d(op, inp, M, K, "inp");
+    check_dtype(op, inp, cd, false, "inp");
+    check_dtype(op, dweight, cd, true, "dweight");
     LOOM_CHECK(dweight.shape() == weight.shape(), "[matmul_backward] dweight ", dweight.desc(), " vs weight ",
                weight.desc());
-    if (M > 0 && N > 0 && K > 0) {
-      const GemmKey key{N, K, M, true, false, N, K, dout.dtype(), inp.dtype(), dweight.dtype(), false, true};
-      DnnlRuntime::get().gemm(key, dout.raw(), inp.raw(), dweight.raw(), nullptr);
-    }
+    if (M > 0 && N > 0 && K > 0)
+      run(GemmKey{N, K, M, true, false, N, K, cd, cd, dweight.dtype(), false, true}, dout.raw(), inp.raw(),
+          dweight.raw());
   }
   if (dbias) {
     LOOM_CHECK(dbias.numel() == N, "[matmul_backward] dbias expected (", N, "), got ", dbias.desc());
+    check_dtype(op, dbias, cd, true, "dbias");
     bias_backward(dbias, dout.reshape({M, N}));
   }
 }

@@ -12,7 +12,9 @@
 // so each is first widened to the shortest decimal that rounds to it (0.9f -> 0.9, not 0.899999976),
 // which is the value the user wrote.
 // sum_squares: f64 partial sums over fixed blocks of kSquareBlock elements, combined in block order,
-// so the result depends on numel only, never on the thread count.
+// so the result depends on numel only, never on the thread count. Any float dtype: elements are widened
+// exactly, so a bf16/f16/fp8 tensor gives the same sum as its f32 widening.
+// adamw_update is f32 only (master weights and optimizer state are f32 under mixed precision).
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -21,6 +23,7 @@
 
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/fast_math.h"
+#include "backend/cpu/lowp.h"
 
 namespace loom::cpu {
 
@@ -32,7 +35,8 @@ constexpr int64_t kParallelMin = int64_t(1) << 15;
 
 void expect_f32(const TensorView& t, const char* op, const char* name, int64_t n) {
   LOOM_CHECK(t.defined() && t.dtype() == DType::kF32 && t.device().is_cpu(), "[", op, "] expected host f32 ", name,
-             ", got ", t.defined() ? t.desc() : std::string("nothing"));
+             " (", op, " takes f32 master weights, gradients and state only), got ",
+             t.defined() ? t.desc() : std::string("nothing"));
   LOOM_CHECK(t.numel() == n, "[", op, "] expected ", name, " with ", n, " elements, got ", t.desc());
 }
 
@@ -91,8 +95,9 @@ inline void adamw_chunk(float* __restrict param, float* __restrict grad, float* 
     param[i] = param[i] + (k.neg_step_size * m[i]) / d;
   }
 }
-template <typename T>
-double sum_squares_typed(const T* x, int64_t n) {
+// Dec(x) is the exact f32 (or f64) value of one stored element.
+template <typename T, typename Dec>
+double sum_squares_typed(const T* x, int64_t n, Dec&& dec) {
   const int64_t nblocks = (n + kSquareBlock - 1) / kSquareBlock;
   std::vector<double> partial(size_t(nblocks), 0.0);
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
@@ -100,11 +105,7 @@ double sum_squares_typed(const T* x, int64_t n) {
     const T* xb = x + b * kSquareBlock;
     const int64_t len = std::min(kSquareBlock, n - b * kSquareBlock);
     partial[size_t(b)] = lane_sum<double>(len, [&](int64_t i) {
-      double d;
-      if constexpr (std::is_same_v<T, float>)
-        d = double(xb[i]);
-      else
-        d = double(std::bit_cast<float>(uint32_t(xb[i]) << 16));  // bf16
+      const double d = double(dec(xb[i]));
       return d * d;
     });
   }
@@ -138,9 +139,17 @@ void CpuOps::adamw_update(TensorView param, TensorView grad, TensorView m, Tenso
 double CpuOps::sum_squares(TensorView x) const {
   LOOM_CHECK(x.defined() && x.device().is_cpu(), "[sum_squares] expected a host tensor, got ",
              x.defined() ? x.desc() : std::string("nothing"));
-  if (x.dtype() == DType::kF32) return sum_squares_typed(x.data<float>(), x.numel());
-  LOOM_CHECK(x.dtype() == DType::kBF16, "[sum_squares] expected f32 or bf16, got ", x.desc());
-  return sum_squares_typed(x.data<uint16_t>(), x.numel());
+  const int64_t n = x.numel();
+  const auto* h = static_cast<const uint16_t*>(x.raw());
+  const auto* q = static_cast<const uint8_t*>(x.raw());
+  switch (x.dtype()) {
+    case DType::kF32: return sum_squares_typed(x.data<float>(), n, [](float v) { return v; });
+    case DType::kBF16: return sum_squares_typed(h, n, [](uint16_t v) { return bf16_decode(v); });
+    case DType::kF16: return sum_squares_typed(h, n, [](uint16_t v) { return f16_decode(v); });
+    case DType::kF8E4M3: return sum_squares_typed(q, n, [](uint8_t v) { return fp8_e4m3_to_f32(v); });
+    case DType::kF8E5M2: return sum_squares_typed(q, n, [](uint8_t v) { return fp8_e5m2_to_f32(v); });
+    default: LOOM_FAIL("[sum_squares] expected a float tensor (f32, bf16, f16, fp8), got ", x.desc());
+  }
 }
 
 }  // namespace loom::cpu

@@ -1,6 +1,7 @@
 // Shared helpers of the CPU attention tests: the test case geometry, the op runner (outputs start as
 // NaN so unwritten elements show up) and a naive f64 reference written from the definitions (full score
-// rows, two-pass softmax, visibility = causal AND window AND same segment).
+// rows, two-pass softmax, visibility = causal AND window AND same segment, and attention dropout with the
+// explicit mask Z[b, h, i, j] = dropout_keep(seed, stream, ((b * NH + h) * T + i) * T + j)).
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -10,12 +11,15 @@
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
+#include "loom/core/rng.h"
 
 namespace loom::cpu::attn_test {
 
 struct Case {
   int64_t B, T, NH, NKV, HS, window;
   bool causal = true;
+  float dropout_p = 0;  // attention dropout (0: none)
+  uint64_t seed = 0, stream = 0;
   int64_t qkv_cols() const { return NKV * (NH / NKV + 2) * HS; }
   float scale() const { return 1.0f / std::sqrt(float(HS)); }
   AttentionParams params() const {
@@ -26,12 +30,15 @@ struct Case {
     p.softmax_scale = scale();
     p.causal = causal;
     p.window = window;
+    p.dropout_p = dropout_p;
+    p.dropout_seed = seed;
+    p.dropout_stream = stream;
     return p;
   }
   std::string name() const {
     return "B" + std::to_string(B) + "_T" + std::to_string(T) + "_NH" + std::to_string(NH) + "_NKV" +
            std::to_string(NKV) + "_HS" + std::to_string(HS) + "_W" + (window < 0 ? "inf" : std::to_string(window)) +
-           (causal ? "" : "_noncausal");
+           (causal ? "" : "_noncausal") + (dropout_p > 0 ? "_drop" + std::to_string(int(dropout_p * 100)) : "");
   }
 };
 
@@ -71,7 +78,9 @@ struct Reference {
 };
 
 // Naive f64 attention from the definitions: full score rows, two-pass softmax, and the visibility rule
-// written out as causal AND window AND same segment id (no segment ids: one segment).
+// written out as causal AND window AND same segment id (no segment ids: one segment). With dropout, the
+// softmax P is that of the undropped scores, out = (P * Z / (1 - p)) V, and the gradients are those of
+// that function with the mask held fixed.
 inline Reference reference(const Case& c, const std::vector<float>& qkv, const std::vector<float>& dout,
                            const std::vector<int32_t>& seg = {}) {
   const int64_t G = c.NH / c.NKV, C3 = c.qkv_cols(), CO = c.NH * c.HS, T = c.T, HS = c.HS;
@@ -81,7 +90,9 @@ inline Reference reference(const Case& c, const std::vector<float>& qkv, const s
   r.lse.assign(size_t(c.B * c.NH * T), 0.0);
   r.dqkv.assign(qkv.size(), 0.0);
   auto at = [&](int64_t b, int64_t t, int64_t col) { return double(qkv[size_t((b * T + t) * C3 + col)]); };
-  std::vector<double> p(static_cast<size_t>(T)), dp(static_cast<size_t>(T));
+  std::vector<double> p(static_cast<size_t>(T)), dp(static_cast<size_t>(T)), z(static_cast<size_t>(T), 1.0);
+  const uint32_t threshold = c.dropout_p > 0 ? dropout_threshold(c.dropout_p) : 0;
+  const double keep_scale = 1.0 / (1.0 - double(c.dropout_p));
   for (int64_t b = 0; b < c.B; ++b) {
     for (int64_t h = 0; h < c.NH; ++h) {
       const int64_t grp = h / G;
@@ -105,24 +116,30 @@ inline Reference reference(const Case& c, const std::vector<float>& qkv, const s
           l += p[size_t(j)];
         }
         r.lse[size_t((b * c.NH + h) * T + i)] = m + std::log(l);
+        if (c.dropout_p > 0) {
+          for (int64_t j = 0; j < T; ++j) {
+            const uint64_t index = (uint64_t(b * c.NH + h) * uint64_t(T) + uint64_t(i)) * uint64_t(T) + uint64_t(j);
+            z[size_t(j)] = dropout_keep(c.seed, c.stream, index, threshold) ? keep_scale : 0.0;
+          }
+        }
         const float* dy = dout.data() + (b * T + i) * CO + h * HS;
-        double dsum = 0;
+        double dsum = 0;  // D_i = dy . out_i = sum_j P Z dP
         for (int64_t j = 0; j < T; ++j) {
           p[size_t(j)] /= l;
           double s = 0;
           for (int64_t d = 0; d < HS; ++d) s += double(dy[d]) * at(b, j, vc + d);
           dp[size_t(j)] = s;
-          dsum += p[size_t(j)] * s;
+          dsum += p[size_t(j)] * z[size_t(j)] * s;
         }
         for (int64_t j = 0; j < T; ++j) {
-          const double pj = p[size_t(j)];
+          const double pj = p[size_t(j)], zj = z[size_t(j)];
           if (pj == 0) continue;
-          const double ds = pj * (dp[size_t(j)] - dsum) * scale;
+          const double ds = pj * (dp[size_t(j)] * zj - dsum) * scale;
           for (int64_t d = 0; d < HS; ++d) {
-            r.out[size_t((b * T + i) * CO + h * HS + d)] += pj * at(b, j, vc + d);
+            r.out[size_t((b * T + i) * CO + h * HS + d)] += pj * zj * at(b, j, vc + d);
             r.dqkv[size_t((b * T + i) * C3 + qc + d)] += ds * at(b, j, kc + d);
             r.dqkv[size_t((b * T + j) * C3 + kc + d)] += ds * at(b, i, qc + d);
-            r.dqkv[size_t((b * T + j) * C3 + vc + d)] += pj * double(dy[d]);
+            r.dqkv[size_t((b * T + j) * C3 + vc + d)] += pj * zj * double(dy[d]);
           }
         }
       }

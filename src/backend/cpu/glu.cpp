@@ -1,0 +1,222 @@
+// Gated MLP activations (SwiGLU, GeGLU, ReGLU): out = act(gate) · up over rows [gate (F) | up (F)] of the fc1
+// output, and the backward dinp = [dout · up · act'(gate) | dout · act(gate)] (overwrite).
+// The activations are the vectorisable forms of fast_math.h: silu(g) = g · sigmoid(g); GeLU is the tanh
+// approximation written exactly as gelu_forward/gelu_backward write it (elementwise.cpp), so GeGLU with up = 1
+// reproduces gelu_forward bit for bit; relu(g) = g < 0 ? 0 : g (NaN propagates, as in PyTorch), relu'(g) =
+// g > 0. Every output element depends on one (gate, up, dout) triple only, so dinp may alias inp (each
+// element's inputs are read before its outputs are written) and the results never depend on threads.
+// Work is split into (row, chunk of kChunk columns) tasks, so a few very wide rows still spread over
+// threads. Mixed precision: all tensors share one dtype (f32, bf16 or f16); a bf16/f16 chunk is widened into
+// per-thread f32 scratch, run through the f32 code and narrowed once (RNE).
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/fast_math.h"
+#include "backend/cpu/lowp.h"
+
+namespace loom::cpu {
+
+namespace {
+
+constexpr int64_t kParallelMin = int64_t(1) << 12;  // output elements; the activations cost ~20 flops each
+constexpr int64_t kChunk = 1024;                    // columns per task: 4 KB per f32 scratch buffer (L1)
+
+constexpr float kGeluK0 = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluK1 = 0.044715f;
+
+// 1 - sigmoid(x) = e · sigmoid(x) with e = exp(-x): no cancellation when sigmoid(x) is close to 1.
+struct Sigmoid {
+  float s, one_minus_s;
+};
+inline Sigmoid sigmoid_pair(float x) {
+  const float e = fast_exp(-x);
+  const float s = 1.0f / (1.0f + e);
+  return {s, e < INFINITY ? e * s : 1.0f};  // e = inf: s = 0 and e * s would be NaN
+}
+
+template <GluKind K>
+inline float act(float g) {
+  if constexpr (K == GluKind::kSwiGLU) {
+    return g * fast_sigmoid(g);
+  } else if constexpr (K == GluKind::kGeGLU) {
+    const float u = kGeluK0 * (g + kGeluK1 * g * g * g);
+    return g * fast_sigmoid(2.0f * u);  // 0.5 (1 + tanh(u)) = sigmoid(2u)
+  } else {
+    return g < 0.0f ? 0.0f : g;
+  }
+}
+
+// act(g) and act'(g) together (they share the exponential).
+template <GluKind K>
+inline void act_and_grad(float g, float& a, float& da) {
+  if constexpr (K == GluKind::kSwiGLU) {
+    const Sigmoid sg = sigmoid_pair(g);
+    a = g * sg.s;
+    da = sg.s + g * sg.s * sg.one_minus_s;
+  } else if constexpr (K == GluKind::kGeGLU) {
+    const float u = kGeluK0 * (g + kGeluK1 * g * g * g);
+    const float du = kGeluK0 * (1.0f + 3.0f * kGeluK1 * g * g);
+    const Sigmoid sg = sigmoid_pair(2.0f * u);
+    a = g * sg.s;
+    da = sg.s + 2.0f * g * sg.s * sg.one_minus_s * du;
+  } else {
+    a = g < 0.0f ? 0.0f : g;
+    da = g > 0.0f ? 1.0f : 0.0f;
+  }
+}
+
+template <GluKind K>
+void forward_chunk(float* out, const float* gate, const float* up, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) out[i] = act<K>(gate[i]) * up[i];
+}
+
+// dgate/dup may alias gate/up element for element.
+template <GluKind K>
+void backward_chunk(float* dgate, float* dup, const float* gate, const float* up, const float* dy, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i], u = up[i], d = dy[i];
+    float a, da;
+    act_and_grad<K>(g, a, da);
+    dgate[i] = d * u * da;
+    dup[i] = d * a;
+  }
+}
+
+template <typename F>
+void with_kind(GluKind kind, F&& f) {
+  switch (kind) {
+    case GluKind::kSwiGLU: f(std::integral_constant<GluKind, GluKind::kSwiGLU>{}); return;
+    case GluKind::kGeGLU: f(std::integral_constant<GluKind, GluKind::kGeGLU>{}); return;
+    case GluKind::kReGLU: f(std::integral_constant<GluKind, GluKind::kReGLU>{}); return;
+  }
+  LOOM_FAIL("[glu] unknown GluKind ", int(kind));
+}
+
+void expect_host(const TensorView& t, const char* op, const char* name) {
+  LOOM_CHECK(t.defined(), "[", op, "] ", name, " is required");
+  LOOM_CHECK(t.device().is_cpu(), "[", op, "] expected a host tensor for ", name, ", got ", t.desc());
+}
+
+struct GluShape {
+  int64_t N = 0, F = 0;
+  DType dt = DType::kF32;
+};
+
+// inp (N, 2F) and the (N, F) tensors `halves` (out, or dout) share inp's dtype; the (N, 2F) tensor `full`
+// (dinp), when given, too.
+GluShape check_shapes(const char* op, const TensorView& inp, const char* half_name, const TensorView& half,
+                      const TensorView& full) {
+  expect_host(inp, op, "inp");
+  expect_host(half, op, half_name);
+  GluShape s;
+  s.dt = inp.dtype();
+  LOOM_CHECK(is_compute_dtype(s.dt), "[", op, "] expected f32, bf16 or f16 inp, got ", inp.desc());
+  const int64_t C2 = inp.shape().cols();
+  LOOM_CHECK(C2 > 0 && C2 % 2 == 0, "[", op, "] inp's last dim must be 2F = [gate | up] (even, > 0), got ",
+             inp.desc());
+  s.F = C2 / 2;
+  s.N = inp.numel() / C2;
+  LOOM_CHECK(half.dtype() == s.dt, "[", op, "] ", half_name, " must be ", dtype_name(s.dt), " like inp, got ",
+             half.desc());
+  LOOM_CHECK(half.shape().cols() == s.F && half.numel() == s.N * s.F, "[", op, "] expected ", half_name, " (", s.N,
+             ", ", s.F, ") for inp ", inp.desc(), ", got ", half.desc());
+  if (full.defined()) {
+    expect_host(full, op, "dinp");
+    LOOM_CHECK(full.dtype() == s.dt, "[", op, "] dinp must be ", dtype_name(s.dt), " like inp, got ", full.desc());
+    LOOM_CHECK(full.shape().cols() == 2 * s.F && full.numel() == s.N * 2 * s.F, "[", op,
+               "] expected dinp shaped like inp ", inp.desc(), ", got ", full.desc());
+  }
+  return s;
+}
+
+// Runs task(r, c0, len) for every row r and chunk [c0, c0 + len) of the F columns.
+template <typename Task>
+void for_chunks(const GluShape& s, Task&& task) {
+  const int64_t per_row = (s.F + kChunk - 1) / kChunk;
+  const int64_t ntasks = s.N * per_row;
+#pragma omp parallel for schedule(static) if (s.N * s.F > kParallelMin)
+  for (int64_t t = 0; t < ntasks; ++t) {
+    const int64_t r = t / per_row, c0 = (t % per_row) * kChunk;
+    task(r, c0, std::min(kChunk, s.F - c0));
+  }
+}
+
+}  // namespace
+
+void CpuOps::glu_forward(TensorView out, TensorView inp, GluKind kind) const {
+  const GluShape s = check_shapes("glu_forward", inp, "out", out, TensorView());
+  const int64_t F = s.F;
+  with_kind(kind, [&](auto k) {
+    constexpr GluKind K = decltype(k)::value;
+    if (s.dt == DType::kF32) {
+      float* o = out.data<float>();
+      const float* x = inp.data<float>();
+      for_chunks(s, [&](int64_t r, int64_t c0, int64_t len) {
+        const float* row = x + r * 2 * F;
+        forward_chunk<K>(o + r * F + c0, row + c0, row + F + c0, len);
+      });
+      return;
+    }
+    with_lowp(s.dt, [&](auto L) {
+      using Lp = decltype(L);
+      uint16_t* o = static_cast<uint16_t*>(out.raw());
+      const uint16_t* x = static_cast<const uint16_t*>(inp.raw());
+      for_chunks(s, [&](int64_t r, int64_t c0, int64_t len) {
+        float* g = thread_scratch(0, size_t(kChunk));
+        float* u = thread_scratch(1, size_t(kChunk));
+        float* of = thread_scratch(2, size_t(kChunk));
+        const uint16_t* row = x + r * 2 * F;
+        Lp::widen(g, row + c0, len);
+        Lp::widen(u, row + F + c0, len);
+        forward_chunk<K>(of, g, u, len);
+        Lp::narrow(o + r * F + c0, of, len);
+      });
+    });
+  });
+}
+
+void CpuOps::glu_backward(TensorView dinp, TensorView inp, TensorView dout, GluKind kind) const {
+  const char* op = "glu_backward";
+  expect_host(dinp, op, "dinp");
+  const GluShape s = check_shapes(op, inp, "dout", dout, dinp);
+  const int64_t F = s.F;
+  with_kind(kind, [&](auto k) {
+    constexpr GluKind K = decltype(k)::value;
+    if (s.dt == DType::kF32) {
+      float* dx = dinp.data<float>();
+      const float* x = inp.data<float>();
+      const float* dy = dout.data<float>();
+      for_chunks(s, [&](int64_t r, int64_t c0, int64_t len) {
+        const float* row = x + r * 2 * F;
+        float* drow = dx + r * 2 * F;
+        backward_chunk<K>(drow + c0, drow + F + c0, row + c0, row + F + c0, dy + r * F + c0, len);
+      });
+      return;
+    }
+    with_lowp(s.dt, [&](auto L) {
+      using Lp = decltype(L);
+      uint16_t* dx = static_cast<uint16_t*>(dinp.raw());
+      const uint16_t* x = static_cast<const uint16_t*>(inp.raw());
+      const uint16_t* dy = static_cast<const uint16_t*>(dout.raw());
+      for_chunks(s, [&](int64_t r, int64_t c0, int64_t len) {
+        float* g = thread_scratch(0, size_t(kChunk));
+        float* u = thread_scratch(1, size_t(kChunk));
+        float* d = thread_scratch(2, size_t(kChunk));
+        const uint16_t* row = x + r * 2 * F;
+        Lp::widen(g, row + c0, len);
+        Lp::widen(u, row + F + c0, len);
+        Lp::widen(d, dy + r * F + c0, len);
+        backward_chunk<K>(g, u, g, u, d, len);  // in place: each element reads its inputs first
+        uint16_t* drow = dx + r * 2 * F;
+        Lp::narrow(drow + c0, g, len);
+        Lp::narrow(drow + F + c0, u, len);
+      });
+    });
+  });
+}
+
+}  // namespace loom::cpu
