@@ -1,5 +1,6 @@
 #include "loom/optim/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace loom {
@@ -38,6 +39,11 @@ void AdamW::step(TensorView params, TensorView grads, float lr, float weight_dec
   }
 }
 
+void AdamW::set_num_steps(int64_t n) {
+  LOOM_CHECK(n >= 0, "[AdamW] step count must be >= 0, got ", n);
+  step_ = n;
+}
+
 double global_grad_norm(const DeviceContext& ctx, TensorView grads, const Communicator& group) {
   const double local = ctx.ops().sum_squares(grads);
   return std::sqrt(group.all_reduce_scalar(local, ReduceOp::kSum));
@@ -53,7 +59,10 @@ LRDecayStyle parse_lr_decay_style(const std::string& s) {
   if (s == "constant") return LRDecayStyle::kConstant;
   if (s == "linear") return LRDecayStyle::kLinear;
   if (s == "cosine") return LRDecayStyle::kCosine;
-  user_error("--lr-decay-style: unknown style '", s, "' (valid: constant, linear, cosine)");
+  if (s == "inverse-square-root") return LRDecayStyle::kInverseSquareRoot;
+  if (s == "WSD") return LRDecayStyle::kWSD;
+  user_error("--lr-decay-style: unknown style '", s,
+             "' (valid: constant, linear, cosine, inverse-square-root, WSD)");
 }
 
 const char* lr_decay_style_name(LRDecayStyle s) {
@@ -61,18 +70,11 @@ const char* lr_decay_style_name(LRDecayStyle s) {
     case LRDecayStyle::kConstant: return "constant";
     case LRDecayStyle::kLinear: return "linear";
     case LRDecayStyle::kCosine: return "cosine";
+    case LRDecayStyle::kInverseSquareRoot: return "inverse-square-root";
+    case LRDecayStyle::kWSD: return "WSD";
   }
   return "?";
 }
 
-double LRSchedule::lr_at(int64_t num_steps) const {
-  if (warmup_steps > 0 && num_steps <= warmup_steps)
-    return max_lr * double(num_steps) / double(warmup_steps);
-  if (style == LRDecayStyle::kConstant) return max_lr;
-  if (num_steps > decay_steps) return min_lr;
-  const double ratio = double(num_steps - warmup_steps) / double(decay_steps - warmup_steps);
-  const double coeff = style == LRDecayStyle::kLinear ? 1.0 - ratio : 0.5 * (std::cos(M_PI * ratio) + 1.0);
-  return min_lr + coeff * (max_lr - min_lr);
-}
 
 }  // namespace loom

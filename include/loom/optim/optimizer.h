@@ -34,6 +34,11 @@ class AdamW {
   int64_t num_steps() const { return step_; }
   const Tensor& exp_avg() const { return m_; }
   const Tensor& exp_avg_sq() const { return v_; }
+  // Checkpoint restore: the state tensors are written in place (their shape and dtype must not change)
+  // and the step count, which drives Adam's bias correction, is set to the saved one.
+  Tensor& exp_avg_mut() { return m_; }
+  Tensor& exp_avg_sq_mut() { return v_; }
+  void set_num_steps(int64_t n);
 
  private:
   const DeviceContext& ctx_;
@@ -49,20 +54,10 @@ double global_grad_norm(const DeviceContext& ctx, TensorView grads, const Commun
 // disables clipping.
 float clip_coefficient(double total_norm, float max_norm);
 
-enum class LRDecayStyle { kConstant, kLinear, kCosine };
+// --lr-decay-style, Megatron's names: constant, linear, cosine, inverse-square-root, WSD.
+enum class LRDecayStyle { kConstant, kLinear, kCosine, kInverseSquareRoot, kWSD };
 LRDecayStyle parse_lr_decay_style(const std::string& s);  // UserError naming --lr-decay-style
 const char* lr_decay_style_name(LRDecayStyle s);
 
-// Megatron's OptimizerParamScheduler, counted in samples: iteration i (1-based) trains with
-// lr(num_steps = (i - 1) · global_batch_size); warmup is linear from 0, then the decay style runs from
-// max_lr to min_lr over [warmup, decay], and min_lr after.
-struct LRSchedule {
-  double max_lr = 0;
-  double min_lr = 0;
-  int64_t warmup_steps = 0;  // samples
-  int64_t decay_steps = 0;   // samples
-  LRDecayStyle style = LRDecayStyle::kLinear;
-  double lr_at(int64_t num_steps) const;
-};
 
 }  // namespace loom
