@@ -1,0 +1,507 @@
+// Hugging Face model directories (layout and guarantees in include/loom/ckpt/hf_dir.h).
+// Every value taken from config.json or the index is type- and range-checked before use, and dimensions
+// are capped at 2^31 - 1, so later arithmetic on them (4 * n_embd, hidden / heads) cannot overflow. A
+// JSON object with a repeated key is rejected: Python's json keeps the last value silently, and a
+// weight_map that lists a tensor twice is exactly the inconsistency this reader exists to catch.
+#include "loom/ckpt/hf_dir.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "loom/ckpt/checkpoint.h"
+
+namespace loom {
+
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+constexpr const char* kSingleFile = "model.safetensors";
+constexpr const char* kIndexFile = "model.safetensors.index.json";
+constexpr const char* kConfigFile = "config.json";
+constexpr int64_t kMaxDim = std::numeric_limits<int32_t>::max();
+// config.json and the index are a few KB to a few hundred KB; anything this big is the wrong file.
+constexpr int64_t kMaxJsonFileBytes = int64_t(256) << 20;
+
+std::string join(const std::string& dir, const std::string& name) { return (fs::path(dir) / name).string(); }
+
+// Parses JSON text, rejecting a key repeated within one object. `where` prefixes every error.
+Json parse_json_strict(const std::string& text, const std::string& where) {
+  std::vector<std::set<std::string>> open_objects;
+  std::string duplicate;
+  auto on_event = [&](int, Json::parse_event_t ev, Json& parsed) {
+    if (ev == Json::parse_event_t::object_start) {
+      open_objects.emplace_back();
+    } else if (ev == Json::parse_event_t::object_end && !open_objects.empty()) {
+      open_objects.pop_back();
+    } else if (ev == Json::parse_event_t::key && !open_objects.empty() && duplicate.empty()) {
+      std::string k = parsed.get<std::string>();
+      if (!open_objects.back().insert(k).second) duplicate = k;
+    }
+    return true;
+  };
+  Json j;
+  try {
+    j = Json::parse(text, on_event);
+  } catch (const Json::exception& e) {
+    user_error(where, ": not valid JSON: ", e.what());
+  }
+  if (!duplicate.empty()) user_error(where, ": the key '", duplicate, "' appears twice in one object");
+  if (!j.is_object()) user_error(where, ": expected a JSON object at the top level, got ", j.type_name());
+  return j;
+}
+
+std::string read_small_file(const std::string& path, const std::string& what) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) user_error(what, " '", path, "' does not exist or is not a regular file");
+  const auto size = fs::file_size(path, ec);
+  if (ec) user_error("cannot stat ", what, " '", path, "': ", ec.message());
+  if (int64_t(size) > kMaxJsonFileBytes)
+    user_error(what, " '", path, "' is ", size, " bytes; a JSON file of this kind is at most ", kMaxJsonFileBytes);
+  std::ifstream f(path, std::ios::binary);
+  if (!f) user_error("cannot open ", what, " '", path, "': ", std::strerror(errno));
+  std::ostringstream os;
+  os << f.rdbuf();
+  if (!f.good() && !f.eof()) user_error("reading ", what, " '", path, "' failed");
+  return os.str();
+}
+
+// Short JSON rendering of a bad value for error messages.
+std::string shown(const Json& v) {
+  std::string s = v.dump(-1, ' ', false, Json::error_handler_t::replace);
+  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  return s;
+}
+
+// Typed access to config.json's fields with errors naming the file and the field.
+class Fields {
+ public:
+  Fields(const Json& j, std::string path) : j_(j), path_(std::move(path)) {}
+
+  [[noreturn]] void fail(const std::string& field, const std::string& what) const {
+    user_error(path_, ": field '", field, "': ", what);
+  }
+
+  // Present and not null.
+  bool has(const std::string& key) const { return j_.contains(key) && !j_.at(key).is_null(); }
+
+  const Json& required(const std::string& key) const {
+    if (!j_.contains(key)) user_error(path_, ": missing field '", key, "'");
+    if (j_.at(key).is_null()) fail(key, "must not be null");
+    return j_.at(key);
+  }
+
+  int64_t integer(const std::string& key, const Json& v, int64_t min, int64_t max) const {
+    const bool is_int = v.is_number_integer();
+    const bool in_range =
+        is_int && (v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t(max) && int64_t(v.get<uint64_t>()) >= min
+                                          : v.get<int64_t>() >= min && v.get<int64_t>() <= max);
+    if (!in_range)
+      fail(key, detail::concat("expected an integer in [", min, ", ", max, "], got ", shown(v)));
+    return v.is_number_unsigned() ? int64_t(v.get<uint64_t>()) : v.get<int64_t>();
+  }
+
+  int64_t dim(const std::string& key) const { return integer(key, required(key), 1, kMaxDim); }
+  std::optional<int64_t> optional_dim(const std::string& key) const {
+    if (!has(key)) return std::nullopt;
+    return integer(key, j_.at(key), 1, kMaxDim);
+  }
+  std::optional<int64_t> optional_token(const std::string& key) const {
+    if (!has(key)) return std::nullopt;
+    return integer(key, j_.at(key), 0, kMaxDim);
+  }
+
+  double positive_number(const std::string& key, const Json& v) const {
+    if (!v.is_number() || !(v.get<double>() > 0.0) || !std::isfinite(v.get<double>()))
+      fail(key, "expected a positive number, got " + shown(v));
+    return v.get<double>();
+  }
+  double positive_number(const std::string& key) const { return positive_number(key, required(key)); }
+  double positive_number_or(const std::string& key, double dflt) const {
+    return has(key) ? positive_number(key, j_.at(key)) : dflt;
+  }
+
+  bool boolean_or(const std::string& key, bool dflt) const {
+    if (!has(key)) return dflt;
+    const Json& v = j_.at(key);
+    if (!v.is_boolean()) fail(key, "expected true or false, got " + shown(v));
+    return v.get<bool>();
+  }
+
+  std::string string_or(const std::string& key, const std::string& dflt) const {
+    if (!has(key)) return dflt;
+    const Json& v = j_.at(key);
+    if (!v.is_string()) fail(key, "expected a string, got " + shown(v));
+    return v.get<std::string>();
+  }
+
+  const Json& json() const { return j_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  const Json& j_;
+  std::string path_;
+};
+
+void parse_gpt2(const Fields& f, HfConfig& c) {
+  c.vocab_size = f.dim("vocab_size");
+  c.max_position_embeddings = f.dim("n_positions");
+  c.hidden_size = f.dim("n_embd");
+  c.num_hidden_layers = f.dim("n_layer");
+  c.num_attention_heads = f.dim("n_head");
+  c.num_key_value_heads = c.num_attention_heads;
+  if (c.hidden_size % c.num_attention_heads != 0)
+    f.fail("n_head", detail::concat("n_embd ", c.hidden_size, " is not divisible by n_head ", c.num_attention_heads));
+  c.head_dim = c.hidden_size / c.num_attention_heads;
+  c.intermediate_size = f.optional_dim("n_inner").value_or(4 * c.hidden_size);
+  c.norm_eps = f.positive_number_or("layer_norm_epsilon", 1e-5);
+  c.activation = f.string_or("activation_function", "gelu_new");
+  c.tie_word_embeddings = f.boolean_or("tie_word_embeddings", true);
+  c.attention_bias = c.mlp_bias = true;  // every GPT-2 linear has a bias
+}
+
+std::optional<HfRopeScaling> parse_rope_scaling(const Fields& f) {
+  if (!f.has("rope_scaling")) return std::nullopt;
+  const Json& v = f.json().at("rope_scaling");
+  if (!v.is_object()) f.fail("rope_scaling", "expected null or an object, got " + shown(v));
+  // transformers accepts the older key "type" for "rope_type".
+  const char* type_key = v.contains("rope_type") ? "rope_type" : "type";
+  if (!v.contains(type_key)) f.fail("rope_scaling", "has neither 'rope_type' nor 'type'");
+  const Json& t = v.at(type_key);
+  if (!t.is_string()) f.fail(std::string("rope_scaling.") + type_key, "expected a string, got " + shown(t));
+  const std::string type = t.get<std::string>();
+  if (type == "default") return std::nullopt;
+  if (type != "llama3")
+    f.fail(std::string("rope_scaling.") + type_key,
+           "'" + type + "' is not supported (supported: llama3, default)");
+  const Fields sub(v, f.path());
+  HfRopeScaling r;
+  r.rope_type = type;
+  auto num = [&](const char* key) {
+    if (!v.contains(key)) user_error(f.path(), ": missing field 'rope_scaling.", key, "'");
+    return sub.positive_number(std::string("rope_scaling.") + key, v.at(key));
+  };
+  r.factor = num("factor");
+  r.low_freq_factor = num("low_freq_factor");
+  r.high_freq_factor = num("high_freq_factor");
+  if (!(r.high_freq_factor > r.low_freq_factor))
+    f.fail("rope_scaling.high_freq_factor",
+           detail::concat("must be greater than low_freq_factor (", r.high_freq_factor, " <= ", r.low_freq_factor, ")"));
+  if (!v.contains("original_max_position_embeddings"))
+    user_error(f.path(), ": missing field 'rope_scaling.original_max_position_embeddings'");
+  r.original_max_position_embeddings = sub.integer("rope_scaling.original_max_position_embeddings",
+                                                   v.at("original_max_position_embeddings"), 1, kMaxDim);
+  return r;
+}
+
+void parse_llama_like(const Fields& f, HfConfig& c) {
+  const bool mistral = c.model_type == "mistral";
+  c.vocab_size = f.dim("vocab_size");
+  c.hidden_size = f.dim("hidden_size");
+  c.intermediate_size = f.dim("intermediate_size");
+  c.num_hidden_layers = f.dim("num_hidden_layers");
+  c.num_attention_heads = f.dim("num_attention_heads");
+  // transformers' MistralConfig assumes 8 KV heads when the key is missing, LlamaConfig assumes one per
+  // query head; real Mistral configs always say, so a missing key there is an error instead of a guess.
+  if (mistral && !f.json().contains("num_key_value_heads")) f.required("num_key_value_heads");
+  c.num_key_value_heads = f.optional_dim("num_key_value_heads").value_or(c.num_attention_heads);
+  if (c.num_attention_heads % c.num_key_value_heads != 0)
+    f.fail("num_key_value_heads", detail::concat(c.num_key_value_heads, " does not divide num_attention_heads ",
+                                                 c.num_attention_heads));
+  if (const auto hd = f.optional_dim("head_dim")) {
+    c.head_dim = *hd;
+  } else {
+    if (c.hidden_size % c.num_attention_heads != 0)
+      f.fail("num_attention_heads", detail::concat("hidden_size ", c.hidden_size, " is not divisible by ",
+                                                   c.num_attention_heads, " heads and there is no head_dim"));
+    c.head_dim = c.hidden_size / c.num_attention_heads;
+  }
+  if (c.head_dim % 2 != 0) f.fail("head_dim", detail::concat("RoPE needs an even head dimension, got ", c.head_dim));
+  c.max_position_embeddings = f.dim("max_position_embeddings");
+  c.norm_eps = f.positive_number("rms_norm_eps");
+  c.activation = f.string_or("hidden_act", "silu");
+  c.tie_word_embeddings = f.boolean_or("tie_word_embeddings", false);
+  c.rope_theta = f.positive_number_or("rope_theta", 10000.0);
+  c.rope_scaling = parse_rope_scaling(f);
+  if (mistral) {
+    // MistralConfig's default when the key is absent is 4096; an explicit null means full attention.
+    if (!f.json().contains("sliding_window")) c.sliding_window = 4096;
+    else c.sliding_window = f.optional_dim("sliding_window");
+  } else {
+    c.attention_bias = f.boolean_or("attention_bias", false);
+    c.mlp_bias = f.boolean_or("mlp_bias", false);
+  }
+}
+
+}  // namespace
+
+HfConfig parse_hf_config(const std::string& json_text, const std::string& path) {
+  const Json j = parse_json_strict(json_text, path);
+  const Fields f(j, path);
+  HfConfig c;
+  const Json& mt = f.required("model_type");
+  if (!mt.is_string()) f.fail("model_type", "expected a string, got " + shown(mt));
+  c.model_type = mt.get<std::string>();
+  if (c.model_type == "gpt2") parse_gpt2(f, c);
+  else if (c.model_type == "llama" || c.model_type == "mistral") parse_llama_like(f, c);
+  else f.fail("model_type", "'" + c.model_type + "' is not supported (supported: gpt2, llama, mistral)");
+
+  // Newer transformers write "dtype" where older ones wrote "torch_dtype".
+  c.torch_dtype = f.has("torch_dtype") ? f.string_or("torch_dtype", "") : f.string_or("dtype", "");
+  c.bos_token_id = f.optional_token("bos_token_id");
+  if (f.has("eos_token_id")) {
+    const Json& e = j.at("eos_token_id");
+    if (e.is_array()) {
+      for (const Json& x : e) c.eos_token_ids.push_back(f.integer("eos_token_id", x, 0, kMaxDim));
+    } else {
+      c.eos_token_ids.push_back(*f.optional_token("eos_token_id"));
+    }
+  }
+  c.raw_json = json_text;
+  return c;
+}
+
+HfIndex parse_hf_index(const std::string& json_text, const std::string& path) {
+  const Json j = parse_json_strict(json_text, path);
+  HfIndex idx;
+  if (j.contains("metadata") && !j.at("metadata").is_null()) {
+    const Json& m = j.at("metadata");
+    if (!m.is_object()) user_error(path, ": field 'metadata': expected an object, got ", shown(m));
+    if (m.contains("total_size") && !m.at("total_size").is_null()) {
+      const Json& t = m.at("total_size");
+      // Some writers store it as a float; it is informational (the shards' headers are authoritative).
+      if (!t.is_number() || !(t.get<double>() >= 0.0) || !(t.get<double>() < 9.2e18))
+        user_error(path, ": field 'metadata.total_size': expected a non-negative number, got ", shown(t));
+      idx.total_size = t.is_number_integer() ? t.get<int64_t>() : int64_t(t.get<double>());
+    }
+  }
+  if (!j.contains("weight_map")) user_error(path, ": missing field 'weight_map'");
+  const Json& wm = j.at("weight_map");
+  if (!wm.is_object()) user_error(path, ": field 'weight_map': expected an object, got ", shown(wm));
+  if (wm.empty()) user_error(path, ": field 'weight_map' lists no tensors");
+  for (auto it = wm.begin(); it != wm.end(); ++it) {
+    if (it.key().empty()) user_error(path, ": weight_map has a tensor with an empty name");
+    if (!it.value().is_string())
+      user_error(path, ": weight_map: tensor '", it.key(), "': expected a file name, got ", shown(it.value()));
+    const std::string file = it.value().get<std::string>();
+    // Shards live next to the index; anything else could make the reader open arbitrary files.
+    if (file.empty() || file == "." || file == ".." || file.find('/') != std::string::npos ||
+        file.find('\0') != std::string::npos)
+      user_error(path, ": weight_map: tensor '", it.key(), "': '", file,
+                 "' is not a plain file name in the model directory");
+    idx.weight_map.emplace(it.key(), file);
+  }
+  return idx;
+}
+
+// ---- reader -------------------------------------------------------------------------------------
+
+HfCheckpoint HfCheckpoint::open(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) user_error("HF model directory '", dir, "' does not exist or is not a directory");
+  HfCheckpoint ck;
+  ck.dir_ = dir;
+  const std::string config_path = join(dir, kConfigFile);
+  ck.config_ = parse_hf_config(read_small_file(config_path, "HF config"), config_path);
+
+  const std::string single = join(dir, kSingleFile), index_path = join(dir, kIndexFile);
+  if (fs::exists(single, ec)) {
+    ck.files_.push_back(SafetensorsFile::open(single));
+    for (const std::string& n : ck.files_[0].names()) ck.where_.emplace(n, 0);
+  } else if (fs::exists(index_path, ec)) {
+    ck.sharded_ = true;
+    const HfIndex idx = parse_hf_index(read_small_file(index_path, "HF index"), index_path);
+    std::map<std::string, size_t> file_slot;  // shard name -> index into files_
+    std::vector<std::string> shard_names;
+    for (const auto& [tensor, file] : idx.weight_map) {
+      if (file_slot.count(file)) continue;
+      const std::string shard_path = join(dir, file);
+      if (!fs::is_regular_file(shard_path, ec))
+        user_error(index_path, ": weight_map puts tensor '", tensor, "' in '", file,
+                   "', which does not exist in the model directory");
+      file_slot.emplace(file, ck.files_.size());
+      shard_names.push_back(file);
+      ck.files_.push_back(SafetensorsFile::open(shard_path));
+    }
+    // Where each tensor really is, across all shards.
+    std::map<std::string, size_t> stored;
+    for (size_t s = 0; s < ck.files_.size(); ++s)
+      for (const std::string& n : ck.files_[s].names()) {
+        auto [it, fresh] = stored.emplace(n, s);
+        if (!fresh)
+          user_error(index_path, ": tensor '", n, "' is stored twice, in '", shard_names[it->second], "' and in '",
+                     shard_names[s], "'");
+      }
+    for (const auto& [tensor, file] : idx.weight_map) {
+      const size_t want = file_slot.at(file);
+      auto it = stored.find(tensor);
+      if (it == stored.end())
+        user_error(index_path, ": weight_map puts tensor '", tensor, "' in '", file,
+                   "' but none of the shards the index names holds it");
+      if (it->second != want)
+        user_error(index_path, ": weight_map puts tensor '", tensor, "' in '", file, "' but it is in '",
+                   shard_names[it->second], "'");
+    }
+    for (const auto& [tensor, s] : stored)
+      if (!idx.weight_map.count(tensor))
+        user_error(index_path, ": shard '", shard_names[s], "' holds tensor '", tensor,
+                   "', which weight_map does not list");
+    ck.where_ = std::move(stored);
+  } else {
+    user_error("HF model directory '", dir, "' has neither ", kSingleFile, " nor ", kIndexFile,
+               " (pytorch_model.bin checkpoints are not read: convert them to safetensors)");
+  }
+  for (const auto& [name, s] : ck.where_) ck.total_bytes_ += ck.files_[s].info(name).nbytes();
+  return ck;
+}
+
+std::vector<std::string> HfCheckpoint::names() const {
+  std::vector<std::string> out;
+  out.reserve(where_.size());
+  for (const auto& [name, s] : where_) out.push_back(name);
+  return out;
+}
+
+const SafetensorsFile& HfCheckpoint::file(const std::string& name) const {
+  auto it = where_.find(name);
+  if (it == where_.end()) {
+    std::string some;
+    size_t k = 0;
+    for (auto w = where_.begin(); w != where_.end() && k < 5; ++w, ++k) some += (k ? ", " : "") + w->first;
+    if (where_.size() > 5) some += ", ...";
+    user_error("HF model directory '", dir_, "': no tensor named '", name, "' (", where_.size(), " tensors: ", some,
+               ")");
+  }
+  return files_[it->second];
+}
+
+const SafetensorsInfo& HfCheckpoint::info(const std::string& name) const { return file(name).info(name); }
+const std::string& HfCheckpoint::file_of(const std::string& name) const { return file(name).path(); }
+Tensor HfCheckpoint::read(const std::string& name, DType as) const { return file(name).read(name, as); }
+void HfCheckpoint::read_into(const std::string& name, TensorView dst) const { file(name).read_into(name, dst); }
+
+// ---- writer -------------------------------------------------------------------------------------
+
+namespace {
+
+void fsync_path(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) user_error("cannot open directory '", dir, "' to sync it: ", std::strerror(errno));
+  // EINVAL: the filesystem cannot sync directories; there is nothing more to do there.
+  if (::fsync(fd) != 0 && errno != EINVAL) {
+    const std::string why = std::strerror(errno);
+    ::close(fd);
+    user_error("syncing directory '", dir, "' failed: ", why);
+  }
+  ::close(fd);
+}
+
+std::string shard_name(size_t i, size_t n) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "model-%05zu-of-%05zu.safetensors", i + 1, n);
+  return buf;
+}
+
+// transformers' split: in order; a tensor that would push the open shard past the limit starts a new one;
+// a tensor bigger than the limit on its own gets a shard to itself (the open shard stays open).
+std::vector<NamedTensors> plan_shards(const NamedTensors& tensors, int64_t max_bytes) {
+  std::vector<NamedTensors> shards;
+  NamedTensors cur;
+  int64_t cur_bytes = 0;
+  for (const auto& nt : tensors) {
+    const int64_t b = nt.second.nbytes();
+    if (b > max_bytes) {
+      shards.push_back({nt});
+      continue;
+    }
+    if (cur_bytes + b > max_bytes && !cur.empty()) {
+      shards.push_back(std::move(cur));
+      cur = {};
+      cur_bytes = 0;
+    }
+    cur.push_back(nt);
+    cur_bytes += b;
+  }
+  if (!cur.empty() || shards.empty()) shards.push_back(std::move(cur));
+  return shards;
+}
+
+}  // namespace
+
+void write_hf_dir(const std::string& dir_in, const std::string& config_json, const NamedTensors& tensors,
+                  int64_t max_shard_bytes, const std::map<std::string, std::string>& extra_files) {
+  std::string dir = dir_in;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  if (dir.empty()) user_error("write_hf_dir: empty output directory name");
+  parse_hf_config(config_json, "config.json to be written to '" + dir + "'");
+  if (max_shard_bytes < 1) user_error("HF max shard size must be at least 1 byte, got ", max_shard_bytes);
+  std::set<std::string> seen;
+  for (const auto& [name, t] : tensors)
+    if (!seen.insert(name).second) user_error("writing HF model directory '", dir, "': tensor '", name, "' given twice");
+  for (const auto& [name, bytes] : extra_files)
+    if (name == kConfigFile || name == kIndexFile || name == kSingleFile ||
+        (name.rfind("model-", 0) == 0 && name.size() > 12 && name.ends_with(".safetensors")))
+      user_error("writing HF model directory '", dir, "': extra file '", name, "' would replace a file Loom writes");
+
+  std::error_code ec;
+  if (fs::exists(fs::symlink_status(dir, ec))) {
+    if (!fs::is_directory(dir, ec) || !fs::is_empty(dir, ec))
+      user_error("HF output directory '", dir, "' already exists and is not an empty directory; remove it or "
+                 "choose another");
+  }
+  const fs::path parent = fs::path(dir).parent_path();
+  if (!parent.empty()) {
+    fs::create_directories(parent, ec);
+    if (ec) user_error("cannot create '", parent.string(), "': ", ec.message());
+  }
+  const std::string staging = dir + ".loom-staging";
+  fs::remove_all(staging, ec);  // left by a crashed write of this same directory
+  if (!fs::create_directory(staging, ec))
+    user_error("cannot create staging directory '", staging, "': ", ec ? ec.message() : "it exists");
+
+  try {
+    const std::vector<NamedTensors> shards = plan_shards(tensors, max_shard_bytes);
+    const std::map<std::string, std::string> meta = {{"format", "pt"}};
+    if (shards.size() == 1) {
+      write_checkpoint_tensors(staging, kSingleFile, shards[0], meta);
+    } else {
+      nlohmann::json index;  // std::map-backed: keys sorted, as transformers writes them
+      int64_t total = 0;
+      for (size_t i = 0; i < shards.size(); ++i) {
+        const std::string name = shard_name(i, shards.size());
+        write_checkpoint_tensors(staging, name, shards[i], meta);
+        for (const auto& [tensor, t] : shards[i]) {
+          index["weight_map"][tensor] = name;
+          total += t.nbytes();
+        }
+      }
+      index["metadata"]["total_size"] = total;
+      write_checkpoint_text(staging, kIndexFile, index.dump(2) + "\n");
+    }
+    write_checkpoint_text(staging, kConfigFile, config_json);
+    for (const auto& [name, bytes] : extra_files) write_checkpoint_text(staging, name, bytes);
+    fsync_path(staging);
+    // rename(2) replaces an empty directory atomically and fails on a non-empty one, so a directory
+    // that appeared since the check above is never clobbered.
+    if (::rename(staging.c_str(), dir.c_str()) != 0)
+      user_error("renaming '", staging, "' to '", dir, "' failed: ", std::strerror(errno));
+    fsync_path(parent.empty() ? "." : parent.string());
+  } catch (...) {
+    fs::remove_all(staging, ec);
+    throw;
+  }
+}
+
+}  // namespace loom
