@@ -1,3 +1,4 @@
+// nn modules: thin wrappers that bind parameters (compute copies and grads) to the op table.
 #include "loom/nn/modules.h"
 
 namespace loom {
@@ -14,37 +15,66 @@ Linear::Linear(ParameterSet& ps, const std::string& prefix, int64_t in_features,
 }
 
 void Linear::forward(const DeviceContext& ctx, TensorView out, TensorView inp) const {
-  ctx.ops().matmul_forward(out, inp, weight_->value, bias_ ? bias_->value.view() : TensorView());
+  ctx.ops().matmul_forward(out, inp, weight_->compute, bias_ ? bias_->compute.view() : TensorView());
 }
 
 void Linear::backward(const DeviceContext& ctx, TensorView dinp, TensorView dout, TensorView inp) const {
   ctx.ops().matmul_backward(dinp, weight_->grad, bias_ ? bias_->grad.view() : TensorView(), dout, inp,
-                            weight_->value);
+                            weight_->compute);
 }
 
-LayerNorm::LayerNorm(ParameterSet& ps, const std::string& prefix, int64_t C, float eps) : C_(C), eps_(eps) {
+NormKind parse_norm_kind(const std::string& s) {
+  if (s == "LayerNorm") return NormKind::kLayerNorm;
+  if (s == "RMSNorm") return NormKind::kRMSNorm;
+  user_error("--normalization must be LayerNorm or RMSNorm, got '", s, "'");
+}
+
+const char* norm_kind_name(NormKind k) { return k == NormKind::kLayerNorm ? "LayerNorm" : "RMSNorm"; }
+
+Norm::Norm(ParameterSet& ps, const std::string& prefix, int64_t C, float eps, NormKind kind)
+    : C_(C), eps_(eps), kind_(kind) {
   weight_ = &ps.add(prefix + ".weight", {C}, InitKind::kOnes, 0.0f, true);
-  bias_ = &ps.add(prefix + ".bias", {C}, InitKind::kZeros, 0.0f, true);
+  if (kind == NormKind::kLayerNorm) bias_ = &ps.add(prefix + ".bias", {C}, InitKind::kZeros, 0.0f, true);
 }
 
-void LayerNorm::forward(const DeviceContext& ctx, TensorView out, Saved& s, TensorView inp) const {
-  const int64_t N = inp.shape().rows();
-  ensure_tensor(ctx, s.mean, {N});
+void Norm::forward(const DeviceContext& ctx, TensorView out, Saved& s, TensorView inp) const {
+  const int64_t N = inp.numel() / C_;
   ensure_tensor(ctx, s.rstd, {N});
-  ctx.ops().layernorm_forward(out, s.mean, s.rstd, inp, weight_->value, bias_->value, eps_);
-}
-
-void LayerNorm::forward_residual(const DeviceContext& ctx, TensorView residual, TensorView out, Saved& s,
-                                 TensorView a, TensorView b) const {
-  const int64_t N = a.shape().rows();
+  const TensorView x = inp.reshape({N, C_}), y = out.reshape({N, C_});
+  if (kind_ == NormKind::kRMSNorm) {
+    ctx.ops().rmsnorm_forward(y, s.rstd, x, weight_->compute, eps_);
+    return;
+  }
   ensure_tensor(ctx, s.mean, {N});
-  ensure_tensor(ctx, s.rstd, {N});
-  ctx.ops().residual_layernorm_forward(residual, out, s.mean, s.rstd, a, b, weight_->value, bias_->value, eps_);
+  ctx.ops().layernorm_forward(y, s.mean, s.rstd, x, weight_->compute, bias_->compute, eps_);
 }
 
-void LayerNorm::backward(const DeviceContext& ctx, TensorView dinp, TensorView dout, TensorView inp,
-                         const Saved& s) const {
-  ctx.ops().layernorm_backward(dinp, weight_->grad, bias_->grad, dout, inp, weight_->value, s.mean, s.rstd);
+void Norm::forward_residual(const DeviceContext& ctx, TensorView residual, TensorView out, Saved& s, TensorView a,
+                            TensorView b) const {
+  const int64_t N = a.numel() / C_;
+  ensure_tensor(ctx, s.rstd, {N});
+  const Shape rows{N, C_};
+  if (kind_ == NormKind::kRMSNorm) {
+    ctx.ops().residual_rmsnorm_forward(residual.reshape(rows), out.reshape(rows), s.rstd, a.reshape(rows),
+                                       b.reshape(rows), weight_->compute, eps_);
+    return;
+  }
+  ensure_tensor(ctx, s.mean, {N});
+  ctx.ops().residual_layernorm_forward(residual.reshape(rows), out.reshape(rows), s.mean, s.rstd, a.reshape(rows),
+                                       b.reshape(rows), weight_->compute, bias_->compute, eps_);
+}
+
+void Norm::backward(const DeviceContext& ctx, TensorView dinp, TensorView dout, TensorView inp,
+                    const Saved& s) const {
+  const int64_t N = inp.numel() / C_;
+  const Shape rows{N, C_};
+  if (kind_ == NormKind::kRMSNorm) {
+    ctx.ops().rmsnorm_backward(dinp.reshape(rows), weight_->grad, dout.reshape(rows), inp.reshape(rows),
+                               weight_->compute, s.rstd);
+    return;
+  }
+  ctx.ops().layernorm_backward(dinp.reshape(rows), weight_->grad, bias_->grad, dout.reshape(rows), inp.reshape(rows),
+                               weight_->compute, s.mean, s.rstd);
 }
 
 Embedding::Embedding(ParameterSet& ps, int64_t padded_vocab, int64_t C, int64_t max_positions, float init_std) {
@@ -55,7 +85,7 @@ Embedding::Embedding(ParameterSet& ps, int64_t padded_vocab, int64_t C, int64_t 
 }
 
 void Embedding::forward(const DeviceContext& ctx, TensorView out, TensorView tokens, TensorView position_ids) const {
-  ctx.ops().embedding_forward(out, tokens, word_->value, position_ ? position_->value.view() : TensorView(),
+  ctx.ops().embedding_forward(out, tokens, word_->compute, position_ ? position_->compute.view() : TensorView(),
                               position_ ? position_ids : TensorView());
 }
 
@@ -64,15 +94,34 @@ void Embedding::backward(const DeviceContext& ctx, TensorView dout, TensorView t
                                position_ ? position_ids : TensorView());
 }
 
+AttentionParams AttentionCore::with_dropout(const DropoutMask& d) const {
+  AttentionParams p = p_;
+  p.dropout_p = d.active() ? d.p : 0.0f;
+  p.dropout_seed = d.seed;
+  p.dropout_stream = d.stream;
+  return p;
+}
+
 void AttentionCore::forward(const DeviceContext& ctx, TensorView out, Saved& s, TensorView qkv,
-                            TensorView segment_ids) const {
+                            TensorView segment_ids, const DropoutMask& dropout) const {
   ensure_tensor(ctx, s.lse, {qkv.size(0), p_.num_heads, qkv.size(1)});
-  ctx.ops().attention_forward(out, s.lse, qkv, p_, segment_ids);
+  s.dropout = dropout;
+  ctx.ops().attention_forward(out, s.lse, qkv, with_dropout(dropout), segment_ids);
 }
 
 void AttentionCore::backward(const DeviceContext& ctx, TensorView dqkv, TensorView dout, TensorView qkv,
                              TensorView out, const Saved& s, TensorView segment_ids) const {
-  ctx.ops().attention_backward(dqkv, dout, qkv, out, s.lse, p_, segment_ids);
+  ctx.ops().attention_backward(dqkv, dout, qkv, out, s.lse, with_dropout(s.dropout), segment_ids);
+}
+
+void dropout_forward(const DeviceContext& ctx, TensorView out, TensorView inp, const DropoutMask& d) {
+  if (d.active()) ctx.ops().dropout_forward(out, inp, d.p, d.seed, d.stream);
+  else if (out.raw() != inp.raw()) ctx.ops().cast(out, inp);
+}
+
+void dropout_backward(const DeviceContext& ctx, TensorView dinp, TensorView dout, const DropoutMask& d) {
+  if (d.active()) ctx.ops().dropout_backward(dinp, dout, d.p, d.seed, d.stream);
+  else if (dinp.raw() != dout.raw()) ctx.ops().cast(dinp, dout);
 }
 
 }  // namespace loom

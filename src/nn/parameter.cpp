@@ -1,3 +1,4 @@
+// ParameterSet: contiguous master / compute / grad buffers and name-keyed initialisation.
 #include "loom/nn/parameter.h"
 
 #include <algorithm>
@@ -5,6 +6,10 @@
 #include "loom/core/rng.h"
 
 namespace loom {
+
+namespace {
+bool is_compute_dtype(DType dt) { return dt == DType::kF32 || dt == DType::kBF16 || dt == DType::kF16; }
+}  // namespace
 
 Parameter& ParameterSet::add(std::string name, Shape shape, InitKind init, float init_std, bool no_weight_decay,
                              int partition_dim) {
@@ -22,11 +27,26 @@ Parameter& ParameterSet::add(std::string name, Shape shape, InitKind init, float
   return p;
 }
 
-void ParameterSet::allocate(const DeviceContext& ctx) {
+int64_t ParameterSet::allocation_bytes(int64_t numel, DType compute_dtype, DType grad_dtype) {
+  int64_t bytes = numel * int64_t(dtype_size(DType::kF32)) + numel * int64_t(dtype_size(grad_dtype));
+  if (compute_dtype != DType::kF32) bytes += numel * int64_t(dtype_size(compute_dtype));
+  return bytes;
+}
+
+void ParameterSet::allocate(const DeviceContext& ctx, DType compute_dtype, DType grad_dtype) {
+  LOOM_CHECK(!values_.defined(), "[ParameterSet] allocate() called twice");
+  LOOM_CHECK(is_compute_dtype(compute_dtype), "[ParameterSet] compute dtype must be f32, bf16 or f16, got ",
+             dtype_name(compute_dtype));
+  LOOM_CHECK(grad_dtype == DType::kF32 || grad_dtype == compute_dtype,
+             "[ParameterSet] grad dtype must be f32 or the compute dtype ", dtype_name(compute_dtype), ", got ",
+             dtype_name(grad_dtype));
+  ctx_ = &ctx;
   values_ = ctx.empty({numel_}, DType::kF32);
-  grads_ = ctx.zeros({numel_}, DType::kF32);
+  compute_ = compute_dtype == DType::kF32 ? values_ : ctx.empty({numel_}, compute_dtype);
+  grads_ = ctx.zeros({numel_}, grad_dtype);
   for (Parameter& p : params_) {
     p.value = values_.slice_flat(p.offset, p.shape);
+    p.compute = compute_.slice_flat(p.offset, p.shape);
     p.grad = grads_.slice_flat(p.offset, p.shape);
   }
 }
@@ -43,6 +63,13 @@ void ParameterSet::initialize(uint64_t seed) {
       case InitKind::kOnes: std::fill(v, v + n, 1.0f); break;
     }
   }
+  sync_compute(*ctx_);
+}
+
+void ParameterSet::sync_compute(const DeviceContext& ctx) const {
+  LOOM_CHECK(values_.defined(), "[ParameterSet] sync_compute() before allocate()");
+  if (compute_.raw() == values_.raw()) return;  // f32 compute reads the master weights directly
+  ctx.ops().cast(compute_, values_);
 }
 
 Parameter* ParameterSet::find(const std::string& name) {

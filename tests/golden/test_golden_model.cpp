@@ -10,6 +10,7 @@
 #include "loom/ckpt/safetensors.h"
 #include "loom/model/gpt.h"
 #include "loom/optim/optimizer.h"
+#include "loom/optim/scheduler.h"
 
 using namespace loom;
 
@@ -90,7 +91,13 @@ TEST(GoldenModel, TenAdamWStepsWithClippingAndWarmup) {
   std::vector<ParamRange> ranges;
   for (const Parameter& p : ps.all()) ranges.push_back({p.offset, p.shape.numel(), !p.no_weight_decay});
   AdamW opt(*fx.ctx, ps.numel(), ranges, AdamWConfig{0.9f, 0.95f, 1e-8f});
-  const LRSchedule sched{1e-2, 1e-3, 3 * 3, 10 * 3, LRDecayStyle::kCosine};
+  SchedulerConfig sc;
+  sc.max_lr = 1e-2;
+  sc.min_lr = 1e-3;
+  sc.lr_warmup_steps = 3 * 3;
+  sc.lr_decay_steps = 10 * 3;
+  sc.lr_decay_style = LRDecayStyle::kCosine;
+  const OptimizerParamScheduler sched(sc);
   auto self = make_self_communicator("world");
   const Tensor ref_losses = fx.f.read("ref.losses"), ref_lrs = fx.f.read("ref.lrs"),
                ref_norms = fx.f.read("ref.grad_norms");

@@ -1,37 +1,177 @@
-// GPT-2 architecture assembled from nn modules, with Megatron's parameter names:
-//   embedding.word_embeddings.weight (Vp, C), embedding.position_embeddings.weight (P, C)
-//   decoder.layers.N.{input_layernorm, self_attention.linear_qkv, self_attention.linear_proj,
-//                     pre_mlp_layernorm, mlp.linear_fc1, mlp.linear_fc2}.{weight,bias}
-//   decoder.final_layernorm.{weight,bias}; the output layer is tied to the word embedding.
-// Pre-LN layers: x += proj(attn(ln1(x))); x += fc2(gelu(fc1(ln2(x)))). qkv uses Megatron's grouped
-// layout (per head: q, k, v). Activation memory: per layer the saved tensors below (12·B·T·C floats);
-// the GeLU output is not saved but recomputed in backward from fc1's output (4·B·T·C per layer saved).
-// Gradient scratch (dres, dln, datt, dqkv, dfc) is shared by all layers since backward visits one at a time.
+// GPT- and Llama-family decoder assembled from nn modules, with Megatron-core's parameter names:
+//   embedding.word_embeddings.weight (Vp, C), embedding.position_embeddings.weight (P, C) [learned_absolute]
+//   decoder.layers.N.input_layernorm.{weight,bias}            bias only for LayerNorm
+//   decoder.layers.N.self_attention.linear_qkv.{weight,bias}   ((NH + 2·NKV)·HS, C), grouped layout
+//   decoder.layers.N.self_attention.linear_proj.{weight,bias}  (C, NH·HS)
+//   decoder.layers.N.self_attention.{q,k}_layernorm.{weight,bias}  (HS) with --qk-layernorm
+//   decoder.layers.N.pre_mlp_layernorm.{weight,bias}
+//   decoder.layers.N.mlp.linear_fc1.{weight,bias}  (F, C), or (2F, C) = [gate | up] for gated MLPs
+//   decoder.layers.N.mlp.linear_fc2.{weight,bias}  (C, F)
+//   decoder.final_layernorm.{weight,bias}; output_layer.weight (Vp, C) when untied (else the word embedding).
+// Linear biases exist unless --disable-bias-linear (the qkv bias comes back with --add-qkv-bias).
+// Pre-LN layers: x += drop(proj(attn(rope(qknorm(qkv(ln1(x))))))); x += drop(fc2(act(fc1(ln2(x))))), with
+// Megatron's dropout sites: the embedding output and both bias-dropout-adds use --hidden-dropout, the
+// attention probabilities --attention-dropout. qkv uses Megatron's grouped layout (per query group: its
+// NH/NKV query heads, its key head, its value head). RoPE (--position-embedding-type rope) rotates the q and
+// k heads in place by the token's index in the sequence (as Megatron-core: --reset-position-ids moves
+// learned position embeddings only; RoPE scores depend on i - j alone, so within a document the two agree).
+// docs/models.md lists every option and its flag.
+//
+// Mixed precision (Megatron's --bf16 / --fp16): the ParameterSet keeps f32 master weights and a compute
+// copy (ModelOptions::compute_dtype) the ops read; gradients accumulate in ModelOptions::grad_dtype (f32
+// main grads by default). Activations and the logits are in the compute dtype; norm/attention
+// statistics and the per-token losses are f32 (cross-entropy computes in f32 and writes dlogits in place).
+//
+// Activation memory: per layer the saved tensors of LayerActs (+ statistics); the MLP activation output is
+// not saved but recomputed in backward from fc1's output (a gated MLP's backward then overwrites fc1's
+// output with its gradient, which nothing reads again). Recomputation (Megatron's
+// --recompute-granularity/--recompute-method/--recompute-num-layers) removes buffers for real:
+//   selective    the attention core output and its lse are not kept per layer; one shared scratch holds
+//                them and backward re-runs the core just before linear_proj's backward needs it;
+//   full uniform layers in groups of N keep only the group output (the next group's input); backward
+//                re-runs each group forward from its input into one shared scratch sized for a group;
+//   full block   the first N layers are recomputed one at a time that way; the others keep everything.
+// Recomputed forwards regenerate the same dropout masks (Philox, keyed by site and micro-batch), so losses
+// and every gradient are bit-identical to no recomputation. memory_plan() lists every buffer the model
+// allocates; the model allocates exactly those (loom calc predicts memory from the same numbers).
+// Gradient scratch (dres, dln, datt, dqkv, dfc, qk-norm) is shared by all layers since backward visits one
+// at a time.
 #pragma once
 #include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "loom/nn/modules.h"
 
 namespace loom {
 
+// --position-embedding-type: learned_absolute | rope | none.
+enum class PositionEmbeddingType { kLearnedAbsolute, kRope, kNone };
+PositionEmbeddingType parse_position_embedding_type(std::string_view s);  // UserError naming the flag
+const char* position_embedding_type_name(PositionEmbeddingType t);  // Megatron's spelling
+
+// MLP activation: GeLU (tanh approximation, 4C-wide by default) or a gated linear unit over fc1's
+// [gate | up] halves. Megatron's --swiglu selects kSwiGLU; GeGLU and ReGLU have no Megatron flag and are
+// reachable through this config only.
+enum class MlpActivation { kGeLU, kSwiGLU, kGeGLU, kReGLU };
+const char* mlp_activation_name(MlpActivation a);  // "gelu", "swiglu", "geglu", "reglu"
+
 struct GPTConfig {
   int64_t num_layers = 12;               // L (--num-layers)
   int64_t hidden_size = 768;             // C (--hidden-size)
   int64_t num_attention_heads = 12;      // NH (--num-attention-heads)
-  int64_t max_position_embeddings = 1024;  // P (--max-position-embeddings)
+  int64_t max_position_embeddings = 1024;  // P (--max-position-embeddings): learned table / RoPE table rows
   int64_t vocab_size = 50257;            // V: real tokens; the loss covers these columns only
   int64_t padded_vocab_size = 50304;     // Vp: V rounded up to --make-vocab-size-divisible-by
   float init_method_std = 0.02f;         // --init-method-std
-  float layernorm_epsilon = 1e-5f;       // --norm-epsilon
-  int64_t ffn_hidden_size() const { return 4 * hidden_size; }
-  int64_t head_dim() const { return hidden_size / num_attention_heads; }
-  // Parameters, counted exactly from the shapes.
+  float layernorm_epsilon = 1e-5f;       // --norm-epsilon (LayerNorm and RMSNorm)
+  // Dropout probabilities in [0, 1). 0 here; the trainer sets Megatron's defaults (0.1 each).
+  float hidden_dropout = 0.0f;           // --hidden-dropout: embedding output and both residual branches
+  float attention_dropout = 0.0f;        // --attention-dropout: softmax probabilities
+
+  // Architecture options (defaults: GPT-2). docs/models.md has the Llama / Mistral / Qwen settings.
+  NormKind normalization = NormKind::kLayerNorm;      // --normalization LayerNorm | RMSNorm
+  MlpActivation activation = MlpActivation::kGeLU;     // --swiglu: kSwiGLU
+  int64_t ffn_hidden = 0;        // --ffn-hidden-size F; 0: Megatron's default (see ffn_hidden_size())
+  int64_t kv_channels = 0;       // --kv-channels HS; 0: C / NH
+  bool group_query_attention = false;  // --group-query-attention
+  int64_t num_query_groups = 1;        // --num-query-groups NKV (with --group-query-attention; else NKV = NH)
+  bool add_bias_linear = true;         // false with --disable-bias-linear: no bias in any linear layer
+  bool add_qkv_bias = false;           // --add-qkv-bias: linear_qkv keeps its bias even then
+  bool untie_embeddings_and_output_weights = false;  // --untie-embeddings-and-output-weights
+  PositionEmbeddingType position_embedding_type = PositionEmbeddingType::kLearnedAbsolute;
+  double rotary_base = 10000.0;        // --rotary-base
+  float rotary_percent = 1.0f;         // --rotary-percent: rotary_dim = int(HS · percent), even
+  bool rotary_interleaved = false;     // --rotary-interleaved
+  bool use_rope_scaling = false;       // --use-rope-scaling: Llama 3.1 frequency scaling
+  float rope_scaling_factor = 8.0f;    // --rope-scaling-factor
+  // --window-size L,0: a query at i attends to keys [i - L, i] (Transformer Engine's (left, right) window;
+  // the right side must be 0 for causal attention). -1: no window.
+  int64_t window_size_left = -1;
+  bool qk_layernorm = false;           // --qk-layernorm: per-head norm of q and k (before RoPE)
+
+  // Megatron's default for --ffn-hidden-size: 4C, or int(4C · 2/3 / 64) · 64 for gated MLPs (the same
+  // parameter count with three matrices).
+  int64_t ffn_hidden_size() const;
+  int64_t head_dim() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }  // HS
+  int64_t num_kv_heads() const { return group_query_attention ? num_query_groups : num_attention_heads; }  // NKV
+  bool gated_mlp() const { return activation != MlpActivation::kGeLU; }
+  bool qkv_bias() const { return add_bias_linear || add_qkv_bias; }
+  int64_t qkv_size() const { return (num_attention_heads + 2 * num_kv_heads()) * head_dim(); }  // qkv width
+  int64_t rotary_dim() const;  // int(HS · rotary_percent) (Megatron), 0 without RoPE
+  // The attention core's parameters (heads, softmax scale 1/sqrt(HS), causal, window) without dropout.
+  AttentionParams attention_params() const;
+  // RoPE options for RotaryEmbedding (valid with position_embedding_type kRope).
+  RotaryOptions rotary_options() const;
+
+  // Parameters, counted exactly from the shapes (every option; see docs/models.md for the formula).
   int64_t num_parameters() const;
-  // Model FLOPs of one forward+backward over B sequences of length T (matmuls only, causal attention
-  // counted in full as Megatron does): 3 x (24·B·T·L·C² + 4·B·T²·L·C + 2·B·T·C·Vp).
+  // Model FLOPs (matmuls only, causal attention counted in full, as Megatron's
+  // num_floating_point_operations, which they equal for every option here):
+  //   layer forward   2·B·T·(C·qkv_size + NH·HS·C + C·F·(2 if gated else 1) + F·C) + 4·B·T²·NH·HS
+  //   logits forward  2·B·T·C·Vp
+  // With the GPT-2 shapes the layer forward is 24·B·T·C² + 4·B·T²·C.
+  double layer_forward_flops(int64_t B, int64_t T) const;
+  double attention_core_forward_flops(int64_t B, int64_t T) const;  // 4·B·T²·NH·HS (selective recompute)
+  double logits_forward_flops(int64_t B, int64_t T) const;
+  // One forward+backward over B sequences of length T: 3 x (L · layer forward + logits forward).
+  // Recomputation is not counted (it is hardware work, not model work).
   double flops_per_step(int64_t B, int64_t T) const;
-  void validate() const;  // throws UserError naming the flag
+  // Everything but the vocabulary (which the trainer resolves later); UserError naming the flag.
+  void validate_architecture() const;
+  void validate() const;  // validate_architecture() and the vocabulary sizes
+};
+
+enum class RecomputeGranularity { kNone, kSelective, kFull };  // --recompute-granularity {,selective,full}
+enum class RecomputeMethod { kNone, kUniform, kBlock };        // --recompute-method {,uniform,block}
+// Megatron's flag values ("selective", "full"; "uniform", "block"); UserError naming the flag otherwise.
+RecomputeGranularity parse_recompute_granularity(std::string_view s);
+RecomputeMethod parse_recompute_method(std::string_view s);
+
+// How the model is built (fixed for its lifetime).
+struct ModelOptions {
+  DType compute_dtype = DType::kF32;  // kBF16 for --bf16, kF16 for --fp16: parameter copy and activations
+  // Gradient buffer: kF32 (Megatron's main grads; always for --bf16) or, for --fp16 without
+  // --accumulate-allreduce-grads-in-fp32, kF16. Must be kF32 or compute_dtype.
+  DType grad_dtype = DType::kF32;
+  RecomputeGranularity recompute_granularity = RecomputeGranularity::kNone;
+  RecomputeMethod recompute_method = RecomputeMethod::kNone;  // required for kFull, unset otherwise
+  // --recompute-num-layers: group size (uniform) or number of recomputed layers (block); in
+  // [1, num_layers] for kFull, 0 (unset) otherwise. Ignored with kNone, as Megatron ignores it.
+  int64_t recompute_num_layers = 0;
+  void validate(const GPTConfig& cfg) const;  // throws UserError naming the Megatron flags
+};
+
+// Per-call forward settings.
+struct ForwardOptions {
+  bool training = true;  // false: evaluation (no dropout; dloss_scale must be 0, no backward follows)
+  uint64_t dropout_seed = 0;  // the run's --seed
+  // Counter the caller advances for every micro-batch of the run (never reused, e.g. iteration · num
+  // micro-batches + micro-batch), mixed into every site's dropout stream so each micro-batch draws fresh
+  // masks while the recomputed forward of the same micro-batch redraws the same ones.
+  uint64_t micro_batch_index = 0;
+};
+
+// One buffer the model allocates.
+struct PlannedBuffer {
+  std::string name;  // e.g. "decoder.layers.3.qkv", "recompute.slot0.fc", "params.grads"
+  Shape shape;
+  DType dtype = DType::kF32;
+  int64_t bytes() const { return shape.numel() * int64_t(dtype_size(dtype)); }
+};
+
+// Every buffer of a model for micro-batches of shape (B, T). Optimizer state (AdamW's m, v) is not the
+// model's and is not included.
+struct GPTMemoryPlan {
+  // f32 master values, compute copy (bf16/f16 only), grads, and the RoPE cos/sin tables (constants built
+  // with the model).
+  std::vector<PlannedBuffer> parameters;
+  std::vector<PlannedBuffer> activations;  // everything forward/backward allocate (saved, scratch, logits)
+  int64_t parameter_bytes() const;
+  int64_t activation_bytes() const;
+  int64_t total_bytes() const { return parameter_bytes() + activation_bytes(); }
 };
 
 // One micro-batch. tokens and targets (B, T) i32 are required; the rest are optional (empty views):
@@ -45,21 +185,29 @@ struct GPTBatch {
 
 class GPTModel {
  public:
-  GPTModel(const GPTConfig& cfg, const DeviceContext& ctx);
+  using Options = ModelOptions;
+  GPTModel(const GPTConfig& cfg, const DeviceContext& ctx, const ModelOptions& opts = {});
   GPTModel(const GPTModel&) = delete;
   GPTModel& operator=(const GPTModel&) = delete;
   ~GPTModel();
 
   const GPTConfig& config() const { return cfg_; }
+  const ModelOptions& options() const { return opts_; }
   ParameterSet& params() { return params_; }
   const ParameterSet& params() const { return params_; }
+  // Initialises the master weights and syncs the compute copy.
   void initialize(uint64_t seed) { params_.initialize(seed); }
+  // Refreshes the compute copy from the master weights; call after every write to params().values()
+  // (optimizer step, checkpoint load). A no-op for f32 compute.
+  void sync_compute() const { params_.sync_compute(ctx_); }
 
   // Forward over a micro-batch. Returns the mean loss over its tokens (over the unmasked tokens when a
   // loss mask is given: sum(loss · mask) / sum(mask), as Megatron). dloss_scale != 0 prepares
   // backward: the logits buffer becomes dlogits = dloss_scale · d(sum of mask · losses).
-  // With dloss_scale == 0 the logits stay available through logits().
-  float forward(const GPTBatch& batch, float dloss_scale);
+  // With dloss_scale == 0 the logits stay available through logits(). Dropout applies when
+  // opts.training and the config's probability is > 0.
+  float forward(const GPTBatch& batch, float dloss_scale, const ForwardOptions& opts);
+  float forward(const GPTBatch& batch, float dloss_scale) { return forward(batch, dloss_scale, ForwardOptions{}); }
   float forward(TensorView tokens, TensorView targets, float dloss_scale) {
     return forward(GPTBatch{tokens, targets, {}, {}, {}}, dloss_scale);
   }
@@ -67,32 +215,61 @@ class GPTModel {
   // must be the one that forward saw.
   void backward(const GPTBatch& batch);
   void backward(TensorView tokens) { backward(GPTBatch{tokens, {}, {}, {}, {}}); }
-  TensorView logits() const { return logits_; }  // (B, T, Vp)
-  TensorView losses() const { return losses_; }  // (B, T) per-token losses of the last forward
+  TensorView logits() const { return logits_; }  // (B, T, Vp), compute dtype
+  TensorView losses() const { return losses_; }  // (B, T) f32 per-token losses of the last forward
+
+  // Every buffer a model built with (cfg, opts) allocates for (B, T) micro-batches; validates both.
+  static GPTMemoryPlan memory_plan(const GPTConfig& cfg, const ModelOptions& opts, int64_t B, int64_t T);
+  // Bytes of the activation buffers allocated now (0 before the first forward); equals
+  // memory_plan(config(), options(), B, T).activation_bytes() for the last forward's (B, T).
+  int64_t activation_bytes() const { return activation_bytes_; }
 
  private:
   struct Layer;
   struct LayerActs;
+  struct LayerRole;
+  struct BufferSlot;
+  static std::vector<LayerRole> layer_roles(const GPTConfig& cfg, const ModelOptions& opts);
+  static std::vector<BufferSlot> activation_layout(const GPTConfig& cfg, const ModelOptions& opts, int64_t B,
+                                                   int64_t T, GPTModel* model);
   void ensure_buffers(int64_t B, int64_t T);
+  void forward_layer(int64_t l, TensorView segment_ids);
+  void backward_layer(int64_t l, TensorView segment_ids);
+  TensorView layer_input(int64_t l) const;
+  Parameter& output_weight() const;  // output_layer.weight when untied, else the word embedding
+  void mlp_activation_forward(TensorView fc) const;  // act_ = act(fc) (GeLU, or a GLU of [gate | up])
+  GluKind glu_kind() const;                          // the GLU of a gated MLP
+  DropoutMask hidden_mask(uint64_t site) const;
+  DropoutMask attention_mask(uint64_t site) const;
 
   GPTConfig cfg_;
+  ModelOptions opts_;
   const DeviceContext& ctx_;
   ParameterSet params_;
   std::unique_ptr<Embedding> embedding_;
   std::vector<std::unique_ptr<Layer>> layers_;
-  std::unique_ptr<LayerNorm> final_ln_;
+  std::unique_ptr<Norm> final_ln_;
+  std::unique_ptr<Linear> output_layer_;  // untied output layer (null when tied to the word embedding)
+  std::unique_ptr<RotaryEmbedding> rope_;  // RoPE tables (null without RoPE)
+  std::vector<LayerRole> roles_;   // per layer: kept or recomputed (and its group)
 
   int64_t B_ = 0, T_ = 0;
+  int64_t activation_bytes_ = 0;
   bool backward_ready_ = false;
-  Tensor x0_;                      // (B, T, C) embedding output = input of layer 0
-  std::vector<LayerActs> acts_;    // saved activations per layer
+  ForwardOptions fwd_;             // of the last forward; backward's recomputation redraws its masks
+  Tensor x0_;                      // (B, T, C) embedding output (after dropout) = input of layer 0
+  std::vector<LayerActs> acts_;    // per layer; recomputed layers' views point into scratch_
+  std::vector<LayerActs> scratch_; // full recomputation: one group's activations
+  Tensor att_scratch_, lse_scratch_;  // selective recomputation: (B, T, NH·HS), (B, NH, T) f32
   Tensor lnf_;                     // (B, T, C)
-  LayerNorm::Saved lnf_saved_;
+  Norm::Saved lnf_saved_;
   Tensor logits_;                  // (B, T, Vp), dlogits in place after a training forward
-  Tensor losses_;                  // (B, T)
-  // Shared scratch: GeLU output (forward and recomputed in backward), the attention projection output
-  // (consumed at once by the fused residual + LayerNorm) and activation gradients.
-  Tensor gelu_, proj_, dres_, dln_, datt_, dqkv_, dfc_;
+  Tensor losses_;                  // (B, T) f32
+  // Shared scratch: MLP activation output (forward and recomputed in backward); branch_ holds a residual
+  // branch's output (attention projection, consumed at once by the fused residual + norm) in forward and a
+  // branch's gradient through its dropout in backward; activation gradients; the qk-norm's two scratch
+  // buffers (B, T, NH·HS) (--qk-layernorm only).
+  Tensor act_, branch_, dres_, dln_, datt_, dqkv_, dfc_, qk_a_, qk_b_;
 };
 
 }  // namespace loom

@@ -1,4 +1,4 @@
-// ParameterSet layout and initialisation.
+// ParameterSet layout, initialisation and mixed-precision buffers; modules reading the compute copy.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -60,4 +60,59 @@ TEST(ParameterSet, InitIsKeyedByNameNotOrderOrThreads) {
   // Different seed -> different values.
   b.initialize(1235);
   EXPECT_NE(0, std::memcmp(w1.value.raw(), b.find("w1")->value.raw(), size_t(w1.value.nbytes())));
+}
+
+TEST(ParameterSet, ComputeCopyAndGradDtypes) {
+  auto ctx = make_cpu_context();
+  {  // f32: the compute copy is the master buffer itself.
+    ParameterSet ps;
+    Linear lin(ps, "fc", 4, 3, true, 0.02f);
+    ps.allocate(*ctx);
+    EXPECT_EQ(ps.compute_values().raw(), ps.values().raw());
+    EXPECT_EQ(ps.find("fc.weight")->compute.raw(), ps.find("fc.weight")->value.raw());
+    EXPECT_EQ(ps.compute_dtype(), DType::kF32);
+    EXPECT_EQ(ParameterSet::allocation_bytes(ps.numel(), DType::kF32, DType::kF32), 8 * ps.numel());
+  }
+  ParameterSet ps;
+  Linear lin(ps, "fc", 4, 3, true, 0.5f);
+  LayerNorm ln(ps, "ln", 3, 1e-5f);
+  ps.allocate(*ctx, DType::kF16, DType::kF16);
+  EXPECT_EQ(ps.values().dtype(), DType::kF32);
+  EXPECT_EQ(ps.compute_values().dtype(), DType::kF16);
+  EXPECT_EQ(ps.grads().dtype(), DType::kF16);
+  EXPECT_EQ(ParameterSet::allocation_bytes(ps.numel(), DType::kF16, DType::kF16), 8 * ps.numel());
+  const Parameter& b = *ps.find("fc.bias");
+  EXPECT_EQ(b.compute.raw(), static_cast<uint16_t*>(ps.compute_values().raw()) + b.offset);
+  EXPECT_EQ(b.grad.raw(), static_cast<uint16_t*>(ps.grads().raw()) + b.offset);
+  ps.initialize(3);  // leaves the compute copy in sync
+  const float* v = ps.values().data<float>();
+  const uint16_t* c = ps.compute_values().data<uint16_t>();
+  for (int64_t i = 0; i < ps.numel(); ++i) ASSERT_EQ(c[i], f32_to_f16(v[i])) << i;
+  ps.values().data<float>()[0] = 1.0f + 1.0f / 4096.0f;  // a tie between two f16 values: rounds to even
+  ps.sync_compute(*ctx);
+  EXPECT_EQ(c[0], f32_to_f16(1.0f));
+  EXPECT_THROW(ParameterSet().allocate(*ctx, DType::kBF16, DType::kF16), Error);
+}
+
+// Modules read the compute copy: a bf16 linear layer computes with the rounded weights, not the masters.
+TEST(Modules, LinearReadsComputeCopy) {
+  auto ctx = make_cpu_context();
+  ParameterSet ps;
+  Linear lin(ps, "fc", 2, 1, false, 0.02f);
+  ps.allocate(*ctx, DType::kBF16, DType::kF32);
+  float* w = ps.values().data<float>();
+  w[0] = 1.0f + 1.0f / 256.0f;  // not representable in bf16; rounds (to even) to 1
+  w[1] = 0.0f;
+  ps.sync_compute(*ctx);
+  Tensor x = Tensor::empty({1, 2}, DType::kBF16), y = Tensor::empty({1, 1}, DType::kBF16);
+  x.data<uint16_t>()[0] = f32_to_bf16(1.0f);
+  x.data<uint16_t>()[1] = f32_to_bf16(1.0f);
+  lin.forward(*ctx, y, x);
+  EXPECT_EQ(bf16_to_f32(y.data<uint16_t>()[0]), 1.0f);
+  Tensor dy = Tensor::empty({1, 1}, DType::kBF16);
+  dy.data<uint16_t>()[0] = f32_to_bf16(2.0f);
+  lin.backward(*ctx, TensorView(), dy, x);
+  EXPECT_EQ(ps.grads().data<float>()[0], 2.0f);  // f32 main grads accumulate
+  lin.backward(*ctx, TensorView(), dy, x);
+  EXPECT_EQ(ps.grads().data<float>()[1], 4.0f);
 }
