@@ -4,18 +4,22 @@
 #include <string>
 #include <vector>
 
+#include "cli/calc_args.h"
 #include "cli/preprocess_args.h"
 #include "loom/data/preprocess.h"
 #include "loom/train/args.h"
+#include "loom/train/calc.h"
+#include "loom/train/config_file.h"
 #include "loom/train/trainer.h"
 
 namespace {
 
 const char* kUsage =
-    "usage: loom <command> [flags]\n"
+    "usage: loom <command> [flags]   (train and calc also take --config FILE.yaml: flags as YAML keys)\n"
     "commands:\n"
     "  train       pretrain a GPT model (Megatron-LM flags; `loom train --help`)\n"
-    "  preprocess  tokenize JSONL into Megatron .bin/.idx files (`loom preprocess --help`)\n";
+    "  preprocess  tokenize JSONL into Megatron .bin/.idx files (`loom preprocess --help`)\n"
+    "  calc        parameters, FLOPs, memory per rank and training time from train flags (`loom calc --help`)\n";
 
 int cmd_train(const std::vector<std::string>& args) {
   for (const auto& a : args)
@@ -23,7 +27,7 @@ int cmd_train(const std::vector<std::string>& args) {
       std::cout << loom::train_help();
       return 0;
     }
-  const loom::TrainConfig cfg = loom::parse_train_args(args);
+  const loom::TrainConfig cfg = loom::parse_with_config_file(args, loom::parse_train_args);
   loom::run_training(cfg, std::cout);
   return 0;
 }
@@ -39,6 +43,18 @@ int cmd_preprocess(const std::vector<std::string>& args) {
   return 0;
 }
 
+int cmd_calc(const std::vector<std::string>& args) {
+  for (const auto& a : args)
+    if (a == "--help" || a == "-h") {
+      std::cout << loom::calc_help();
+      return 0;
+    }
+  const loom::CalcReport r = loom::parse_with_config_file(
+      args, [](const std::vector<std::string>& a) { return loom::compute_calc(loom::parse_calc_args(a)); });
+  std::cout << loom::format_calc_report(r);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -51,6 +67,7 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "train") return cmd_train(args);
     if (cmd == "preprocess") return cmd_preprocess(args);
+    if (cmd == "calc") return cmd_calc(args);
     std::cerr << "loom: error: unknown command '" << cmd << "'\n" << kUsage;
     return 2;
   } catch (const loom::UserError& e) {

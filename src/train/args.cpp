@@ -19,6 +19,24 @@ struct Flag {
 int64_t parse_int(const std::string& flag, const std::string& v) { return parse_int_flag(flag, v); }
 double parse_float(const std::string& flag, const std::string& v) { return parse_float_flag(flag, v); }
 
+// Megatron's tuple_type "L,R" or "(L,R)". Causal attention has no right window; -1 on the left is
+// Transformer Engine's "unlimited".
+int64_t parse_window_size(const std::string& v) {
+  std::string t;
+  for (char ch : v)
+    if (ch != ' ') t += ch;
+  if (t.size() >= 2 && t.front() == '(' && t.back() == ')') t = t.substr(1, t.size() - 2);
+  const size_t comma = t.find(',');
+  if (comma == std::string::npos)
+    user_error("--window-size takes two integers LEFT,RIGHT (e.g. 4096,0), got '", v, "'");
+  const int64_t left = parse_int("--window-size", t.substr(0, comma));
+  const int64_t right = parse_int("--window-size", t.substr(comma + 1));
+  if (right != 0)
+    user_error("--window-size ", v, ": the right window must be 0 (Loom's attention is causal), got ", right);
+  if (left < -1) user_error("--window-size ", v, ": the left window must be >= 0 (or -1: unlimited), got ", left);
+  return left;
+}
+
 const std::vector<Flag>& flags() {
   using C = TrainConfig;
   using S = const std::string&;
@@ -35,8 +53,43 @@ const std::vector<Flag>& flags() {
        }},
       {"--init-method-std", "F", "std of the normal init (default 0.02)",
        [](C& c, S v) { c.model.init_method_std = float(parse_float("--init-method-std", v)); }},
-      {"--norm-epsilon", "F", "LayerNorm epsilon (default 1e-5)",
+      {"--norm-epsilon", "F", "LayerNorm / RMSNorm epsilon (default 1e-5)",
        [](C& c, S v) { c.model.layernorm_epsilon = float(parse_float("--norm-epsilon", v)); }},
+      // architecture (defaults: GPT-2; docs/models.md)
+      {"--normalization", "S", "LayerNorm | RMSNorm (default LayerNorm)",
+       [](C& c, S v) { c.model.normalization = parse_norm_kind(v); }},
+      {"--swiglu", "", "SwiGLU MLP: linear_fc1 is [gate | up], 2 x --ffn-hidden-size wide",
+       [](C& c, S) { c.model.activation = MlpActivation::kSwiGLU; }},
+      {"--ffn-hidden-size", "F", "MLP width (default 4 x hidden, with --swiglu int(8 x hidden / 3 / 64) x 64)",
+       [](C& c, S v) { c.model.ffn_hidden = parse_int("--ffn-hidden-size", v); }},
+      {"--kv-channels", "HS", "attention head size (default hidden / heads)",
+       [](C& c, S v) { c.model.kv_channels = parse_int("--kv-channels", v); }},
+      {"--group-query-attention", "", "grouped-query attention: --num-query-groups key/value heads",
+       [](C& c, S) { c.model.group_query_attention = true; }},
+      {"--num-query-groups", "G", "key/value heads with --group-query-attention (default 1)",
+       [](C& c, S v) { c.model.num_query_groups = parse_int("--num-query-groups", v); }},
+      {"--disable-bias-linear", "", "no biases in the linear layers", [](C& c, S) { c.model.add_bias_linear = false; }},
+      {"--add-qkv-bias", "", "keep the linear_qkv bias with --disable-bias-linear",
+       [](C& c, S) { c.model.add_qkv_bias = true; }},
+      {"--untie-embeddings-and-output-weights", "", "separate output_layer.weight instead of the word embedding",
+       [](C& c, S) { c.model.untie_embeddings_and_output_weights = true; }},
+      {"--position-embedding-type", "S", "learned_absolute | rope | none (default learned_absolute)",
+       [](C& c, S v) { c.model.position_embedding_type = parse_position_embedding_type(v); }},
+      {"--use-rotary-position-embeddings", "", "deprecated: --position-embedding-type rope",
+       [](C& c, S) { c.model.position_embedding_type = PositionEmbeddingType::kRope; }},
+      {"--rotary-base", "N", "RoPE base (default 10000)",
+       [](C& c, S v) { c.model.rotary_base = parse_float("--rotary-base", v); }},
+      {"--rotary-percent", "F", "fraction of each head's channels RoPE rotates (default 1.0)",
+       [](C& c, S v) { c.model.rotary_percent = float(parse_float("--rotary-percent", v)); }},
+      {"--rotary-interleaved", "", "RoPE pairs channels (2i, 2i+1) instead of (i, i + d/2)",
+       [](C& c, S) { c.model.rotary_interleaved = true; }},
+      {"--use-rope-scaling", "", "Llama 3.1 RoPE frequency scaling", [](C& c, S) { c.model.use_rope_scaling = true; }},
+      {"--rope-scaling-factor", "F", "factor of --use-rope-scaling (default 8.0)",
+       [](C& c, S v) { c.model.rope_scaling_factor = float(parse_float("--rope-scaling-factor", v)); }},
+      {"--window-size", "L,R", "sliding-window attention: query i sees keys [i-L, i+R]; R must be 0 (causal)",
+       [](C& c, S v) { c.model.window_size_left = parse_window_size(v); }},
+      {"--qk-layernorm", "", "normalize each query and key head (with --normalization's kind)",
+       [](C& c, S) { c.model.qk_layernorm = true; }},
       {"--vocab-size", "V", "vocabulary size (required with --mock-data)",
        [](C& c, S v) { c.data.vocab_size = parse_int("--vocab-size", v); }},
       {"--make-vocab-size-divisible-by", "N", "pad the vocabulary to a multiple of N (default 128)",
@@ -55,7 +108,7 @@ const std::vector<Flag>& flags() {
        [](C& c, S v) { c.optim.lr_warmup_iters = parse_int("--lr-warmup-iters", v); }},
       {"--lr-decay-iters", "N", "iterations to decay over (default --train-iters)",
        [](C& c, S v) { c.optim.lr_decay_iters = parse_int("--lr-decay-iters", v); }},
-      {"--lr-decay-style", "S", "constant | linear | cosine (default linear)",
+      {"--lr-decay-style", "S", "constant | linear | cosine | inverse-square-root | WSD (default linear)",
        [](C& c, S v) { c.optim.lr_decay_style = parse_lr_decay_style(v); }},
       {"--weight-decay", "F", "AdamW weight decay, not applied to biases and norms (default 0.01)",
        [](C& c, S v) { c.optim.weight_decay = parse_float("--weight-decay", v); }},
@@ -65,6 +118,90 @@ const std::vector<Flag>& flags() {
       {"--adam-eps", "F", "default 1e-8", [](C& c, S v) { c.optim.adam.eps = float(parse_float("--adam-eps", v)); }},
       {"--clip-grad", "F", "clip the global gradient norm to F, 0 disables (default 1.0)",
        [](C& c, S v) { c.optim.clip_grad = parse_float("--clip-grad", v); }},
+      {"--lr-warmup-init", "F", "learning rate the warmup starts from (default 0)",
+       [](C& c, S v) { c.optim.lr_warmup_init = parse_float("--lr-warmup-init", v); }},
+      {"--lr-warmup-fraction", "F", "warmup as a fraction of --lr-decay-iters (instead of --lr-warmup-iters)",
+       [](C& c, S v) { c.optim.lr_warmup_fraction = parse_float("--lr-warmup-fraction", v); }},
+      {"--lr-wsd-decay-style", "S", "WSD anneal shape: exponential | linear | cosine | minus_sqrt (default exponential)",
+       [](C& c, S v) { c.optim.lr_wsd_decay_style = v; }},
+      {"--lr-wsd-decay-iters", "N", "WSD: iterations of the final anneal (required with --lr-decay-style WSD)",
+       [](C& c, S v) { c.optim.lr_wsd_decay_iters = parse_int("--lr-wsd-decay-iters", v); }},
+      {"--start-weight-decay", "F", "weight decay at iteration 0 (with --weight-decay-incr-style)",
+       [](C& c, S v) { c.optim.start_weight_decay = parse_float("--start-weight-decay", v); }},
+      {"--end-weight-decay", "F", "weight decay at the end of training (with --weight-decay-incr-style)",
+       [](C& c, S v) { c.optim.end_weight_decay = parse_float("--end-weight-decay", v); }},
+      {"--weight-decay-incr-style", "S", "constant | linear | cosine (default constant)",
+       [](C& c, S v) { c.optim.weight_decay_incr_style = v; }},
+      {"--override-opt-param-scheduler", "", "on --load, the schedule flags win over the checkpoint's",
+       [](C& c, S) { c.optim.override_opt_param_scheduler = true; }},
+      {"--use-checkpoint-opt-param-scheduler", "", "on --load, the checkpoint's schedule wins over the flags",
+       [](C& c, S) { c.optim.use_checkpoint_opt_param_scheduler = true; }},
+      // mixed precision
+      {"--bf16", "", "BF16 compute, FP32 master weights, main grads and optimizer state",
+       [](C& c, S) { c.precision.bf16 = true; }},
+      {"--fp16", "", "FP16 compute with dynamic loss scaling, FP32 master weights and optimizer state",
+       [](C& c, S) { c.precision.fp16 = true; }},
+      {"--loss-scale", "F", "static FP16 loss scale (default: dynamic)",
+       [](C& c, S v) { c.precision.loss_scale = parse_float("--loss-scale", v); }},
+      {"--initial-loss-scale", "F", "first dynamic loss scale (default 2^32)",
+       [](C& c, S v) { c.precision.initial_loss_scale = parse_float("--initial-loss-scale", v); }},
+      {"--min-loss-scale", "F", "dynamic loss scale floor (default 1)",
+       [](C& c, S v) { c.precision.min_loss_scale = parse_float("--min-loss-scale", v); }},
+      {"--loss-scale-window", "N", "clean iterations before the dynamic scale doubles (default 1000)",
+       [](C& c, S v) { c.precision.loss_scale_window = parse_int("--loss-scale-window", v); }},
+      {"--hysteresis", "N", "overflows tolerated before the dynamic scale halves (default 2)",
+       [](C& c, S v) { c.precision.hysteresis = parse_int("--hysteresis", v); }},
+      {"--attention-softmax-in-fp32", "", "softmax in FP32 (always the case in Loom's fused attention)",
+       [](C& c, S) { c.precision.attention_softmax_in_fp32 = true; }},
+      {"--accumulate-allreduce-grads-in-fp32", "", "FP32 main grads with --fp16 (always on with --bf16)",
+       [](C& c, S) { c.precision.accumulate_allreduce_grads_in_fp32 = true; }},
+      // recomputation and dropout
+      {"--recompute-granularity", "S", "full | selective activation recomputation",
+       [](C& c, S v) { c.recompute.granularity = v; }},
+      {"--recompute-method", "S", "uniform | block (with --recompute-granularity full)",
+       [](C& c, S v) { c.recompute.method = v; }},
+      {"--recompute-num-layers", "N", "uniform: layers per recomputed group; block: layers recomputed",
+       [](C& c, S v) { c.recompute.num_layers = parse_int("--recompute-num-layers", v); }},
+      {"--recompute-activations", "", "same as --recompute-granularity selective",
+       [](C& c, S) { c.recompute.granularity = "selective"; }},
+      {"--checkpoint-activations", "", "legacy: --recompute-granularity full --recompute-method uniform",
+       [](C& c, S) {
+         c.recompute.granularity = "full";
+         c.recompute.method = "uniform";
+         if (!c.recompute.num_layers) c.recompute.num_layers = 1;
+       }},
+      {"--hidden-dropout", "P", "dropout on embeddings and before residual adds (default 0.1)",
+       [](C& c, S v) { c.recompute.hidden_dropout = float(parse_float("--hidden-dropout", v)); }},
+      {"--attention-dropout", "P", "dropout on attention probabilities (default 0.1)",
+       [](C& c, S v) { c.recompute.attention_dropout = float(parse_float("--attention-dropout", v)); }},
+      // evaluation
+      {"--eval-interval", "N", "iterations between validation evaluations (default 1000)",
+       [](C& c, S v) { c.eval.eval_interval = parse_int("--eval-interval", v); }},
+      {"--eval-iters", "N", "batches per evaluation, 0 disables evaluation (default 100)",
+       [](C& c, S v) { c.eval.eval_iters = parse_int("--eval-iters", v); }},
+      {"--valid-data-path", "PREFIX...", "validation datasets (with --train-data-path)",
+       [](C& c, S v) { c.eval.valid_data_path.push_back(v); }},
+      {"--test-data-path", "PREFIX...", "test datasets (with --train-data-path)",
+       [](C& c, S v) { c.eval.test_data_path.push_back(v); }},
+      // checkpoints
+      {"--save", "DIR", "checkpoint directory to save to", [](C& c, S v) { c.checkpoint.save = v; }},
+      {"--load", "DIR", "checkpoint directory to resume from (its latest_checkpointed_iteration.txt)",
+       [](C& c, S v) { c.checkpoint.load = v; }},
+      {"--save-interval", "N", "iterations between checkpoints (the end of training always saves)",
+       [](C& c, S v) { c.checkpoint.save_interval = parse_int("--save-interval", v); }},
+      {"--no-save-optim", "", "do not save the optimizer state", [](C& c, S) { c.checkpoint.no_save_optim = true; }},
+      {"--no-save-rng", "", "do not save the RNG state", [](C& c, S) { c.checkpoint.no_save_rng = true; }},
+      {"--no-load-optim", "", "do not load the optimizer state", [](C& c, S) { c.checkpoint.no_load_optim = true; }},
+      {"--no-load-rng", "", "do not load the RNG state", [](C& c, S) { c.checkpoint.no_load_rng = true; }},
+      {"--finetune", "", "load weights only and start at iteration 0 (no optimizer, scheduler or RNG state)",
+       [](C& c, S) { c.checkpoint.finetune = true; }},
+      // exit conditions
+      {"--exit-interval", "N", "stop (after saving) when the iteration is a multiple of N",
+       [](C& c, S v) { c.exit.exit_interval = parse_int("--exit-interval", v); }},
+      {"--exit-duration-in-mins", "M", "stop (after saving) once the run has lasted M minutes",
+       [](C& c, S v) { c.exit.exit_duration_in_mins = parse_float("--exit-duration-in-mins", v); }},
+      {"--exit-signal-handler", "", "on SIGTERM/SIGINT finish the iteration, save and exit 0",
+       [](C& c, S) { c.exit.exit_signal_handler = true; }},
       // data
       {"--mock-data", "", "train on random tokens (needs --vocab-size)", [](C& c, S) { c.data.mock_data = true; }},
       {"--data-path", "PREFIX...", "indexed datasets: PREFIX, or W1 PREFIX1 W2 PREFIX2 ... (split by --split)",
@@ -106,6 +243,26 @@ const std::vector<Flag>& flags() {
        [](C& c, S v) { c.seed = uint64_t(parse_int("--seed", v)); }},
       {"--log-interval", "N", "iterations between log lines (default 100)",
        [](C& c, S v) { c.logging.log_interval = parse_int("--log-interval", v); }},
+      {"--timing-log-level", "0|1|2", "timers printed after each log line: 1 forward-backward and optimizer, 2 also "
+       "forward-compute, backward-compute, batch-generator (default 0: none)",
+       [](C& c, S v) { c.logging.timing_log_level = int(parse_int("--timing-log-level", v)); }},
+      {"--tensorboard-dir", "DIR", "write TensorBoard event files here", [](C& c, S v) { c.logging.tensorboard_dir = v; }},
+      {"--tensorboard-log-interval", "N", "iterations between TensorBoard points (default 1)",
+       [](C& c, S v) { c.logging.tensorboard_log_interval = parse_int("--tensorboard-log-interval", v); }},
+      {"--log-timers-to-tensorboard", "", "timers and throughput to TensorBoard",
+       [](C& c, S) { c.logging.log_timers_to_tensorboard = true; }},
+      {"--log-memory-to-tensorboard", "", "allocator figures to TensorBoard",
+       [](C& c, S) { c.logging.log_memory_to_tensorboard = true; }},
+      {"--log-validation-ppl-to-tensorboard", "", "validation perplexity to TensorBoard",
+       [](C& c, S) { c.logging.log_validation_ppl_to_tensorboard = true; }},
+      {"--no-log-learning-rate-to-tensorboard", "", "leave the learning rate out of TensorBoard", [](C& c, S) { c.logging.log_learning_rate_to_tensorboard = false; }},
+      {"--no-log-loss-scale-to-tensorboard", "", "leave the loss scale out of TensorBoard", [](C& c, S) { c.logging.log_loss_scale_to_tensorboard = false; }},
+      {"--log-batch-size-to-tensorboard", "", "global batch size to TensorBoard", [](C& c, S) { c.logging.log_batch_size_to_tensorboard = true; }},
+      {"--log-params-norm", "", "add the parameter norm to the log line", [](C& c, S) { c.logging.log_params_norm = true; }},
+      {"--log-throughput", "", "add Megatron's throughput per GPU (TFLOP/s/GPU) to the log line",
+       [](C& c, S) { c.logging.log_throughput = true; }},
+      {"--metrics-jsonl", "FILE", "also write every log line's figures as one JSON object per line",
+       [](C& c, S v) { c.logging.metrics_jsonl = v; }},
   };
   return table;
 }
@@ -133,12 +290,11 @@ std::vector<FlagSpec<TrainConfig>> specs() {
 // Megatron flags for features this build does not have yet: a clear error instead of "unknown flag".
 const std::vector<std::string>& unsupported() {
   static const std::vector<std::string> names = {
-      "--bf16", "--fp16", "--fp8-format", "--recompute-granularity", "--recompute-activations",
-      "--checkpoint-activations", "--save", "--load", "--save-interval", "--eval-interval", "--eval-iters",
-      "--valid-data-path", "--test-data-path", "--tensorboard-dir", "--hidden-dropout", "--attention-dropout",
-      "--use-distributed-optimizer", "--sequence-parallel", "--swiglu", "--normalization",
-      "--position-embedding-type", "--group-query-attention", "--num-query-groups", "--untie-embeddings-and-output-weights",
-      "--disable-bias-linear", "--ffn-hidden-size", "--use-flash-attn", "--use-mcore-models"};
+      "--fp8-format", "--fp8-margin", "--fp8-amax-history-len", "--use-distributed-optimizer", "--sequence-parallel",
+      "--use-flash-attn", "--use-mcore-models",
+      // architecture variants Loom does not build
+      "--rotary-seq-len-interpolation-factor", "--no-rope-freq", "--window-attn-skip-freq", "--apply-layernorm-1p",
+      "--squared-relu", "--quick-geglu", "--glu-linear-offset", "--no-position-embedding"};
   return names;
 }
 
@@ -146,8 +302,17 @@ const std::vector<std::string>& unsupported() {
 
 TrainConfig parse_train_args(const std::vector<std::string>& args) {
   TrainConfig cfg;
+  // Megatron has no defaults for the model's shape: these must come from the command line.
+  cfg.model.num_layers = cfg.model.hidden_size = cfg.model.num_attention_heads = 0;
   apply_flags(specs(), args, cfg, unsupported(), "Megatron's pretrain_gpt.py");
   if (!cfg.max_position_embeddings_given) cfg.model.max_position_embeddings = cfg.batch.seq_length;
+  // Megatron reads --num-query-groups only with --group-query-attention; alone it would silently build
+  // multi-head attention, which is never what was meant.
+  if (!cfg.model.group_query_attention)
+    for (const std::string& a : args)
+      if (a == "--num-query-groups" || a.starts_with("--num-query-groups="))
+        user_error("--num-query-groups needs --group-query-attention (without it every head has its own keys "
+                   "and values)");
   cfg.data.tokenizer.vocab_size = cfg.data.vocab_size;  // NullTokenizer's and TikTokenizer's --vocab-size
   return cfg;
 }

@@ -17,9 +17,8 @@ void TrainConfig::validate(int world_size) const {
   need(batch.seq_length > 0, "--seq-length");
   need(batch.micro_batch_size > 0, "--micro-batch-size");
   need(batch.train_iters > 0, "--train-iters");
-  if (model.hidden_size % model.num_attention_heads != 0)
-    user_error("--hidden-size (", model.hidden_size, ") must be divisible by --num-attention-heads (",
-               model.num_attention_heads, ")");
+  // Shapes and architecture options (--kv-channels, --num-query-groups, --ffn-hidden-size, RoPE, window).
+  model.validate_architecture();
   if (model.max_position_embeddings < batch.seq_length)
     user_error("--max-position-embeddings (", model.max_position_embeddings, ") must be >= --seq-length (",
                batch.seq_length, ")");
@@ -50,17 +49,86 @@ void TrainConfig::validate(int world_size) const {
   if (optim.min_lr < 0 || optim.min_lr > optim.lr)
     user_error("--min-lr (", optim.min_lr, ") must be in [0, --lr (", optim.lr, ")]");
   if (optim.lr_warmup_iters < 0) user_error("--lr-warmup-iters must be >= 0, got ", optim.lr_warmup_iters);
+  if (optim.lr_warmup_fraction && optim.lr_warmup_iters > 0)
+    user_error("--lr-warmup-fraction and --lr-warmup-iters are mutually exclusive");
+  if (optim.lr_warmup_fraction && !(*optim.lr_warmup_fraction >= 0 && *optim.lr_warmup_fraction < 1))
+    user_error("--lr-warmup-fraction must be in [0, 1), got ", *optim.lr_warmup_fraction);
   const int64_t decay = optim.lr_decay_iters.value_or(batch.train_iters);
   if (decay < 1) user_error("--lr-decay-iters must be >= 1, got ", decay);
-  if (optim.lr_decay_style != LRDecayStyle::kConstant && optim.lr_warmup_iters >= decay)
+  if (optim.lr_warmup_iters >= decay)
     user_error("--lr-warmup-iters (", optim.lr_warmup_iters, ") must be smaller than --lr-decay-iters (", decay,
                optim.lr_decay_iters ? ")" : ", which defaults to --train-iters)");
+  if (optim.lr_decay_style == LRDecayStyle::kWSD) {
+    if (!optim.lr_wsd_decay_iters) user_error("--lr-decay-style WSD needs --lr-wsd-decay-iters");
+    if (*optim.lr_wsd_decay_iters < 1 || *optim.lr_wsd_decay_iters > decay)
+      user_error("--lr-wsd-decay-iters (", *optim.lr_wsd_decay_iters, ") must be in [1, --lr-decay-iters (", decay,
+                 ")]");
+  }
+  if (optim.lr_warmup_init < 0 || optim.lr_warmup_init > optim.lr)
+    user_error("--lr-warmup-init (", optim.lr_warmup_init, ") must be in [0, --lr (", optim.lr, ")]");
+  if (optim.override_opt_param_scheduler && optim.use_checkpoint_opt_param_scheduler)
+    user_error("--override-opt-param-scheduler and --use-checkpoint-opt-param-scheduler are mutually exclusive");
+  for (const auto& [flag, v] : {std::pair{"--start-weight-decay", optim.start_weight_decay},
+                                std::pair{"--end-weight-decay", optim.end_weight_decay}})
+    if (v && *v < 0) user_error(flag, " must be >= 0, got ", *v);
   if (optim.weight_decay < 0) user_error("--weight-decay must be >= 0, got ", optim.weight_decay);
   if (!(optim.adam.beta1 >= 0 && optim.adam.beta1 < 1)) user_error("--adam-beta1 must be in [0, 1)");
   if (!(optim.adam.beta2 >= 0 && optim.adam.beta2 < 1)) user_error("--adam-beta2 must be in [0, 1)");
   if (!(optim.adam.eps > 0)) user_error("--adam-eps must be > 0");
   if (optim.clip_grad < 0) user_error("--clip-grad must be >= 0 (0 disables clipping), got ", optim.clip_grad);
   if (logging.log_interval < 1) user_error("--log-interval must be >= 1, got ", logging.log_interval);
+  if (logging.timing_log_level < 0 || logging.timing_log_level > 2)
+    user_error("--timing-log-level must be 0, 1 or 2, got ", logging.timing_log_level);
+  if (logging.tensorboard_log_interval < 1)
+    user_error("--tensorboard-log-interval must be >= 1, got ", logging.tensorboard_log_interval);
+  // precision
+  if (precision.bf16 && precision.fp16) user_error("--bf16 and --fp16 are mutually exclusive");
+  if (precision.loss_scale && !(*precision.loss_scale > 0))
+    user_error("--loss-scale must be > 0, got ", *precision.loss_scale);
+  if (precision.loss_scale && !precision.fp16 && !precision.bf16)
+    user_error("--loss-scale applies to --fp16 (or --bf16) training; fp32 training has no loss scale");
+  if (!(precision.initial_loss_scale > 0)) user_error("--initial-loss-scale must be > 0");
+  if (!(precision.min_loss_scale > 0) || precision.min_loss_scale > precision.initial_loss_scale)
+    user_error("--min-loss-scale (", precision.min_loss_scale, ") must be in (0, --initial-loss-scale (",
+               precision.initial_loss_scale, ")]");
+  if (precision.loss_scale_window < 1) user_error("--loss-scale-window must be >= 1, got ", precision.loss_scale_window);
+  if (precision.hysteresis < 1) user_error("--hysteresis must be >= 1, got ", precision.hysteresis);
+  // recomputation and dropout
+  const std::string& g = recompute.granularity;
+  if (!g.empty() && g != "full" && g != "selective")
+    user_error("--recompute-granularity must be full or selective, got '", g, "'");
+  if (!recompute.method.empty() && recompute.method != "uniform" && recompute.method != "block")
+    user_error("--recompute-method must be uniform or block, got '", recompute.method, "'");
+  if (g == "full") {
+    if (recompute.method.empty())
+      user_error("--recompute-granularity full needs --recompute-method uniform or block");
+    if (!recompute.num_layers)
+      user_error("--recompute-granularity full needs --recompute-num-layers (1 to --num-layers)");
+  } else if (!recompute.method.empty() || recompute.num_layers) {
+    user_error("--recompute-method and --recompute-num-layers go with --recompute-granularity full");
+  }
+  if (recompute.num_layers && (*recompute.num_layers < 1 || *recompute.num_layers > model.num_layers))
+    user_error("--recompute-num-layers must be in [1, --num-layers (", model.num_layers, ")], got ",
+               *recompute.num_layers);
+  if (!(recompute.hidden_dropout >= 0 && recompute.hidden_dropout < 1))
+    user_error("--hidden-dropout must be in [0, 1), got ", recompute.hidden_dropout);
+  if (!(recompute.attention_dropout >= 0 && recompute.attention_dropout < 1))
+    user_error("--attention-dropout must be in [0, 1), got ", recompute.attention_dropout);
+  // evaluation
+  if (eval.eval_interval < 1) user_error("--eval-interval must be >= 1, got ", eval.eval_interval);
+  if (eval.eval_iters < 0) user_error("--eval-iters must be >= 0, got ", eval.eval_iters);
+  if ((!eval.valid_data_path.empty() || !eval.test_data_path.empty()) && data.train_data_path.empty())
+    user_error("--valid-data-path and --test-data-path go with --train-data-path (with --data-path, --split "
+               "makes the validation and test sets)");
+  // checkpoints and exit
+  if (checkpoint.save_interval && *checkpoint.save_interval < 1)
+    user_error("--save-interval must be >= 1, got ", *checkpoint.save_interval);
+  if (checkpoint.save_interval && checkpoint.save.empty()) user_error("--save-interval needs --save DIR");
+  if (checkpoint.finetune && checkpoint.load.empty()) user_error("--finetune needs --load DIR");
+  if (exit.exit_interval && *exit.exit_interval < 1)
+    user_error("--exit-interval must be >= 1, got ", *exit.exit_interval);
+  if (exit.exit_duration_in_mins && !(*exit.exit_duration_in_mins > 0))
+    user_error("--exit-duration-in-mins must be > 0, got ", *exit.exit_duration_in_mins);
 }
 
 }  // namespace loom

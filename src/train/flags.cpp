@@ -93,6 +93,9 @@ std::vector<ParsedFlag> parse_flags(const std::vector<FlagInfo>& table, const st
       if (p.values.empty())
         user_error(f.name, f.arity == Arity::kOne ? " needs a value (" : " needs at least one value (", f.metavar, ")");
     }
+    // argparse stores a repeated flag's values again: the last occurrence wins, also for multi-value
+    // flags (--data-path a --data-path b means [b], not [a, b]).
+    std::erase_if(out, [&](const ParsedFlag& q) { return q.index == idx && f.arity == Arity::kOneOrMore; });
     out.push_back(std::move(p));
   }
   return out;

@@ -1,30 +1,31 @@
-// The trainer loop and its Megatron-format logging.
-// Log line (one per --log-interval, averages over the interval as Megatron does):
-//  [date] iteration  i/ N | consumed samples: S | elapsed time per iteration (ms): t | tokens per second: r |
-//  learning rate: lr | global batch size: G | lm loss: L | loss scale: 1.0 | grad norm: g |
-//  number of skipped iterations: k | number of nan iterations: n |
-// As in Megatron, the learning rate printed is the scheduler's value after this iteration's step.
-#include "loom/train/trainer.h"
-
+// The trainer loop and its Megatron-format logging (Megatron-LM's training.py: train_step,
+// training_log, evaluate_and_print_results, the checkpoint/exit logic of train()).
+//
+// Iteration line (one per --log-interval; losses averaged over the interval's non-skipped iterations,
+// the time over all of them, as Megatron does):
+//  [date] iteration  i/ N | consumed samples: S | consumed tokens: K | elapsed time per iteration (ms): t |
+//  [throughput per GPU (TFLOP/s/GPU): x |] learning rate: lr | global batch size: G | lm loss: L |
+//  loss scale: s | grad norm: g | [params norm: p |] number of skipped iterations: k |
+//  number of nan iterations: n | samples per second: r | TFLOPs: f |
+// As in Megatron, the learning rate printed is the scheduler's value after this iteration's step, the
+// grad norm is the last iteration's (absent when it was skipped), and an iteration whose gradients hold
+// inf/NaN does not step the optimizer or the scheduler.
 #include <sys/resource.h>
 
-#include <chrono>
+#include <atomic>
 #include <cmath>
+#include <csignal>
 #include <ctime>
-#include <memory>
-#include <optional>
-#include <ostream>
 
-#include "loom/data/loader.h"
 #include "loom/data/mock_dataset.h"
-#include "loom/model/gpt.h"
+#include "train/trainer_impl.h"
 
 namespace loom {
 
 namespace {
 
 std::string fmt(const char* f, auto... args) {
-  char buf[256];
+  char buf[512];
   std::snprintf(buf, sizeof buf, f, args...);
   return buf;
 }
@@ -55,155 +56,552 @@ int64_t max_rss_bytes() {
   return int64_t(ru.ru_maxrss) * 1024;
 }
 
+// --exit-signal-handler: the handler only records the signal; the loop checks it after each iteration.
+std::atomic<int> g_signal{0};
+extern "C" void on_exit_signal(int sig) { g_signal.store(sig); }
+
+class SignalGuard {
+ public:
+  explicit SignalGuard(bool enable) : enabled_(enable) {
+    if (!enabled_) return;
+    g_signal.store(0);
+    struct sigaction sa {};
+    sa.sa_handler = on_exit_signal;
+    // SA_RESTART: a log write blocked on a full pipe must resume, not fail with EINTR (which would put
+    // std::cout into a failed state and silently drop the rest of the log).
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, &old_term_);
+    sigaction(SIGINT, &sa, &old_int_);
+  }
+  ~SignalGuard() {
+    if (!enabled_) return;
+    sigaction(SIGTERM, &old_term_, nullptr);
+    sigaction(SIGINT, &old_int_, nullptr);
+  }
+
+ private:
+  bool enabled_;
+  struct sigaction old_term_ {}, old_int_ {};
+};
+
+const std::vector<std::string>& timer_names() {
+  static const std::vector<std::string> names = {
+      "forward-backward", "forward-compute", "backward-compute", "batch-generator", "optimizer-copy-to-main-grad",
+      "optimizer-unscale-and-check-inf", "optimizer-clip-main-grad", "optimizer-inner-step",
+      "optimizer-copy-main-to-model-params", "optimizer"};
+  return names;
+}
+
 }  // namespace
 
-TrainResult run_training(const TrainConfig& cfg_in, std::ostream& log) {
-  TrainConfig cfg = cfg_in;
-  const int world_size = 1;
-  cfg.validate(world_size);
-  auto ps = ParallelState::create(cfg.parallel, world_size, 0);
-  const int dp = ps->dp_size();
-  const int64_t gbs = cfg.global_batch_size(dp);
-  const int64_t nmb = cfg.num_micro_batches(dp);
-  const int64_t B = cfg.batch.micro_batch_size, T = cfg.batch.seq_length;
+double iteration_flops(const GPTConfig& m, int64_t global_batch, int64_t seq_length, const std::string& granularity) {
+  // The model's exact counts (GQA, gated MLPs, --kv-channels; GPT-2: 24·b·s·h² + 4·b·s²·h per layer).
+  const double l = double(m.num_layers);
+  double flops = m.flops_per_step(global_batch, seq_length);
+  if (granularity == "full") flops += l * m.layer_forward_flops(global_batch, seq_length);
+  if (granularity == "selective") flops += l * m.attention_core_forward_flops(global_batch, seq_length);  // QKᵀ, PV again
+  return flops;
+}
 
-  // Data: mock samples, or Megatron indexed datasets split by --split (only the training split is
-  // built: evaluation, which needs the validation and test splits, is not in this build).
-  const int64_t train_samples = cfg.batch.train_iters * gbs;
-  std::shared_ptr<const SampleDataset> train_data;
-  BatchOptions batch_opts;
-  if (cfg.data.mock_data) {
-    train_data = std::make_shared<MockDataset>(*cfg.data.vocab_size, T, cfg.seed, train_samples);
-    cfg.model.vocab_size = *cfg.data.vocab_size;
+Trainer::Trainer(const TrainConfig& cfg, std::ostream& log)
+    : cfg_(cfg), log_(log), timers_(cfg.logging.timing_log_level), start_time_(std::chrono::steady_clock::now()) {}
+
+Trainer::~Trainer() = default;
+
+double Trainer::elapsed_minutes() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time_).count() / 60.0;
+}
+
+ModelOptions Trainer::model_options() const {
+  ModelOptions o;
+  o.compute_dtype = cfg_.precision.compute_dtype();
+  o.grad_dtype = cfg_.precision.grad_dtype();
+  if (!cfg_.recompute.granularity.empty()) o.recompute_granularity = parse_recompute_granularity(cfg_.recompute.granularity);
+  if (!cfg_.recompute.method.empty()) o.recompute_method = parse_recompute_method(cfg_.recompute.method);
+  o.recompute_num_layers = cfg_.recompute.num_layers.value_or(0);
+  return o;
+}
+
+void Trainer::build_data() {
+  // Megatron's train_valid_test_num_samples.
+  const int64_t train_samples = cfg_.batch.train_iters * gbs_;
+  const int64_t eval_iters = cfg_.eval.eval_iters;
+  const int64_t valid_samples = (cfg_.batch.train_iters / cfg_.eval.eval_interval + 1) * eval_iters * gbs_;
+  const int64_t test_samples = eval_iters * gbs_;
+  if (cfg_.data.mock_data) {
+    const int64_t V = *cfg_.data.vocab_size;
+    train_ds_ = std::make_shared<MockDataset>(V, T_, cfg_.seed, train_samples);
+    // Distinct seeds: the validation and test tokens are not the training tokens.
+    if (valid_samples > 0) valid_ds_ = std::make_shared<MockDataset>(V, T_, cfg_.seed + 1, valid_samples);
+    if (test_samples > 0) test_ds_ = std::make_shared<MockDataset>(V, T_, cfg_.seed + 2, test_samples);
+    cfg_.model.vocab_size = V;
   } else {
-    const std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(cfg.data.tokenizer);
-    cfg.model.vocab_size = tokenizer->vocab_size();
+    const std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(cfg_.data.tokenizer);
+    cfg_.model.vocab_size = tokenizer->vocab_size();
     GPTDatasetConfig dcfg;
-    dcfg.seq_length = T;
-    dcfg.seed = cfg.seed;
-    dcfg.split = cfg.data.train_data_path.empty() ? cfg.data.split : "1,0,0";
-    dcfg.data_cache_path = cfg.data.data_cache_path;
-    const auto& paths = cfg.data.train_data_path.empty() ? cfg.data.data_path : cfg.data.train_data_path;
-    train_data = build_gpt_datasets(paths, {train_samples, 0, 0}, dcfg)[0];
-    if (!train_data) user_error("--split '", cfg.data.split, "' gives the training split no documents");
-    batch_opts.reset_position_ids = cfg.data.reset_position_ids;
-    batch_opts.reset_attention_mask = cfg.data.reset_attention_mask;
-    batch_opts.eod_mask_loss = cfg.data.eod_mask_loss;
-    batch_opts.eod = tokenizer->eod();
-    // Logged only now: a bad --data-path or tokenizer file fails before anything is printed.
-    log << "> built " << tokenizer->name() << " tokenizer (vocabulary " << tokenizer->vocab_size() << ")\n";
+    dcfg.seq_length = T_;
+    dcfg.seed = cfg_.seed;
+    dcfg.data_cache_path = cfg_.data.data_cache_path;
+    if (cfg_.data.train_data_path.empty()) {
+      dcfg.split = cfg_.data.split;
+      auto ds = build_gpt_datasets(cfg_.data.data_path, {train_samples, valid_samples, test_samples}, dcfg);
+      train_ds_ = ds[0];
+      valid_ds_ = ds[1];
+      test_ds_ = ds[2];
+      if (!train_ds_) user_error("--split '", cfg_.data.split, "' gives the training split no documents");
+    } else {
+      // --train-data-path / --valid-data-path / --test-data-path: each used whole for its purpose.
+      dcfg.split = "1,0,0";
+      train_ds_ = build_gpt_datasets(cfg_.data.train_data_path, {train_samples, 0, 0}, dcfg)[0];
+      if (!cfg_.eval.valid_data_path.empty() && valid_samples > 0)
+        valid_ds_ = build_gpt_datasets(cfg_.eval.valid_data_path, {valid_samples, 0, 0}, dcfg)[0];
+      if (!cfg_.eval.test_data_path.empty() && test_samples > 0)
+        test_ds_ = build_gpt_datasets(cfg_.eval.test_data_path, {test_samples, 0, 0}, dcfg)[0];
+    }
+    batch_opts_.reset_position_ids = cfg_.data.reset_position_ids;
+    batch_opts_.reset_attention_mask = cfg_.data.reset_attention_mask;
+    batch_opts_.eod_mask_loss = cfg_.data.eod_mask_loss;
+    batch_opts_.eod = tokenizer->eod();
+    log_ << "> built " << tokenizer->name() << " tokenizer (vocabulary " << tokenizer->vocab_size() << ")\n";
   }
-  log << "data: " << train_data->description() << "\n";
-  cfg.model.padded_vocab_size =
-      padded_vocab_size(cfg.model.vocab_size, cfg.data.make_vocab_size_divisible_by, ps->tp_size());
-  log << " > padded vocab (size: " << cfg.model.vocab_size << ") with "
-      << cfg.model.padded_vocab_size - cfg.model.vocab_size << " dummy tokens (new size: "
-      << cfg.model.padded_vocab_size << ")\n";
-  log << "using world size: " << ps->world_size() << ", data-parallel size: " << dp
-      << ", context-parallel size: " << ps->cp_size() << ", tensor-model-parallel size: " << ps->tp_size()
-      << ", pipeline-model-parallel size: " << ps->pp_size() << "\n";
-  log << "setting number of micro-batches to constant " << nmb << "\n";
+  // Logged only now: a bad --data-path or tokenizer file fails before anything is printed.
+  log_ << " > datasets target sizes (minimum size):\n"
+       << "    train:      " << train_samples << "\n    validation: " << valid_samples
+       << "\n    test:       " << test_samples << "\n";
+  log_ << "data: train " << train_ds_->description() << "\n";
+  if (valid_ds_) log_ << "data: validation " << valid_ds_->description() << "\n";
+  if (test_ds_) log_ << "data: test " << test_ds_->description() << "\n";
+}
 
-  auto ctx = make_cpu_context();
-  log << "device: " << ctx->description() << "\n";
-  GPTModel model(cfg.model, *ctx);
-  model.initialize(cfg.seed);
-  ParameterSet& params = model.params();
-  log << " > number of parameters on (tensor, pipeline) model parallel rank (0, 0): " << params.numel() << "\n";
-  AdamW adamw(*ctx, params.numel(), param_ranges(params), cfg.optim.adam);
+void Trainer::build_model() {
+  cfg_.model.padded_vocab_size =
+      padded_vocab_size(cfg_.model.vocab_size, cfg_.data.make_vocab_size_divisible_by, ps_->tp_size());
+  cfg_.model.hidden_dropout = cfg_.recompute.hidden_dropout;
+  cfg_.model.attention_dropout = cfg_.recompute.attention_dropout;
+  log_ << " > padded vocab (size: " << cfg_.model.vocab_size << ") with "
+       << cfg_.model.padded_vocab_size - cfg_.model.vocab_size << " dummy tokens (new size: "
+       << cfg_.model.padded_vocab_size << ")\n";
+  ctx_ = make_cpu_context();
+  // The allocator is process-wide: count this run's bytes only (what earlier runs in the same process,
+  // e.g. tests, still hold is the baseline).
+  ctx_->reset_peak_memory();
+  base_bytes_ = ctx_->memory_stats().current_bytes;
+  log_ << "device: " << ctx_->description() << "\n";
+  const ModelOptions mo = model_options();
+  model_ = std::make_unique<GPTModel>(cfg_.model, *ctx_, mo);
+  model_->initialize(cfg_.seed);
+  ParameterSet& params = model_->params();
+  log_ << " > number of parameters on (tensor, pipeline) model parallel rank (0, 0): " << params.numel() << "\n";
+  if (cfg_.precision.bf16 || cfg_.precision.fp16)
+    log_ << " > mixed precision: " << (cfg_.precision.bf16 ? "bf16" : "fp16")
+         << " compute, fp32 master weights and optimizer state, " << dtype_name(mo.grad_dtype) << " main grads\n";
+  if (!cfg_.recompute.granularity.empty())
+    log_ << " > activation recomputation: " << cfg_.recompute.granularity
+         << (cfg_.recompute.granularity == "full"
+                 ? " (" + cfg_.recompute.method + ", " + std::to_string(*cfg_.recompute.num_layers) + " layers)"
+                 : std::string())
+         << "\n";
+  if (mo.grad_dtype != DType::kF32) main_grads_ = ctx_->empty({params.numel()}, DType::kF32);
+  adamw_ = std::make_unique<AdamW>(*ctx_, params.numel(), param_ranges(params), cfg_.optim.adam);
 
-  LRSchedule sched;
-  sched.max_lr = cfg.optim.lr;
-  sched.min_lr = cfg.optim.min_lr;
-  sched.warmup_steps = cfg.optim.lr_warmup_iters * gbs;
-  sched.decay_steps = cfg.optim.lr_decay_iters.value_or(cfg.batch.train_iters) * gbs;
-  sched.style = cfg.optim.lr_decay_style;
+  // Megatron's get_optimizer_param_scheduler, in samples.
+  SchedulerConfig sc;
+  const int64_t decay_iters = cfg_.optim.lr_decay_iters.value_or(cfg_.batch.train_iters);
+  sc.init_lr = cfg_.optim.lr_warmup_init;
+  sc.max_lr = cfg_.optim.lr;
+  sc.min_lr = cfg_.optim.min_lr;
+  sc.lr_decay_steps = decay_iters * gbs_;
+  sc.lr_warmup_steps = cfg_.optim.lr_warmup_fraction
+                           ? int64_t(*cfg_.optim.lr_warmup_fraction * double(sc.lr_decay_steps))
+                           : cfg_.optim.lr_warmup_iters * gbs_;
+  sc.lr_decay_style = cfg_.optim.lr_decay_style;
+  sc.wsd_decay_steps = cfg_.optim.lr_wsd_decay_iters.value_or(0) * gbs_;
+  sc.lr_wsd_decay_style = parse_wsd_decay_style(cfg_.optim.lr_wsd_decay_style);
+  sc.wd_incr_style = parse_wd_incr_style(cfg_.optim.weight_decay_incr_style);
+  if (sc.wd_incr_style == WDIncrStyle::kConstant) {
+    if (cfg_.optim.start_weight_decay || cfg_.optim.end_weight_decay)
+      user_error("--start-weight-decay/--end-weight-decay need --weight-decay-incr-style linear or cosine");
+    sc.start_wd = sc.end_wd = cfg_.optim.weight_decay;
+  } else {
+    if (!cfg_.optim.start_weight_decay || !cfg_.optim.end_weight_decay)
+      user_error("--weight-decay-incr-style ", cfg_.optim.weight_decay_incr_style,
+                 " needs --start-weight-decay and --end-weight-decay");
+    sc.start_wd = *cfg_.optim.start_weight_decay;
+    sc.end_wd = *cfg_.optim.end_weight_decay;
+  }
+  sc.wd_incr_steps = cfg_.batch.train_iters * gbs_;
+  sc.override_opt_param_scheduler = cfg_.optim.override_opt_param_scheduler;
+  sc.use_checkpoint_opt_param_scheduler = cfg_.optim.use_checkpoint_opt_param_scheduler;
+  sched_ = std::make_unique<OptimizerParamScheduler>(sc);
+
+  DynamicGradScalerConfig gs;
+  gs.initial_scale = cfg_.precision.initial_loss_scale;
+  gs.min_scale = cfg_.precision.min_loss_scale;
+  gs.growth_interval = cfg_.precision.loss_scale_window;
+  gs.hysteresis = cfg_.precision.hysteresis;
+  scaler_ = make_grad_scaler(cfg_.precision.fp16, cfg_.precision.bf16, cfg_.precision.loss_scale.value_or(0.0), gs);
+}
+
+GPTBatch Trainer::to_model_batch(const Batch& b) const {
+  GPTBatch gb{b.tokens, b.labels, {}, {}, {}};
+  if (batch_opts_.eod_mask_loss) gb.loss_mask = b.loss_mask;
+  if (batch_opts_.reset_position_ids) gb.position_ids = b.position_ids;
+  if (batch_opts_.reset_attention_mask) gb.segment_ids = b.segment_ids;
+  return gb;
+}
+
+Trainer::StepOutcome Trainer::train_step() {
+  const OpTable& ops = ctx_->ops();
+  ParameterSet& params = model_->params();
+  StepOutcome out;
+  out.loss_scale = scaler_ ? scaler_->scale() : 1.0;
+  out.lr = sched_->lr();
+
+  timers_.start("forward-backward", 1);
+  double loss_sum = 0;
+  for (int64_t mb = 0; mb < nmb_; ++mb) {
+    timers_.start("batch-generator", 2);
+    std::optional<Batch> batch = train_loader_->next();
+    timers_.stop("batch-generator");
+    LOOM_CHECK(batch.has_value(), "[trainer] the training data ran out at iteration ", iteration_ + 1);
+    const GPTBatch gb = to_model_batch(*batch);
+    // Megatron's per-micro-batch loss is the mean over its unmasked tokens, averaged over micro-batches;
+    // the FP16 loss scale multiplies the gradient seed.
+    double mask_sum = double(B_ * T_);
+    if (batch_opts_.eod_mask_loss) {
+      mask_sum = 0;
+      for (int64_t i = 0; i < B_ * T_; ++i) mask_sum += batch->loss_mask.data<float>()[i];
+    }
+    const float dloss = mask_sum > 0 ? float(out.loss_scale / (mask_sum * double(nmb_))) : 0.0f;
+    ForwardOptions fo;
+    fo.training = true;
+    fo.dropout_seed = dropout_seed_;
+    fo.micro_batch_index = micro_batches_done_++;
+    timers_.start("forward-compute", 2);
+    loss_sum += model_->forward(gb, dloss, fo);
+    timers_.stop("forward-compute");
+    timers_.start("backward-compute", 2);
+    if (dloss != 0.0f) model_->backward(gb);
+    timers_.stop("backward-compute");
+  }
+  timers_.stop("forward-backward");
+  out.loss = loss_sum / double(nmb_);
+
+  // Optimizer: Megatron's MixedPrecisionOptimizer.step.
+  timers_.start("optimizer", 1);
+  TensorView main = params.grads();
+  if (main_grads_.defined()) {
+    timers_.start("optimizer-copy-to-main-grad", 1);
+    ops.cast(main_grads_, params.grads());
+    params.zero_grads(*ctx_);
+    main = main_grads_;
+    timers_.stop("optimizer-copy-to-main-grad");
+  }
+  bool found_inf = false;
+  if (scaler_) {
+    timers_.start("optimizer-unscale-and-check-inf", 1);
+    ops.scale_(main, scaler_->inv_scale());
+    found_inf = ops.has_inf_or_nan(main);
+    scaler_->update(found_inf);
+    timers_.stop("optimizer-unscale-and-check-inf");
+  }
+  double norm = NAN;
+  if (!found_inf) {
+    timers_.start("optimizer-clip-main-grad", 1);
+    norm = global_grad_norm(*ctx_, main, ps_->model_and_dp());
+    timers_.stop("optimizer-clip-main-grad");
+    // Without a loss scaler (fp32, bf16) a non-finite norm also skips the update instead of writing
+    // NaN into the weights.
+    found_inf = !std::isfinite(norm);
+  }
+  if (found_inf) {
+    ops.fill_(main, 0.0f);
+    if (main_grads_.defined()) params.zero_grads(*ctx_);
+    out.skipped = true;
+    out.grad_norm = NAN;
+  } else {
+    timers_.start("optimizer-inner-step", 1);
+    adamw_->step(params.values(), main, float(sched_->lr()), float(sched_->wd()),
+                 clip_coefficient(norm, float(cfg_.optim.clip_grad)), /*zero_grads=*/true);
+    timers_.stop("optimizer-inner-step");
+    timers_.start("optimizer-copy-main-to-model-params", 1);
+    params.sync_compute(*ctx_);
+    timers_.stop("optimizer-copy-main-to-model-params");
+    sched_->step(gbs_);
+    out.grad_norm = norm;
+  }
+  timers_.stop("optimizer");
+  return out;
+}
+
+double Trainer::evaluate(const std::shared_ptr<const SampleDataset>& ds, int64_t& consumed_samples) {
+  LoaderConfig lc;
+  lc.global_batch_size = gbs_;
+  lc.micro_batch_size = B_;
+  lc.dp_rank = ps_->dp_rank();
+  lc.dp_size = dp_;
+  lc.consumed_samples = consumed_samples;
+  lc.batch = batch_opts_;
+  lc.prefetch_depth = 0;
+  Loader loader(ds, lc);
+  double total = 0;
+  int64_t count = 0;
+  for (int64_t it = 0; it < cfg_.eval.eval_iters; ++it) {
+    for (int64_t mb = 0; mb < nmb_; ++mb) {
+      std::optional<Batch> batch = loader.next();
+      if (!batch) user_error("the evaluation data (", ds->description(), ") ran out after ", count,
+                             " micro-batches; it was sized for --eval-iters ", cfg_.eval.eval_iters);
+      ForwardOptions fo;
+      fo.training = false;
+      total += model_->forward(to_model_batch(*batch), 0.0f, fo);
+      ++count;
+    }
+    consumed_samples += gbs_;
+  }
+  return total / double(count);
+}
+
+void Trainer::evaluate_and_print(const std::string& prefix, bool test_set, bool periodic) {
+  const std::shared_ptr<const SampleDataset>& ds = test_set ? test_ds_ : valid_ds_;
+  if (!ds || cfg_.eval.eval_iters == 0) return;
+  int64_t test_consumed = 0;
+  const double loss = evaluate(ds, test_set ? test_consumed : consumed_valid_);
+  const double ppl = std::exp(std::min(20.0, loss));
+  const std::string body =
+      " validation loss at " + prefix + " | lm loss value: " + fmt("%.6E", loss) + " | lm loss PPL: " + fmt("%.6E", ppl) + " | ";
+  const std::string rule(body.size() + 1, '-');
+  log_ << rule << "\n" << body << "\n" << rule << "\n" << std::flush;
+  if (test_set)
+    result_.final_test_loss = loss;
+  else if (periodic)
+    result_.valid_losses.emplace_back(iteration_, loss);
+  else
+    result_.final_valid_loss = loss;
+  if (tb_ && !test_set) {
+    tb_->add_scalar("lm loss validation", loss, iteration_);
+    tb_->add_scalar("lm loss validation vs samples", loss, consumed_train_);
+    if (cfg_.logging.log_validation_ppl_to_tensorboard) {
+      tb_->add_scalar("lm loss validation ppl", ppl, iteration_);
+      tb_->add_scalar("lm loss validation ppl vs samples", ppl, consumed_train_);
+    }
+    tb_->flush();
+  }
+  if (jsonl_)
+    jsonl_->write({{"iteration", double(iteration_)},
+                   {test_set ? "test lm loss" : "validation lm loss", loss},
+                   {test_set ? "test lm loss PPL" : "validation lm loss PPL", ppl}});
+}
+
+void Trainer::write_tensorboard_step(const StepOutcome& s) {
+  if (!tb_ || iteration_ % cfg_.logging.tensorboard_log_interval != 0) return;
+  const double samples = double(consumed_train_);
+  auto both = [&](const std::string& tag, double v) {
+    tb_->add_scalar(tag, v, iteration_);
+    tb_->add_scalar(tag + " vs samples", v, int64_t(samples));
+  };
+  if (cfg_.logging.log_learning_rate_to_tensorboard) both("learning-rate", sched_->lr());
+  if (cfg_.logging.log_batch_size_to_tensorboard) both("batch-size", double(gbs_));
+  both("lm loss", s.loss);  // every iteration, skipped ones included, as Megatron
+  // As Megatron: the scale after this iteration's update, the value the log line prints.
+  if (cfg_.logging.log_loss_scale_to_tensorboard) both("loss-scale", scaler_ ? double(scaler_->scale()) : 1.0);
+  if (!s.skipped) both("grad-norm", s.grad_norm);
+  if (cfg_.logging.log_params_norm)
+    both("params-norm", std::sqrt(ctx_->ops().sum_squares(model_->params().values())));
+  if (cfg_.logging.log_memory_to_tensorboard) {
+    const AllocStats m = ctx_->memory_stats();
+    tb_->add_scalar("mem-reserved-bytes", double(m.reserved_bytes), iteration_);
+    tb_->add_scalar("mem-allocated-bytes", double(m.current_bytes), iteration_);
+    tb_->add_scalar("mem-max-allocated-bytes", double(m.peak_bytes), iteration_);
+  }
+}
+
+void Trainer::training_log(const StepOutcome& s) {
+  if (s.skipped) {
+    ++interval_skipped_;
+    if (!std::isfinite(s.loss)) ++interval_nan_;
+  } else {
+    interval_loss_ += s.loss;
+    ++interval_advanced_;
+  }
+  interval_ms_ += last_step_ms_;
+  ++interval_iters_;
+  write_tensorboard_step(s);
+  if (iteration_ % cfg_.logging.log_interval != 0) return;
+
+  const double avg_ms = interval_ms_ / double(interval_iters_);
+  const double avg_loss = interval_loss_ / double(std::max<int64_t>(1, interval_advanced_));
+  const double flops = iteration_flops(cfg_.model, gbs_, T_, cfg_.recompute.granularity);
+  const double tflops = flops / (avg_ms / 1000.0) / double(ps_->world_size()) / 1e12;
+  const double samples_per_s = double(gbs_) / (avg_ms / 1000.0);
+  const bool params_norm_on = cfg_.logging.log_params_norm;
+  const double params_norm = params_norm_on ? std::sqrt(ctx_->ops().sum_squares(model_->params().values())) : 0.0;
+
+  std::string line = " [" + now_string() + "]";
+  line += fmt(" iteration %8lld/%8lld |", (long long)iteration_, (long long)cfg_.batch.train_iters);
+  line += fmt(" consumed samples: %12lld |", (long long)consumed_train_);
+  line += fmt(" consumed tokens: %12lld |", (long long)(consumed_train_ * T_));
+  line += fmt(" elapsed time per iteration (ms): %.1f |", avg_ms);
+  if (cfg_.logging.log_throughput) line += fmt(" throughput per GPU (TFLOP/s/GPU): %.1f |", tflops);
+  line += fmt(" learning rate: %.6E |", sched_->lr());
+  line += fmt(" global batch size: %5lld |", (long long)gbs_);
+  if (interval_advanced_ > 0) line += fmt(" lm loss: %.6E |", avg_loss);
+  line += fmt(" loss scale: %.1f |", scaler_ ? double(scaler_->scale()) : 1.0);
+  if (!s.skipped) line += fmt(" grad norm: %.3f |", s.grad_norm);
+  if (params_norm_on) line += fmt(" params norm: %.3f |", params_norm);
+  line += fmt(" number of skipped iterations: %3lld |", (long long)interval_skipped_);
+  line += fmt(" number of nan iterations: %3lld |", (long long)interval_nan_);
+  line += fmt(" samples per second: %.3f |", samples_per_s);
+  line += fmt(" TFLOPs: %.2f |", tflops);
+  log_ << line << "\n";
+
+  if (tb_ && cfg_.logging.log_timers_to_tensorboard) {
+    tb_->add_scalar("iteration-time", avg_ms / 1000.0, iteration_);
+    if (cfg_.logging.log_throughput) tb_->add_scalar("throughput", tflops, iteration_);
+    for (const auto& [name, ms] : timers_.values_ms(timer_names(), double(interval_iters_)))
+      tb_->add_scalar(name + "-time", ms, iteration_);
+  }
+  const std::string timers_block = timers_.log(timer_names(), double(interval_iters_));
+  if (!timers_block.empty()) log_ << timers_block << "\n";
+  if (!memory_reported_) {
+    const AllocStats m = ctx_->memory_stats();
+    log_ << fmt("[Rank 0] (after %lld iterations) memory (MB) | allocated: %.1f | max allocated: %.1f | "
+                "reserved: %.1f | max resident: %.1f\n",
+                (long long)iteration_, double(m.current_bytes - base_bytes_) / 1048576.0,
+                double(m.peak_bytes - base_bytes_) / 1048576.0, double(m.reserved_bytes - base_bytes_) / 1048576.0, double(max_rss_bytes()) / 1048576.0);
+    memory_reported_ = true;
+  }
+  log_ << std::flush;
+  if (jsonl_) {
+    std::vector<std::pair<std::string, double>> f = {
+        {"iteration", double(iteration_)},
+        {"consumed samples", double(consumed_train_)},
+        {"consumed tokens", double(consumed_train_ * T_)},
+        {"elapsed time per iteration (ms)", avg_ms},
+        {"learning rate", sched_->lr()},
+        {"global batch size", double(gbs_)},
+        {"lm loss", interval_advanced_ > 0 ? avg_loss : NAN},
+        {"loss scale", scaler_ ? double(scaler_->scale()) : 1.0},
+        {"grad norm", s.skipped ? NAN : s.grad_norm},
+        {"number of skipped iterations", double(interval_skipped_)},
+        {"number of nan iterations", double(interval_nan_)},
+        {"samples per second", samples_per_s},
+        {"TFLOPs", tflops}};
+    if (params_norm_on) f.emplace_back("params norm", params_norm);
+    jsonl_->write(f);
+  }
+  if (tb_) tb_->flush();
+  interval_loss_ = interval_ms_ = 0;
+  interval_iters_ = interval_advanced_ = interval_skipped_ = interval_nan_ = 0;
+}
+
+TrainResult Trainer::run() {
+  const int world_size = 1;
+  cfg_.validate(world_size);
+  ps_ = ParallelState::create(cfg_.parallel, world_size, 0);
+  dp_ = ps_->dp_size();
+  gbs_ = cfg_.global_batch_size(dp_);
+  nmb_ = cfg_.num_micro_batches(dp_);
+  B_ = cfg_.batch.micro_batch_size;
+  T_ = cfg_.batch.seq_length;
+  dropout_seed_ = cfg_.seed;
+
+  build_data();
+  log_ << "using world size: " << ps_->world_size() << ", data-parallel size: " << dp_
+       << ", context-parallel size: " << ps_->cp_size() << ", tensor-model-parallel size: " << ps_->tp_size()
+       << ", pipeline-model-parallel size: " << ps_->pp_size() << "\n";
+  log_ << "setting number of micro-batches to constant " << nmb_ << "\n";
+  build_model();
+  load_checkpoint();
+  result_.start_iteration = iteration_;
+  if (!cfg_.logging.tensorboard_dir.empty()) tb_ = std::make_unique<TensorBoardWriter>(cfg_.logging.tensorboard_dir);
+  if (!cfg_.logging.metrics_jsonl.empty())
+    jsonl_ = std::make_unique<MetricsJsonlWriter>(cfg_.logging.metrics_jsonl, /*append=*/iteration_ > 0);
 
   LoaderConfig lcfg;
-  lcfg.global_batch_size = gbs;
-  lcfg.micro_batch_size = B;
-  lcfg.dp_rank = ps->dp_rank();
-  lcfg.dp_size = dp;
-  lcfg.batch = batch_opts;
-  Loader loader(train_data, lcfg);
-  TrainResult result;
-  int64_t consumed = 0;
-  double interval_loss = 0, interval_ms = 0;
-  int64_t interval_iters = 0, interval_skipped = 0, interval_nan = 0, interval_loss_count = 0;
-  log << "training ...\n" << std::flush;
+  lcfg.global_batch_size = gbs_;
+  lcfg.micro_batch_size = B_;
+  lcfg.dp_rank = ps_->dp_rank();
+  lcfg.dp_size = dp_;
+  lcfg.consumed_samples = consumed_train_;
+  lcfg.batch = batch_opts_;
+  if (iteration_ < cfg_.batch.train_iters) train_loader_ = std::make_unique<Loader>(train_ds_, lcfg);
 
-  for (int64_t it = 1; it <= cfg.batch.train_iters; ++it) {
+  SignalGuard signals(cfg_.exit.exit_signal_handler);
+  log_ << "training ...\n" << std::flush;
+  result_.exit_reason = "train-iters";
+  bool exiting = false;
+  while (iteration_ < cfg_.batch.train_iters) {
     const auto t0 = std::chrono::steady_clock::now();
-    double loss_sum = 0;
-    for (int64_t mb = 0; mb < nmb; ++mb) {
-      std::optional<Batch> batch = loader.next();
-      LOOM_CHECK(batch.has_value(), "[trainer] the training data ran out at iteration ", it);
-      GPTBatch gb{batch->tokens, batch->labels, {}, {}, {}};
-      // Megatron's per-micro-batch loss is the mean over its unmasked tokens, averaged over micro-batches.
-      double mask_sum = double(B * T);
-      if (batch_opts.eod_mask_loss) {
-        gb.loss_mask = batch->loss_mask;
-        mask_sum = 0;
-        for (int64_t i = 0; i < B * T; ++i) mask_sum += batch->loss_mask.data<float>()[i];
-      }
-      if (batch_opts.reset_position_ids) gb.position_ids = batch->position_ids;
-      if (batch_opts.reset_attention_mask) gb.segment_ids = batch->segment_ids;
-      const float dloss_scale = mask_sum > 0 ? float(1.0 / (mask_sum * double(nmb))) : 0.0f;
-      loss_sum += model.forward(gb, dloss_scale);
-      if (dloss_scale != 0.0f) model.backward(gb);
+    const StepOutcome s = train_step();
+    last_step_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    ++iteration_;
+    consumed_train_ += gbs_;
+    result_.losses.push_back(s.loss);
+    result_.grad_norms.push_back(s.grad_norm);
+    result_.loss_scales.push_back(s.loss_scale);
+    result_.learning_rates.push_back(s.lr);
+    if (s.skipped) {
+      ++result_.skipped_iterations;
+      if (!std::isfinite(s.loss)) ++result_.nan_iterations;
     }
-    const double loss = loss_sum / double(nmb);
-    const double norm = global_grad_norm(*ctx, params.grads(), ps->model_and_dp());
-    const double lr = sched.lr_at((it - 1) * gbs);
-    const bool finite = std::isfinite(norm);
-    if (finite) {
-      adamw.step(params.values(), params.grads(), float(lr), float(cfg.optim.weight_decay),
-                 clip_coefficient(norm, float(cfg.optim.clip_grad)), /*zero_grads=*/true);
-    } else {
-      params.zero_grads(*ctx);  // skip the update, as Megatron does for a non-finite gradient
-      ++result.skipped_iterations;
-      ++interval_skipped;
-    }
-    consumed += gbs;
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    result.losses.push_back(loss);
-    result.grad_norms.push_back(norm);
-    if (std::isnan(loss)) {
-      ++result.nan_iterations;
-      ++interval_nan;
-    } else {
-      interval_loss += loss;
-      ++interval_loss_count;
-    }
-    interval_ms += ms;
-    ++interval_iters;
+    training_log(s);
 
-    if (it % cfg.logging.log_interval == 0 || it == cfg.batch.train_iters) {
-      const double avg_ms = interval_ms / double(interval_iters);
-      const double avg_loss = interval_loss_count ? interval_loss / double(interval_loss_count) : NAN;
-      std::string line = " [" + now_string() + "]";
-      line += fmt(" iteration %8lld/%8lld |", (long long)it, (long long)cfg.batch.train_iters);
-      line += fmt(" consumed samples: %12lld |", (long long)consumed);
-      line += fmt(" elapsed time per iteration (ms): %.1f |", avg_ms);
-      line += fmt(" tokens per second: %.1f |", double(gbs * T) / (avg_ms / 1000.0));
-      line += fmt(" learning rate: %.6E |", sched.lr_at(it * gbs));
-      line += fmt(" global batch size: %5lld |", (long long)gbs);
-      line += fmt(" lm loss: %.6E |", avg_loss);
-      line += " loss scale: 1.0 |";
-      line += fmt(" grad norm: %.3f |", norm);
-      line += fmt(" number of skipped iterations: %3lld |", (long long)interval_skipped);
-      line += fmt(" number of nan iterations: %3lld |", (long long)interval_nan);
-      log << line << "\n" << std::flush;
-      interval_loss = interval_ms = 0;
-      interval_iters = interval_skipped = interval_nan = interval_loss_count = 0;
+    if (iteration_ % cfg_.eval.eval_interval == 0)
+      evaluate_and_print("iteration " + std::to_string(iteration_), false, true);
+
+    // Megatron's order: signal, save interval, duration, exit interval.
+    bool saved = false;
+    if (cfg_.exit.exit_signal_handler && g_signal.load() != 0) {
+      save_checkpoint();
+      log_ << "[" << now_string() << "] exiting program after receiving "
+           << (g_signal.load() == SIGINT ? "SIGINT" : "SIGTERM") << ".\n";
+      result_.exit_reason = "signal";
+      exiting = true;
+      break;
+    }
+    if (!cfg_.checkpoint.save.empty() && cfg_.checkpoint.save_interval &&
+        iteration_ % *cfg_.checkpoint.save_interval == 0) {
+      save_checkpoint();
+      saved = true;
+    }
+    if (cfg_.exit.exit_duration_in_mins && elapsed_minutes() > *cfg_.exit.exit_duration_in_mins) {
+      if (!saved) save_checkpoint();
+      log_ << "[" << now_string() << "] exiting program after " << elapsed_minutes() << " minutes\n";
+      result_.exit_reason = "exit-duration";
+      exiting = true;
+      break;
+    }
+    if (cfg_.exit.exit_interval && iteration_ % *cfg_.exit.exit_interval == 0) {
+      if (!saved) save_checkpoint();
+      log_ << "[" << now_string() << "] exiting program at iteration " << iteration_ << "\n";
+      result_.exit_reason = "exit-interval";
+      exiting = true;
+      break;
     }
   }
-  const AllocStats mem = ctx->memory_stats();
-  result.peak_bytes = mem.peak_bytes;
-  log << fmt("[after training is done] memory (MB) | allocated: %.1f | max allocated: %.1f | max resident: %.1f\n",
-             double(mem.current_bytes) / 1048576.0, double(mem.peak_bytes) / 1048576.0,
-             double(max_rss_bytes()) / 1048576.0);
-  return result;
+  result_.final_iteration = iteration_;
+  result_.final_valid_loss = result_.final_test_loss = NAN;
+  if (!exiting) {
+    log_ << "[after training is done] " << now_string() << "\n";
+    const bool just_saved = cfg_.checkpoint.save_interval && iteration_ % *cfg_.checkpoint.save_interval == 0;
+    if (iteration_ > result_.start_iteration && !just_saved) save_checkpoint();
+    evaluate_and_print("iteration " + std::to_string(iteration_) + " on validation set", false, false);
+    evaluate_and_print("iteration " + std::to_string(iteration_) + " on test set", true, false);
+  }
+  const AllocStats mem = ctx_->memory_stats();
+  result_.peak_bytes = mem.peak_bytes - base_bytes_;
+  log_ << fmt("[after training is done] memory (MB) | allocated: %.1f | max allocated: %.1f | max resident: %.1f\n",
+              double(mem.current_bytes - base_bytes_) / 1048576.0,
+              double(mem.peak_bytes - base_bytes_) / 1048576.0, double(max_rss_bytes()) / 1048576.0)
+       << std::flush;
+  if (tb_) tb_->flush();
+  return result_;
+}
+
+TrainResult run_training(const TrainConfig& cfg, std::ostream& log) {
+  Trainer t(cfg, log);
+  return t.run();
 }
 
 }  // namespace loom

@@ -39,16 +39,86 @@ struct BatchConfig {
 struct OptimConfig {
   double lr = 0;                       // --lr (peak)
   double min_lr = 0;                   // --min-lr
+  double lr_warmup_init = 0;           // --lr-warmup-init: warmup starts here
   int64_t lr_warmup_iters = 0;         // --lr-warmup-iters
+  std::optional<double> lr_warmup_fraction;  // --lr-warmup-fraction of the decay iterations (excl. with iters)
   std::optional<int64_t> lr_decay_iters;  // --lr-decay-iters (default --train-iters)
   LRDecayStyle lr_decay_style = LRDecayStyle::kLinear;  // --lr-decay-style (Megatron default linear)
-  double weight_decay = 0.01;          // --weight-decay
+  std::string lr_wsd_decay_style = "exponential";       // --lr-wsd-decay-style (Megatron's default)
+  std::optional<int64_t> lr_wsd_decay_iters;            // --lr-wsd-decay-iters (required with WSD)
+  double weight_decay = 0.01;          // --weight-decay (constant style)
+  std::optional<double> start_weight_decay;  // --start-weight-decay (default --weight-decay)
+  std::optional<double> end_weight_decay;    // --end-weight-decay (default --weight-decay)
+  std::string weight_decay_incr_style = "constant";  // --weight-decay-incr-style constant|linear|cosine
+  bool override_opt_param_scheduler = false;        // --override-opt_param-scheduler: flags win on resume
+  bool use_checkpoint_opt_param_scheduler = false;  // --use-checkpoint-opt_param-scheduler: checkpoint wins
   AdamWConfig adam;                    // --adam-beta1/--adam-beta2/--adam-eps
   double clip_grad = 1.0;              // --clip-grad (0 disables)
 };
 
+// Mixed precision (Megatron: --bf16 / --fp16 with FP32 master weights, FP32 optimizer state).
+struct PrecisionConfig {
+  bool bf16 = false;  // --bf16: BF16 compute, FP32 main grads
+  bool fp16 = false;  // --fp16: FP16 compute with loss scaling
+  std::optional<double> loss_scale;           // --loss-scale: static scale (else dynamic)
+  double initial_loss_scale = 4294967296.0;   // --initial-loss-scale (2^32)
+  double min_loss_scale = 1.0;                // --min-loss-scale
+  int64_t loss_scale_window = 1000;           // --loss-scale-window (clean steps before the scale doubles)
+  int64_t hysteresis = 2;                     // --hysteresis (overflows tolerated before the scale halves)
+  bool attention_softmax_in_fp32 = false;     // --attention-softmax-in-fp32 (Loom's softmax is always f32)
+  bool accumulate_allreduce_grads_in_fp32 = false;  // --accumulate-allreduce-grads-in-fp32 (forced by --bf16)
+  DType compute_dtype() const { return bf16 ? DType::kBF16 : fp16 ? DType::kF16 : DType::kF32; }
+  // Megatron: main grads are f32 for bf16 (forced) and with the flag, else the model's dtype.
+  DType grad_dtype() const { return fp16 && !accumulate_allreduce_grads_in_fp32 ? DType::kF16 : DType::kF32; }
+};
+
+// Activation recomputation and dropout (--recompute-*, --hidden-dropout, --attention-dropout).
+struct RecomputeConfig {
+  std::string granularity;  // --recompute-granularity: "" (none) | full | selective
+  std::string method;       // --recompute-method: uniform | block (required with full)
+  std::optional<int64_t> num_layers;  // --recompute-num-layers (required with full)
+  float hidden_dropout = 0.1f;     // --hidden-dropout (Megatron's default)
+  float attention_dropout = 0.1f;  // --attention-dropout (Megatron's default)
+};
+
+struct EvalConfig {
+  int64_t eval_interval = 1000;  // --eval-interval (iterations)
+  int64_t eval_iters = 100;      // --eval-iters (batches per evaluation; 0 disables evaluation)
+  std::vector<std::string> valid_data_path;  // --valid-data-path (with --train-data-path)
+  std::vector<std::string> test_data_path;   // --test-data-path (with --train-data-path)
+};
+
+struct CheckpointConfig {
+  std::string save;                    // --save DIR
+  std::string load;                    // --load DIR
+  std::optional<int64_t> save_interval;  // --save-interval (iterations); the end of training always saves
+  bool no_save_optim = false;          // --no-save-optim
+  bool no_save_rng = false;            // --no-save-rng
+  bool no_load_optim = false;          // --no-load-optim
+  bool no_load_rng = false;            // --no-load-rng
+  bool finetune = false;               // --finetune: load weights only, start at iteration 0
+};
+
+struct ExitConfig {
+  std::optional<int64_t> exit_interval;         // --exit-interval: stop when iteration % N == 0
+  std::optional<double> exit_duration_in_mins;  // --exit-duration-in-mins
+  bool exit_signal_handler = false;             // --exit-signal-handler: SIGTERM/SIGINT save and exit 0
+};
+
 struct LoggingConfig {
   int64_t log_interval = 100;  // --log-interval (iterations)
+  int timing_log_level = 0;    // --timing-log-level 0|1|2
+  std::string tensorboard_dir;            // --tensorboard-dir
+  int64_t tensorboard_log_interval = 1;   // --tensorboard-log-interval
+  bool log_timers_to_tensorboard = false;       // --log-timers-to-tensorboard
+  bool log_memory_to_tensorboard = false;       // --log-memory-to-tensorboard
+  bool log_validation_ppl_to_tensorboard = false;  // --log-validation-ppl-to-tensorboard
+  bool log_learning_rate_to_tensorboard = true;    // --no-log-learning-rate-to-tensorboard
+  bool log_loss_scale_to_tensorboard = true;       // --no-log-loss-scale-to-tensorboard
+  bool log_batch_size_to_tensorboard = false;      // --log-batch-size-to-tensorboard
+  bool log_params_norm = false;   // --log-params-norm
+  bool log_throughput = false;    // --log-throughput
+  std::string metrics_jsonl;      // --metrics-jsonl FILE: one JSON object per log line (Loom's)
 };
 
 struct TrainConfig {
@@ -58,6 +128,11 @@ struct TrainConfig {
   OptimConfig optim;
   ParallelConfig parallel;
   LoggingConfig logging;
+  PrecisionConfig precision;
+  RecomputeConfig recompute;
+  EvalConfig eval;
+  CheckpointConfig checkpoint;
+  ExitConfig exit;
   uint64_t seed = 1234;  // --seed
   bool max_position_embeddings_given = false;
 

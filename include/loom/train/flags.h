@@ -1,7 +1,7 @@
 // Command-line parsing shared by the loom subcommands, with argparse's conventions (what Megatron's
 // scripts rely on): "--flag value" and "--flag=value", "--flag_name" == "--flag-name", a unique prefix
 // of a flag name is accepted ("--output" for --output-prefix), one-or-more value flags take every
-// argument up to the next flag. Unknown flags are errors naming the closest known flag; flags of the
+// argument up to the next flag, and a repeated flag keeps its last occurrence only. Unknown flags are errors naming the closest known flag; flags of the
 // Megatron tool that the subcommand does not implement get their own error, never silent acceptance.
 #pragma once
 #include <functional>

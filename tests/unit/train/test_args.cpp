@@ -102,3 +102,10 @@ TEST(Args, VocabPaddingIsMegatrons) {
   EXPECT_EQ(padded_vocab_size(50257, 128, 2), 50432);
   EXPECT_EQ(edit_distance("kitten", "sitting"), 3u);
 }
+
+TEST(TrainArgs, RepeatedMultiValueFlagKeepsTheLastOccurrence) {
+  // argparse (Megatron's parser) stores the values of the last occurrence of a flag.
+  const TrainConfig c = parse_train_args({"--data-path", "a", "b", "--seq-length", "8", "--data-path", "c"});
+  ASSERT_EQ(c.data.data_path.size(), 1u);
+  EXPECT_EQ(c.data.data_path[0], "c");
+}

@@ -1,0 +1,140 @@
+// `loom calc`: model size, FLOPs per iteration, memory per rank and training time of a GPT run, from the
+// same configuration `loom train` reads plus a few calculator options. The arithmetic follows
+// Narayanan et al. (2021), "Efficient Large-Scale Language Model Training on GPU Clusters Using
+// Megatron-LM" (parameters, FLOPs, training time) and Korthikanti et al. (2022), "Reducing Activation
+// Recomputation in Large Transformer Models" (activation memory). docs/calc.md states every formula and
+// simplification.
+//
+// Three steps, so that tests check numbers directly and the CLI stays thin:
+//   make_calc_input(TrainConfig, CalcOptions) -> CalcInput   validation, vocabulary (may read tokenizer files)
+//   compute_calc(CalcInput) -> CalcReport                    pure arithmetic
+//   format_calc_report(CalcReport) -> text                   stable labels, one figure per line
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loom/train/config.h"
+
+namespace loom {
+
+// Dense (no 2:4 sparsity) tensor-core peaks per GPU in TFLOP/s, from NVIDIA's datasheets (docs/calc.md).
+struct GpuSpec {
+  std::string name;         // the --gpu value: "A100", "H100", "H200", "B200"
+  std::string description;  // "H100 SXM"
+  double tf32_tflops = 0;   // peak used for FP32 runs (tensor-core TF32 matmuls)
+  double bf16_tflops = 0;   // BF16 and FP16
+  std::optional<double> fp8_tflops;  // none on A100
+};
+const std::vector<GpuSpec>& gpu_specs();
+// Case-insensitive lookup; UserError naming --gpu and the valid names.
+const GpuSpec& find_gpu(const std::string& name);
+
+// `loom calc`'s own options (the flags `loom train` does not have).
+struct CalcOptions {
+  std::optional<int64_t> num_gpus;      // --num-gpus (default TP x PP x CP: data-parallel size 1)
+  std::optional<double> train_tokens;   // --train-tokens (default --train-iters x global batch x sequence)
+  std::optional<std::string> gpu;       // --gpu A100|H100|H200|B200 (default H100)
+  std::optional<double> mfu;            // --mfu: achieved fraction of the GPU's dense peak (default 0.4)
+  std::optional<double> gpu_tflops;     // --gpu-tflops: achieved TFLOP/s per GPU (replaces --mfu)
+  bool sequence_parallel = false;       // --sequence-parallel: Megatron's SP, for the activation estimate
+};
+
+// Everything compute_calc() needs, already validated and resolved.
+struct CalcInput {
+  GPTConfig model;  // vocab_size and padded_vocab_size (padded for the TP size) filled in
+  int64_t seq_length = 0;         // s
+  int64_t micro_batch_size = 1;   // b
+  int64_t global_batch_size = 1;  // B (sequences per iteration)
+  ParallelConfig parallel;
+  bool sequence_parallel = false;
+  int64_t num_gpus = 1;           // n = TP x PP x CP x DP
+  PrecisionConfig precision;
+  RecomputeConfig recompute;      // granularity "" | selective | full (full with method and num_layers)
+  std::optional<double> train_tokens;  // T
+  GpuSpec gpu;                    // peak table row (the --gpu choice)
+  double mfu = 0.4;               // used when gpu_tflops is not set
+  std::optional<double> gpu_tflops;  // achieved TFLOP/s per GPU, counting every executed FLOP
+  std::vector<std::string> notes;    // assumptions made while resolving (defaults filled in), printed first
+
+  int64_t data_parallel_size() const {
+    return num_gpus / (int64_t(parallel.tensor_model_parallel_size) * parallel.pipeline_model_parallel_size *
+                       parallel.context_parallel_size);
+  }
+};
+
+// One way of keeping activations, as bytes on one rank of the first pipeline stage.
+struct ActivationEstimate {
+  std::string label;         // "none", "selective", "full"
+  std::string formula;       // per-layer formula, e.g. "s*b*h*(34 + 5*a*s/h)"
+  double per_layer = 0;      // one layer, one micro-batch
+  double layers_total = 0;   // all layers of the stage, all micro-batches in flight
+  double extra = 0;          // embedding dropout mask, and with PP 1 the output layer (paper's section 4.4)
+  double total() const { return layers_total + extra; }
+};
+
+struct CalcReport {
+  CalcInput input;
+
+  // Parameters.
+  int64_t params = 0;          // exact, GPTConfig::num_parameters() with the padded vocabulary
+  double params_formula = 0;   // 12*l*h^2*(1 + 13/(12h) + (V+s)/(12*l*h)), V padded, s position embeddings
+  int64_t params_first_stage = 0;  // on one TP rank of the first pipeline stage
+  int64_t params_last_stage = 0;   // on one TP rank of the last one (== first with PP 1)
+
+  // FLOPs per iteration (global batch B).
+  double flops_model = 0;      // 72*B*s*l*h^2*(1 + s/(6h) + V/(12*l*h)): forward + backward
+  double flops_selective = 0;  // + attention-core forward again: 4*B*s^2*h*l
+  double flops_full = 0;       // 96*B*s*l*h^2*(1 + s/(6h) + V/(16*l*h)): every layer's forward twice
+  double flops_run = 0;        // the one this run's recomputation settings execute
+  int64_t recomputed_layers = 0;  // layers run forward twice (full granularity)
+
+  // Memory per rank (first pipeline stage, one TP/CP rank), bytes.
+  int64_t weight_bytes = 0;     // FP32 master + 16-bit compute copy
+  int64_t grad_bytes = 0;       // main grads
+  int64_t optimizer_bytes = 0;  // Adam m and v
+  int64_t states_bytes() const { return weight_bytes + grad_bytes + optimizer_bytes; }
+  int64_t micro_batches = 0;           // per iteration per data-parallel rank
+  int64_t micro_batches_in_flight = 0;  // on the first stage under 1F1B: min(PP, micro-batches)
+  // Rows none / selective / full (full: the run's method and layers when it is full, else every layer).
+  std::vector<ActivationEstimate> activations;
+  size_t run_row = 0;  // index of this run's row in `activations`
+
+  // Loom's own buffers for this configuration, as the allocator will count them (single-process runs:
+  // TP = PP = CP = 1; absent otherwise): the model's exact plan (GPTModel::memory_plan) plus AdamW's
+  // state and the FP32 copy of FP16 gradients the optimizer steps from. A run's "max allocated" is this
+  // plus the data loader's few batch buffers.
+  struct LoomPlan {
+    int64_t parameter_bytes = 0;   // FP32 master weights, compute copy (bf16/fp16), gradient buffer
+    int64_t optimizer_bytes = 0;   // Adam m and v (FP32)
+    int64_t main_grad_bytes = 0;   // FP32 main-grad copy when the gradient buffer is FP16
+    int64_t activation_bytes = 0;  // every activation buffer of one micro-batch (B = micro batch size)
+    int64_t total() const { return parameter_bytes + optimizer_bytes + main_grad_bytes + activation_bytes; }
+  };
+  std::optional<LoomPlan> loom_plan;
+
+  // Throughput and time.
+  double peak_tflops = 0;      // the GPU's dense peak for this run's compute dtype
+  double achieved_tflops = 0;  // X: per GPU, counting every executed FLOP (recomputation included)
+  double seconds_per_iteration = 0;  // flops_run / (n * X)
+  double iterations = 0;       // T / (B * s), when train_tokens is set
+  double seconds_6tp = 0;      // 6*T*P/(n*X): no recomputation
+  double seconds_8tp = 0;      // 8*T*P/(n*X): full recomputation
+  double seconds_run = 0;      // iterations * flops_run / (n*X)
+};
+
+// Validates the fields calc uses (model shape, sequence, batch, parallel sizes, precision and
+// recomputation flags) and resolves the vocabulary: --tokenizer-type (built with make_tokenizer, which
+// may read --vocab-file etc.), else --vocab-size, else GPT-2's 50257 with a note. --train-iters and the
+// data flags are not required. Throws UserError naming the flag.
+CalcInput make_calc_input(const TrainConfig& cfg, const CalcOptions& opts);
+
+CalcReport compute_calc(const CalcInput& in);
+std::string format_calc_report(const CalcReport& r);
+
+// A token count: "300e9", "300000000000", "300B", "1.5T", "50M", "20k" (k/K, M, B/G, T suffixes).
+// UserError naming `flag` for anything else or a value < 1.
+double parse_token_count(const std::string& flag, const std::string& v);
+
+}  // namespace loom

@@ -1,0 +1,60 @@
+// Megatron's named timers (megatron/core/timers.py): each timer has a log level and is active only when
+// its level is <= --timing-log-level, so inactive timers cost nothing. Elapsed times accumulate
+// between logs; log() prints Megatron's "(min, max) time across ranks (ms):" block, normalised per
+// iteration, and resets what it printed. With one process min == max; the layout stays Megatron's so
+// log parsers keep working when ranks come.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace loom {
+
+class Timers {
+ public:
+  explicit Timers(int log_level) : log_level_(log_level) {}
+  // Starts (or, for stop, stops) the named timer if level <= the run's --timing-log-level.
+  void start(const std::string& name, int level);
+  void stop(const std::string& name);
+  // Accumulated seconds of `name` since the last reset (0 for an unknown or inactive timer).
+  double elapsed(const std::string& name) const;
+  void reset(const std::string& name);
+  // The block Megatron prints after a log line, for the active timers among `names` (in that order),
+  // each divided by `normalizer` (iterations in the interval), in ms. Resets those timers. Empty when
+  // none is active.
+  std::string log(const std::vector<std::string>& names, double normalizer);
+  // (name, ms per iteration) of the active timers among `names`, without resetting (for TensorBoard).
+  std::vector<std::pair<std::string, double>> values_ms(const std::vector<std::string>& names,
+                                                        double normalizer) const;
+  int log_level() const { return log_level_; }
+
+ private:
+  struct Timer {
+    std::string name;
+    int level = 0;
+    bool running = false;
+    std::chrono::steady_clock::time_point started;
+    double elapsed_s = 0;
+  };
+  Timer* find(const std::string& name);
+  const Timer* find(const std::string& name) const;
+  int log_level_;
+  std::vector<Timer> timers_;
+};
+
+// RAII start/stop of one timer.
+class ScopedTimer {
+ public:
+  ScopedTimer(Timers& t, std::string name, int level) : t_(t), name_(std::move(name)) { t_.start(name_, level); }
+  ~ScopedTimer() { t_.stop(name_); }
+  ScopedTimer(const ScopedTimer&) = delete;
+  ScopedTimer& operator=(const ScopedTimer&) = delete;
+
+ private:
+  Timers& t_;
+  std::string name_;
+};
+
+}  // namespace loom

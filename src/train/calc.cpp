@@ -1,0 +1,556 @@
+// `loom calc` arithmetic and report (see loom/train/calc.h and docs/calc.md for the formulas).
+// Counts that are exact integers (parameters, model-state bytes) are int64; the paper's activation and
+// FLOP formulas divide by TP and are kept in double.
+#include "loom/train/calc.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <sstream>
+
+#include "loom/core/check.h"
+#include "loom/data/tokenizer.h"
+
+namespace loom {
+
+const std::vector<GpuSpec>& gpu_specs() {
+  // Datasheet figures are quoted "with sparsity"; these are the dense halves (docs/calc.md cites them).
+  static const std::vector<GpuSpec> specs = {
+      {"A100", "A100 SXM", 156, 312, std::nullopt},
+      {"H100", "H100 SXM", 495, 989, 1979},
+      {"H200", "H200 SXM", 495, 989, 1979},
+      {"B200", "B200 (HGX)", 1100, 2250, 4500},
+  };
+  return specs;
+}
+
+const GpuSpec& find_gpu(const std::string& name) {
+  std::string want = name;
+  for (char& ch : want) ch = char(std::toupper(static_cast<unsigned char>(ch)));
+  std::string valid;
+  for (const GpuSpec& g : gpu_specs()) {
+    if (g.name == want) return g;
+    valid += (valid.empty() ? "" : ", ") + g.name;
+  }
+  user_error("--gpu: unknown GPU '", name, "' (valid: ", valid, "; or give --gpu-tflops X)");
+}
+
+double parse_token_count(const std::string& flag, const std::string& v) {
+  std::string num = v;
+  double mult = 1;
+  if (!num.empty()) {
+    switch (num.back()) {
+      case 'k': case 'K': mult = 1e3; break;
+      case 'm': case 'M': mult = 1e6; break;
+      case 'b': case 'B': case 'g': case 'G': mult = 1e9; break;
+      case 't': case 'T': mult = 1e12; break;
+      default: break;
+    }
+    if (mult != 1) num.pop_back();
+  }
+  double x = 0;
+  size_t pos = 0;
+  bool ok = !num.empty() && (std::isdigit(static_cast<unsigned char>(num[0])) || num[0] == '.');
+  if (ok) {
+    try {
+      x = std::stod(num, &pos);
+    } catch (const std::exception&) {
+      ok = false;
+    }
+  }
+  if (!ok || pos != num.size() || !std::isfinite(x * mult) || x * mult < 1)
+    user_error(flag, ": expected a token count >= 1 such as 300e9, 300B or 1.5T, got '", v, "'");
+  return x * mult;
+}
+
+namespace {
+// GPT-2's layer (LayerNorm, 4h GeLU MLP, multi-head attention with h/a heads, biases, learned positions, tied
+// output): the shapes the paper's formulas describe.
+bool is_gpt2_architecture(const GPTConfig& m) {
+  const GPTConfig d;
+  return m.normalization == d.normalization && m.activation == d.activation &&
+         m.ffn_hidden_size() == 4 * m.hidden_size && m.head_dim() * m.num_attention_heads == m.hidden_size &&
+         m.num_kv_heads() == m.num_attention_heads &&
+         m.add_bias_linear && !m.untie_embeddings_and_output_weights &&
+         m.position_embedding_type == d.position_embedding_type && !m.qk_layernorm;
+}
+}  // namespace
+
+CalcInput make_calc_input(const TrainConfig& cfg, const CalcOptions& opts) {
+  CalcInput in;
+  const auto need = [](bool ok, const char* flag) {
+    if (!ok) user_error("missing required flag ", flag);
+  };
+  need(cfg.model.num_layers > 0, "--num-layers");
+  need(cfg.model.hidden_size > 0, "--hidden-size");
+  need(cfg.model.num_attention_heads > 0, "--num-attention-heads");
+  need(cfg.batch.seq_length > 0, "--seq-length");
+  in.model = cfg.model;
+  in.seq_length = cfg.batch.seq_length;
+  if (in.model.max_position_embeddings < in.seq_length)
+    user_error("--max-position-embeddings (", in.model.max_position_embeddings, ") must be >= --seq-length (",
+               in.seq_length, ")");
+
+  // Parallel layout.
+  in.parallel = cfg.parallel;
+  const int t = in.parallel.tensor_model_parallel_size, p = in.parallel.pipeline_model_parallel_size,
+            c = in.parallel.context_parallel_size;
+  if (t < 1) user_error("--tensor-model-parallel-size must be >= 1, got ", t);
+  if (p < 1) user_error("--pipeline-model-parallel-size must be >= 1, got ", p);
+  if (c < 1) user_error("--context-parallel-size must be >= 1, got ", c);
+  if (in.model.num_attention_heads % t != 0)
+    user_error("--num-attention-heads (", in.model.num_attention_heads,
+               ") must be divisible by --tensor-model-parallel-size (", t, ")");
+  if (in.model.group_query_attention && in.model.num_query_groups % t != 0)
+    user_error("--num-query-groups (", in.model.num_query_groups,
+               ") must be divisible by --tensor-model-parallel-size (", t, ")");
+  if (in.model.num_layers % p != 0)
+    user_error("--num-layers (", in.model.num_layers, ") must be divisible by --pipeline-model-parallel-size (",
+               p, ")");
+  if (in.seq_length % c != 0)
+    user_error("--seq-length (", in.seq_length, ") must be divisible by --context-parallel-size (", c, ")");
+  const int64_t model_parallel = int64_t(t) * p * c;
+  in.num_gpus = opts.num_gpus.value_or(model_parallel);
+  if (in.num_gpus < 1 || in.num_gpus % model_parallel != 0)
+    user_error("--num-gpus (", in.num_gpus, ") must be a positive multiple of TP x PP x CP = ", model_parallel);
+  in.sequence_parallel = opts.sequence_parallel;
+  if (in.sequence_parallel && t == 1)
+    in.notes.push_back("--sequence-parallel has no effect with --tensor-model-parallel-size 1");
+
+  // Batch.
+  if (cfg.batch.micro_batch_size < 0)
+    user_error("--micro-batch-size must be >= 1, got ", cfg.batch.micro_batch_size);
+  in.micro_batch_size = cfg.batch.micro_batch_size;
+  if (in.micro_batch_size == 0) {
+    in.micro_batch_size = 1;
+    in.notes.push_back("--micro-batch-size not given: 1 assumed");
+  }
+  const int64_t dp = in.data_parallel_size(), unit = in.micro_batch_size * dp;
+  in.global_batch_size = cfg.batch.global_batch_size.value_or(unit);
+  if (in.global_batch_size < 1 || in.global_batch_size % unit != 0)
+    user_error("--global-batch-size (", in.global_batch_size, ") must be a positive multiple of --micro-batch-size (",
+               in.micro_batch_size, ") x data-parallel size (", dp, ") = ", unit);
+
+  // Precision and recomputation: the same rules as `loom train`.
+  in.precision = cfg.precision;
+  if (in.precision.bf16 && in.precision.fp16) user_error("--bf16 and --fp16 are mutually exclusive");
+  in.recompute = cfg.recompute;
+  const std::string& g = in.recompute.granularity;
+  if (!g.empty() && g != "full" && g != "selective")
+    user_error("--recompute-granularity must be full or selective, got '", g, "'");
+  if (!in.recompute.method.empty() && in.recompute.method != "uniform" && in.recompute.method != "block")
+    user_error("--recompute-method must be uniform or block, got '", in.recompute.method, "'");
+  if (g == "full") {
+    if (in.recompute.method.empty())
+      user_error("--recompute-granularity full needs --recompute-method uniform or block");
+    if (!in.recompute.num_layers)
+      user_error("--recompute-granularity full needs --recompute-num-layers (1 to --num-layers)");
+  } else if (!in.recompute.method.empty() || in.recompute.num_layers) {
+    user_error("--recompute-method and --recompute-num-layers go with --recompute-granularity full");
+  }
+  if (in.recompute.num_layers && (*in.recompute.num_layers < 1 || *in.recompute.num_layers > in.model.num_layers))
+    user_error("--recompute-num-layers must be in [1, --num-layers (", in.model.num_layers, ")], got ",
+               *in.recompute.num_layers);
+
+  // Vocabulary, resolved as `loom train` does (the tokenizer wins), padded for the TP size.
+  if (cfg.data.make_vocab_size_divisible_by < 1)
+    user_error("--make-vocab-size-divisible-by must be >= 1, got ", cfg.data.make_vocab_size_divisible_by);
+  if (!cfg.data.tokenizer.type.empty()) {
+    const std::unique_ptr<Tokenizer> tok = make_tokenizer(cfg.data.tokenizer);
+    in.model.vocab_size = tok->vocab_size();
+    in.notes.push_back("vocabulary " + std::to_string(in.model.vocab_size) + " from " + tok->name());
+  } else if (cfg.data.vocab_size) {
+    if (*cfg.data.vocab_size < 1) user_error("--vocab-size must be >= 1, got ", *cfg.data.vocab_size);
+    in.model.vocab_size = *cfg.data.vocab_size;
+  } else {
+    in.model.vocab_size = 50257;
+    in.notes.push_back("no --vocab-size or --tokenizer-type: GPT-2's vocabulary of 50257 assumed");
+  }
+  in.model.padded_vocab_size = padded_vocab_size(in.model.vocab_size, cfg.data.make_vocab_size_divisible_by, t);
+  in.model.validate();
+  if (!is_gpt2_architecture(in.model))
+    in.notes.push_back("the paper's formulas below (parameters, FLOPs, activation rows) describe GPT-2's layer; the "
+                       "exact counts, this run's FLOPs and Loom's buffers use this architecture");
+
+  // Length of training and throughput.
+  if (opts.train_tokens && cfg.batch.train_iters > 0)
+    user_error("--train-tokens and --train-iters both say how long to train: give one");
+  if (opts.train_tokens) {
+    in.train_tokens = *opts.train_tokens;
+  } else if (cfg.batch.train_iters > 0) {
+    in.train_tokens = double(cfg.batch.train_iters) * double(in.global_batch_size) * double(in.seq_length);
+  }
+  if (opts.mfu && opts.gpu_tflops)
+    user_error("--mfu and --gpu-tflops are two ways to give the achieved throughput: give one");
+  in.gpu = find_gpu(opts.gpu.value_or("H100"));
+  if (!opts.gpu && !opts.gpu_tflops) in.notes.push_back("no --gpu or --gpu-tflops: H100 assumed");
+  if (opts.mfu) {
+    if (!(*opts.mfu > 0 && *opts.mfu <= 1)) user_error("--mfu must be in (0, 1], got ", *opts.mfu);
+    in.mfu = *opts.mfu;
+  }
+  if (opts.gpu_tflops && !(*opts.gpu_tflops > 0 && std::isfinite(*opts.gpu_tflops)))
+    user_error("--gpu-tflops must be > 0, got ", *opts.gpu_tflops);
+  in.gpu_tflops = opts.gpu_tflops;
+  return in;
+}
+
+namespace {
+
+bool is_16bit(const PrecisionConfig& pr) { return pr.bf16 || pr.fp16; }
+
+// Per-layer activation bytes of one micro-batch (Korthikanti et al. 2022, table 2 and section 4).
+struct LayerActivations {
+  double none, selective, full;
+};
+
+}  // namespace
+
+CalcReport compute_calc(const CalcInput& in) {
+  CalcReport r;
+  r.input = in;
+  const GPTConfig& m = in.model;
+  const int64_t L = m.num_layers, H = m.hidden_size;
+  const double l = double(L), h = double(H), a = double(m.num_attention_heads), s = double(in.seq_length),
+               V = double(m.padded_vocab_size), B = double(in.global_batch_size), b = double(in.micro_batch_size);
+  const int t = in.parallel.tensor_model_parallel_size, p = in.parallel.pipeline_model_parallel_size,
+            c = in.parallel.context_parallel_size;
+  LOOM_CHECK(L % p == 0 && t >= 1 && c >= 1 && in.num_gpus >= 1, "[calc] input not validated");
+
+  // Parameters. The paper writes s for the position-embedding rows; Loom's table has
+  // max_position_embeddings rows (== seq length unless --max-position-embeddings says otherwise).
+  r.params = m.num_parameters();
+  r.params_formula =
+      12.0 * l * h * h * (1.0 + 13.0 / (12.0 * h) + (V + double(m.max_position_embeddings)) / (12.0 * l * h));
+  // TP splits every weight matrix and the qkv/fc1 biases; the proj/fc2 biases and the norms (qk-norms
+  // included) are replicated. GPT-2: (12*h^2 + 7*h)/t + 6*h per layer.
+  const int64_t L_stage = L / p;
+  const int64_t QKV = m.qkv_size(), F = m.ffn_hidden_size(), F1 = (m.gated_mlp() ? 2 : 1) * F,
+                HSA = m.num_attention_heads * m.head_dim(), norm = Norm::num_parameters(m.normalization, H);
+  const int64_t layer_split =
+      H * QKV + (m.qkv_bias() ? QKV : 0) + HSA * H + H * F1 + (m.add_bias_linear ? F1 : 0) + F * H;
+  const int64_t layer_replicated = 2 * norm + (m.add_bias_linear ? 2 * H : 0) +
+                                   (m.qk_layernorm ? 2 * Norm::num_parameters(m.normalization, m.head_dim()) : 0);
+  const int64_t layer_per_rank = layer_split / t + layer_replicated;
+  const int64_t word_emb = m.padded_vocab_size * H / t, final_norm = norm;
+  const int64_t pos_emb =
+      m.position_embedding_type == PositionEmbeddingType::kLearnedAbsolute ? m.max_position_embeddings * H : 0;
+  const int64_t output_layer = m.untie_embeddings_and_output_weights ? word_emb : 0;  // vocab-parallel too
+  r.params_first_stage = L_stage * layer_per_rank + word_emb + pos_emb + (p == 1 ? final_norm + output_layer : 0);
+  // With PP > 1 the last stage holds the output layer: its own one when untied, else a copy of the tied
+  // word embedding; the same count either way.
+  r.params_last_stage = p == 1 ? r.params_first_stage : L_stage * layer_per_rank + word_emb + final_norm;
+
+  // FLOPs per iteration. One layer's forward (GPT-2: 24*B*s*h^2 matmuls + 4*B*s^2*h attention core).
+  r.flops_model = m.flops_per_step(in.global_batch_size, in.seq_length);
+  const double layer_forward = m.layer_forward_flops(in.global_batch_size, in.seq_length);
+  r.flops_selective = r.flops_model + l * m.attention_core_forward_flops(in.global_batch_size, in.seq_length);
+  r.flops_full = r.flops_model + l * layer_forward;
+  const std::string& g = in.recompute.granularity;
+  if (g == "full") {
+    const int64_t n = in.recompute.num_layers.value_or(L);
+    r.recomputed_layers = in.recompute.method == "block" ? std::min(n, L_stage) * p : L;
+  }
+  r.flops_run = g == "selective" ? r.flops_selective : r.flops_model + double(r.recomputed_layers) * layer_forward;
+
+  // Model states on one rank of the first stage: FP32 master weights (+ the 16-bit copy the matmuls
+  // read), main grads in the grad dtype, Adam's m and v in FP32. No ZeRO sharding.
+  const int64_t P1 = r.params_first_stage;
+  r.weight_bytes = P1 * (4 + (is_16bit(in.precision) ? 2 : 0));
+  r.grad_bytes = P1 * int64_t(dtype_size(in.precision.grad_dtype()));
+  r.optimizer_bytes = P1 * 8;
+
+  // Activations (first stage). CP splits the sequence, so s -> s/CP throughout; the paper's numbers are
+  // for 16-bit activations and double for FP32. Under 1F1B the first stage holds min(PP, micro-batches)
+  // micro-batches' activations at once.
+  const int64_t dp = in.data_parallel_size();
+  r.micro_batches = in.global_batch_size / (in.micro_batch_size * dp);
+  r.micro_batches_in_flight = std::min<int64_t>(p, r.micro_batches);
+  const double sl = s / double(c), sbh = sl * b * h, tt = double(t), scale = is_16bit(in.precision) ? 1.0 : 2.0;
+  const bool sp = in.sequence_parallel && t > 1;
+  const double rep = sp ? tt : 1.0;  // what SP divides: the parts TP alone leaves replicated
+  LayerActivations per;
+  per.none = scale * (sp ? sbh / tt * (34.0 + 5.0 * a * sl / h) : sbh * (10.0 + 24.0 / tt + 5.0 * a * sl / (h * tt)));
+  per.selective = scale * (sp ? 34.0 * sbh / tt : sbh * (10.0 + 24.0 / tt));
+  per.full = scale * 2.0 * sbh / rep;  // only each layer's (group's) input is kept
+  const double in_flight = double(r.micro_batches_in_flight);
+  // Section 4.4: the embedding's dropout mask for every micro-batch in flight; with PP 1 the first stage
+  // is also the last and holds the final norm and output-layer inputs (4*s*b*h) and FP32 logits (4*s*b*V/t).
+  const double extra = sbh / rep * in_flight + (p == 1 ? 4.0 * sbh / rep + 4.0 * sl * b * V / tt : 0.0);
+  const double Ls = double(L_stage);
+  const auto row = [&](const std::string& label, const std::string& formula, double per_layer, double stage) {
+    r.activations.push_back({label, formula, per_layer, stage * in_flight, extra});
+  };
+  // Formulas as the paper writes them for this layout (at TP 1 all three forms agree).
+  row("none", t == 1 ? "s*b*h*(34 + 5*a*s/h)" : sp ? "s*b*h/t*(34 + 5*a*s/h)" : "s*b*h*(10 + 24/t + 5*a*s/(h*t))",
+      per.none, Ls * per.none);
+  row("selective", t == 1 ? "34*s*b*h" : sp ? "34*s*b*h/t" : "s*b*h*(10 + 24/t)", per.selective, Ls * per.selective);
+  std::string full_formula = sp ? "2*s*b*h/t" : "2*s*b*h";
+  double full_stage = Ls * per.full;
+  if (g == "full") {
+    const int64_t n = *in.recompute.num_layers;
+    if (in.recompute.method == "uniform") {
+      // One checkpoint per group of n layers.
+      const int64_t groups = (L_stage + n - 1) / n;
+      full_stage = double(groups) * per.full;
+      if (n > 1) full_formula += " per group of " + std::to_string(n) + " layers";
+    } else {
+      // block: the first n layers of each stage keep their input, the rest keep everything.
+      const int64_t kept = std::min(n, L_stage);
+      full_stage = double(kept) * per.full + double(L_stage - kept) * per.none;
+      if (kept < L_stage) full_formula += " for " + std::to_string(kept) + " of " + std::to_string(L_stage) + " layers";
+    }
+  }
+  row("full", full_formula, per.full, full_stage);
+  r.run_row = g == "selective" ? 1 : g == "full" ? 2 : 0;
+
+  // Loom's exact buffers (one process only: the model has no parallel layout yet).
+  if (in.parallel.tensor_model_parallel_size == 1 && in.parallel.pipeline_model_parallel_size == 1 &&
+      in.parallel.context_parallel_size == 1) {
+    ModelOptions mo;
+    mo.compute_dtype = in.precision.compute_dtype();
+    mo.grad_dtype = in.precision.grad_dtype();
+    if (!g.empty()) mo.recompute_granularity = parse_recompute_granularity(g);
+    if (!in.recompute.method.empty()) mo.recompute_method = parse_recompute_method(in.recompute.method);
+    mo.recompute_num_layers = in.recompute.num_layers.value_or(0);
+    const GPTMemoryPlan plan = GPTModel::memory_plan(m, mo, in.micro_batch_size, in.seq_length);
+    CalcReport::LoomPlan lp;
+    lp.parameter_bytes = plan.parameter_bytes();
+    lp.activation_bytes = plan.activation_bytes();
+    lp.optimizer_bytes = 8 * r.params;
+    if (mo.grad_dtype != DType::kF32) lp.main_grad_bytes = 4 * r.params;
+    r.loom_plan = lp;
+  }
+
+  // Throughput and time. X counts every executed FLOP (Megatron's reported TFLOP/s include recomputation).
+  r.peak_tflops = is_16bit(in.precision) ? in.gpu.bf16_tflops : in.gpu.tf32_tflops;
+  r.achieved_tflops = in.gpu_tflops.value_or(in.mfu * r.peak_tflops);
+  const double cluster = double(in.num_gpus) * r.achieved_tflops * 1e12;  // n*X in FLOP/s
+  r.seconds_per_iteration = r.flops_run / cluster;
+  if (in.train_tokens) {
+    const double T = *in.train_tokens, P = double(r.params);
+    r.iterations = T / (B * s);
+    r.seconds_6tp = 6.0 * T * P / cluster;
+    r.seconds_8tp = 8.0 * T * P / cluster;
+    r.seconds_run = r.iterations * r.seconds_per_iteration;
+  }
+  return r;
+}
+
+namespace {
+
+std::string commas(int64_t v) {
+  const std::string digits = std::to_string(v < 0 ? -v : v);
+  std::string out = v < 0 ? "-" : "";
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+std::string fixed(double v, int prec) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", prec, v);
+  return buf;
+}
+
+// 124475904 -> "124.48M"
+std::string short_count(double v) {
+  const char* units[] = {"", "K", "M", "B", "T"};
+  int u = 0;
+  while (u < 4 && std::fabs(v) >= 1000.0) {
+    v /= 1000.0;
+    ++u;
+  }
+  return fixed(v, u == 0 ? 0 : 2) + units[u];
+}
+
+std::string sci(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.4e FLOP", v);
+  return buf;
+}
+
+std::string sig(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.4g", v);
+  return buf;
+}
+
+std::string paren(const std::string& s) {
+  std::string out = "(";
+  out += s;
+  out += ')';
+  return out;
+}
+
+std::string gib(double bytes) { return fixed(bytes / 1073741824.0, 2) + " GiB"; }
+
+std::string rpad(const std::string& s, size_t width) {
+  std::string out(s.size() < width ? width - s.size() : 0, ' ');
+  out += s;
+  return out;
+}
+
+std::string bytes_line(int64_t bytes) { return rpad(commas(bytes) + " B", 22) + "  (" + gib(double(bytes)) + ")"; }
+
+std::string duration(double seconds) {
+  return fixed(seconds / 86400.0, 2) + " days = " + fixed(seconds / 3600.0, 1) + " hours = " +
+         commas(std::llround(seconds)) + " s";
+}
+
+std::string pad(std::string s, size_t width) {
+  if (s.size() < width) s.resize(width, ' ');
+  return s;
+}
+
+std::string granularity_name(const RecomputeConfig& rc) {
+  if (rc.granularity.empty()) return "none";
+  if (rc.granularity == "full")
+    return "full, " + rc.method + ", " + std::to_string(rc.num_layers.value_or(0)) + " layer(s)";
+  return rc.granularity;
+}
+
+}  // namespace
+
+std::string format_calc_report(const CalcReport& r) {
+  const CalcInput& in = r.input;
+  const GPTConfig& m = in.model;
+  const int t = in.parallel.tensor_model_parallel_size, p = in.parallel.pipeline_model_parallel_size,
+            c = in.parallel.context_parallel_size;
+  const bool b16 = is_16bit(in.precision);
+  const std::string dtype = in.precision.bf16 ? "bf16" : in.precision.fp16 ? "fp16" : "fp32";
+  std::ostringstream os;
+
+  for (const std::string& n : in.notes) os << "note: " << n << "\n";
+  os << "model: GPT, " << m.num_layers << " layers (l), hidden " << m.hidden_size << " (h), " << m.num_attention_heads
+     << " heads (a), sequence " << in.seq_length << " (s), " << m.max_position_embeddings
+     << " position embeddings\n";
+  if (!is_gpt2_architecture(m))
+    os << "architecture: " << norm_kind_name(m.normalization) << ", " << mlp_activation_name(m.activation) << " MLP "
+       << m.ffn_hidden_size() << " wide, " << m.num_kv_heads() << " key/value heads (g) of size " << m.head_dim()
+       << " (d), " << position_embedding_type_name(m.position_embedding_type) << " positions"
+       << (m.add_bias_linear ? "" : m.add_qkv_bias ? ", qkv bias only" : ", no linear biases")
+       << (m.untie_embeddings_and_output_weights ? ", untied output layer" : "")
+       << (m.qk_layernorm ? ", qk-layernorm" : "")
+       << (m.window_size_left >= 0 ? ", window " + std::to_string(m.window_size_left) + ",0" : std::string()) << "\n";
+  os << "vocabulary: " << m.vocab_size << ", padded to " << m.padded_vocab_size << " (V)\n";
+  os << "layout: " << in.num_gpus << " GPUs = TP " << t << " x PP " << p << " x CP " << c << " x DP "
+     << in.data_parallel_size() << "; sequence parallel " << (in.sequence_parallel && t > 1 ? "on" : "off") << "\n";
+  os << "batch: micro-batch " << in.micro_batch_size << " (b), global batch " << in.global_batch_size
+     << " (B), " << r.micro_batches << " micro-batch(es) per iteration per data-parallel rank\n";
+  os << "precision: " << dtype << "; recomputation: " << granularity_name(in.recompute) << "\n";
+
+  os << "\nParameters\n";
+  const bool gpt2_arch = is_gpt2_architecture(m);
+  os << "  parameters (exact):     " << rpad(commas(r.params), 20) << "  (" << short_count(double(r.params))
+     << ")  from the layer shapes: "
+     << (gpt2_arch ? "l*(12*h^2 + 13*h) + (V + position embeddings)*h + 2*h"
+                   : "l*(norms + qkv + proj + MLP) + embeddings (+ output layer); docs/models.md")
+     << "\n";
+  os << "  parameters (formula):   " << rpad(commas(std::llround(r.params_formula)), 20) << "  ("
+     << short_count(r.params_formula)
+     << ")  12*l*h^2*(1 + 13/(12*h) + (V+s)/(12*l*h)), s = position embeddings " << m.max_position_embeddings
+     << " (the paper's s is the sequence length, equal to it there)\n";
+
+  os << "\nFLOPs per iteration (B = " << in.global_batch_size << " sequences of s = " << in.seq_length << " tokens)\n";
+  const char* mark = "   <- this run";
+  const std::string& g = in.recompute.granularity;
+  const bool full_all = r.recomputed_layers == m.num_layers;
+  os << "  model (no recomputation):  " << sci(r.flops_model) << "  "
+     << (gpt2_arch ? "72*B*s*l*h^2*(1 + s/(6*h) + V/(12*l*h))"
+                   : "3*(l*layer + 2*B*s*h*V), layer = 2*B*s*(weights of qkv, proj, MLP) + 4*B*s^2*a*d")
+     << (g.empty() ? mark : "") << "\n";
+  os << "  selective recomputation:   " << sci(r.flops_selective) << "  model + "
+     << (gpt2_arch ? "4*B*s^2*h*l" : "4*B*s^2*a*d*l") << " (attention core again)"
+     << (g == "selective" ? mark : "") << "\n";
+  os << "  full recomputation:        " << sci(r.flops_full) << "  "
+     << (gpt2_arch ? "96*B*s*l*h^2*(1 + s/(6*h) + V/(16*l*h))" : "model + l*layer")
+     << (g == "full" && full_all ? mark : "") << "\n";
+  if (g == "full" && !full_all)
+    os << "  this run (" << r.recomputed_layers << " of " << m.num_layers << " layers recomputed): " << sci(r.flops_run)
+       << "  model + " << r.recomputed_layers << (gpt2_arch ? "*(24*B*s*h^2 + 4*B*s^2*h)\n" : "*layer\n");
+
+  os << "\nMemory per rank (first pipeline stage: " << m.num_layers / p << " of " << m.num_layers
+     << " layers and the embeddings; one TP rank)\n";
+  os << "  parameters on the rank: " << rpad(commas(r.params_first_stage), 20) << "  ("
+     << short_count(double(r.params_first_stage)) << ")";
+  if (p > 1) os << "; last stage " << commas(r.params_last_stage);
+  os << "\n";
+  os << "  weights:                " << bytes_line(r.weight_bytes) << "  "
+     << (b16 ? "6 B/param: FP32 master + 16-bit copy" : "4 B/param: FP32") << "\n";
+  os << "  gradients:              " << bytes_line(r.grad_bytes) << "  " << dtype_size(in.precision.grad_dtype())
+     << " B/param: " << (in.precision.grad_dtype() == DType::kF32 ? "FP32" : "FP16") << " main grads\n";
+  os << "  optimizer state:        " << bytes_line(r.optimizer_bytes)
+     << "  8 B/param: Adam m and v in FP32 (no ZeRO sharding: --use-distributed-optimizer is not in Loom yet)\n";
+  os << "  model states:           " << bytes_line(r.states_bytes()) << "\n";
+  os << "  activations (Korthikanti et al. 2022, " << (b16 ? "16-bit" : "FP32: twice the paper's 16-bit")
+     << "; b = " << in.micro_batch_size << ", " << r.micro_batches_in_flight << " micro-batch(es) in flight x "
+     << m.num_layers / p << " layers";
+  if (c > 1) os << ", s/CP = " << in.seq_length / c << " tokens per rank";
+  os << "):\n";
+  os << "    " << pad("recompute", 10) << rpad("per layer", 18) << rpad("activations", 24) << rpad("with states", 26)
+     << "  per-layer formula\n";
+  for (size_t i = 0; i < r.activations.size(); ++i) {
+    const ActivationEstimate& a = r.activations[i];
+    const int64_t act = std::llround(a.total()), tot = act + r.states_bytes();
+    os << "    " << pad(a.label, 10) << rpad(commas(std::llround(a.per_layer)) + " B", 18)
+       << rpad(commas(act) + " B", 24) << rpad(commas(tot) + " B", 26) << "  " << a.formula
+       << (i == r.run_row ? mark : "") << "\n";
+    os << "    " << pad("", 10) << rpad("", 18) << rpad(paren(gib(double(act))), 24)
+       << rpad(paren(gib(double(tot))), 26) << "\n";
+  }
+  os << "    activations include " << commas(std::llround(r.activations[0].extra))
+     << " B outside the layers: embedding dropout masks"
+     << (p == 1 ? ", final norm and output-layer inputs, FP32 logits" : "") << "\n";
+
+  if (r.loom_plan) {
+    const CalcReport::LoomPlan& lp = *r.loom_plan;
+    os << "\nLoom's buffers for this run (what `loom train` allocates; its log's \"max allocated\" adds the data "
+          "loader's batch buffers)\n";
+    os << "  parameters and grads:   " << bytes_line(lp.parameter_bytes) << "\n";
+    os << "  optimizer state:        " << bytes_line(lp.optimizer_bytes) << "\n";
+    if (lp.main_grad_bytes) os << "  FP32 main-grad copy:    " << bytes_line(lp.main_grad_bytes) << "\n";
+    os << "  activations:            " << bytes_line(lp.activation_bytes) << "  (b = " << in.micro_batch_size
+       << "; fused attention keeps no s x s scores)\n";
+    os << "  total:                  " << bytes_line(lp.total()) << "\n";
+  }
+
+  os << "\nThroughput\n";
+  os << "  achieved per GPU:  " << fixed(r.achieved_tflops, 1) << " TFLOP/s (X)";
+  if (in.gpu_tflops)
+    os << " from --gpu-tflops = " << fixed(r.achieved_tflops / r.peak_tflops, 3) << " of the " << in.gpu.description
+       << " dense " << (b16 ? "BF16/FP16" : "TF32") << " peak " << fixed(r.peak_tflops, 0);
+  else
+    os << " = MFU " << fixed(in.mfu, 2) << " x " << in.gpu.description << " dense " << (b16 ? "BF16" : "TF32")
+       << " peak " << fixed(r.peak_tflops, 0);
+  os << "\n";
+  os << "  time per iteration:  " << sig(r.seconds_per_iteration) << " s  (this run's FLOPs / (n*X), n = "
+     << in.num_gpus << ")\n";
+  os << "  tokens per second:   " << commas(std::llround(double(in.global_batch_size) * double(in.seq_length) /
+                                                         r.seconds_per_iteration))
+     << "\n";
+
+  os << "\nTraining time\n";
+  if (!in.train_tokens) {
+    os << "  give --train-tokens T (or --train-iters N) to estimate it\n";
+  } else {
+    os << "  tokens (T):  " << commas(std::llround(*in.train_tokens)) << "  (" << short_count(*in.train_tokens)
+       << "; " << commas(std::llround(r.iterations)) << " iterations of B*s tokens)\n";
+    os << "  6*T*P/(n*X) (no recomputation):    " << duration(r.seconds_6tp) << (g.empty() ? mark : "") << "\n";
+    os << "  8*T*P/(n*X) (full recomputation):  " << duration(r.seconds_8tp) << (g == "full" ? mark : "") << "\n";
+    os << "  from this run's FLOPs per iteration: " << duration(r.seconds_run) << "\n";
+  }
+
+  os << "\nDense peak TFLOP/s per GPU (NVIDIA datasheets, without sparsity)\n";
+  os << "  " << pad("GPU", 12) << rpad("TF32", 8) << rpad("BF16/FP16", 11) << rpad("FP8", 8) << "\n";
+  for (const GpuSpec& s : gpu_specs())
+    os << "  " << pad(s.description, 12) << rpad(fixed(s.tf32_tflops, 0), 8) << rpad(fixed(s.bf16_tflops, 0), 11)
+       << rpad(s.fp8_tflops ? fixed(*s.fp8_tflops, 0) : "-", 8) << (s.name == in.gpu.name ? "   <- --gpu" : "")
+       << "\n";
+  return os.str();
+}
+
+}  // namespace loom

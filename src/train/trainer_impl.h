@@ -1,0 +1,94 @@
+// The trainer's state, shared by trainer.cpp (setup, loop, evaluation, logs) and trainer_checkpoint.cpp
+// (save/load). Private to the train layer.
+#pragma once
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <string>
+
+#include "loom/data/loader.h"
+#include "loom/model/gpt.h"
+#include "loom/optim/grad_scaler.h"
+#include "loom/optim/optimizer.h"
+#include "loom/optim/scheduler.h"
+#include "loom/train/metrics_jsonl.h"
+#include "loom/train/tensorboard.h"
+#include "loom/train/timers.h"
+#include "loom/train/trainer.h"
+
+namespace loom {
+
+inline constexpr const char* kLoomVersion = "0.1.0";
+
+class Trainer {
+ public:
+  Trainer(const TrainConfig& cfg, std::ostream& log);
+  ~Trainer();
+  TrainResult run();
+
+ private:
+  struct StepOutcome {
+    double loss = 0;        // mean over micro-batches (unscaled)
+    double grad_norm = 0;   // NaN when skipped
+    double loss_scale = 1;  // the scale this step used
+    double lr = 0;          // the learning rate this step trained with
+    bool skipped = false;
+  };
+
+  void build_data();
+  void build_model();
+  StepOutcome train_step();
+  double evaluate(const std::shared_ptr<const SampleDataset>& ds, int64_t& consumed_samples);
+  void evaluate_and_print(const std::string& prefix, bool test_set, bool periodic);
+  void training_log(const StepOutcome& s);
+  void write_tensorboard_step(const StepOutcome& s);
+  // Checkpoints (trainer_checkpoint.cpp).
+  void save_checkpoint();
+  void load_checkpoint();
+  std::string metadata_json() const;
+
+  ModelOptions model_options() const;
+  GPTBatch to_model_batch(const Batch& b) const;
+  double elapsed_minutes() const;
+
+  TrainConfig cfg_;
+  std::ostream& log_;
+  std::unique_ptr<ParallelState> ps_;
+  int dp_ = 1;
+  int64_t gbs_ = 0, nmb_ = 0, B_ = 0, T_ = 0;
+  std::unique_ptr<DeviceContext> ctx_;
+  int64_t base_bytes_ = 0;  // allocator bytes held before this run (earlier runs in the same process)
+
+  std::shared_ptr<const SampleDataset> train_ds_, valid_ds_, test_ds_;
+  BatchOptions batch_opts_;
+  std::unique_ptr<Loader> train_loader_;
+
+  std::unique_ptr<GPTModel> model_;
+  std::unique_ptr<AdamW> adamw_;
+  std::unique_ptr<OptimizerParamScheduler> sched_;
+  std::unique_ptr<GradScaler> scaler_;
+  Tensor main_grads_;  // f32 copy of the gradients when the model accumulates them in f16
+
+  Timers timers_;
+  std::unique_ptr<TensorBoardWriter> tb_;
+  std::unique_ptr<MetricsJsonlWriter> jsonl_;
+  std::chrono::steady_clock::time_point start_time_;
+
+  // Progress (restored from checkpoints).
+  int64_t iteration_ = 0;
+  int64_t consumed_train_ = 0;
+  int64_t consumed_valid_ = 0;
+  uint64_t dropout_seed_ = 0;
+  uint64_t micro_batches_done_ = 0;  // dropout mask counter: one per micro-batch trained
+
+  // Log interval accumulators (Megatron's total_loss_dict).
+  double interval_loss_ = 0, interval_ms_ = 0;
+  int64_t interval_iters_ = 0, interval_advanced_ = 0, interval_skipped_ = 0, interval_nan_ = 0;
+  bool memory_reported_ = false;
+  double last_step_ms_ = 0;
+
+  TrainResult result_;
+};
+
+}  // namespace loom

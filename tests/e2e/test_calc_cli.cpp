@@ -1,0 +1,132 @@
+// `loom calc` end to end: the built binary takes `loom train`'s flags (data flags and --train-iters
+// included, none required) plus calc's own, prints the report with exit 0, and answers bad flags with
+// exit 2 and one error line.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct CalcRun {
+  int code = -1;
+  std::string out, err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+CalcRun calc(const std::string& args) {
+  const std::string tag = std::to_string(::getpid());
+  const fs::path out = fs::temp_directory_path() / ("loom_calc_stdout_" + tag),
+                 err = fs::temp_directory_path() / ("loom_calc_stderr_" + tag);
+  const std::string cmd = std::string(LOOM_BINARY) + " calc " + args + " >" + out.string() + " 2>" + err.string();
+  const int status = std::system(cmd.c_str());
+  CalcRun r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(out);
+  r.err = slurp(err);
+  fs::remove(out);
+  fs::remove(err);
+  return r;
+}
+
+// The rest of the line that starts with `label` (after leading spaces), or "" when there is none.
+std::string line(const std::string& text, const std::string& label) {
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);) {
+    const size_t start = l.find_first_not_of(' ');
+    if (start != std::string::npos && l.compare(start, label.size(), label) == 0) return l.substr(start + label.size());
+  }
+  return "";
+}
+
+void expect_one_line_error(const CalcRun& r, const std::string& needle) {
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_NE(r.err.find("loom calc: error: " + needle), std::string::npos) << r.err;
+}
+
+const std::string kGpt2 =
+    "--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 --max-position-embeddings 1024 "
+    "--micro-batch-size 4 --global-batch-size 32 --bf16 ";
+
+}  // namespace
+
+TEST(CalcCli, Gpt2Report) {
+  const CalcRun r = calc(kGpt2 + "--num-gpus 8 --train-tokens 10B --gpu H100 --mfu 0.4");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(r.err.empty()) << r.err;
+  EXPECT_NE(line(r.out, "parameters (exact):").find("124,475,904  (124.48M)"), std::string::npos) << r.out;
+  EXPECT_NE(line(r.out, "parameters (formula):").find("124,474,368"), std::string::npos) << r.out;
+  EXPECT_NE(line(r.out, "model (no recomputation):").find("2.8005e+13 FLOP"), std::string::npos) << r.out;
+  EXPECT_NE(line(r.out, "model (no recomputation):").find("<- this run"), std::string::npos) << r.out;
+  EXPECT_NE(line(r.out, "weights:").find("746,855,424 B"), std::string::npos) << r.out;
+  EXPECT_NE(line(r.out, "none      ").find("358,612,992 B"), std::string::npos) << r.out;
+  EXPECT_NE(line(r.out, "achieved per GPU:").find("395.6 TFLOP/s"), std::string::npos) << r.out;
+  EXPECT_NE(line(r.out, "6*T*P/(n*X) (no recomputation):").find("2,360 s"), std::string::npos) << r.out;
+  EXPECT_NE(line(r.out, "note:").find("GPT-2's vocabulary of 50257 assumed"), std::string::npos) << r.out;
+}
+
+TEST(CalcCli, MegatronLaunchScriptFlagsWork) {
+  // A pretrain_gpt.py command line: data, tokenizer, optimizer, checkpoint and logging flags are accepted and
+  // nothing is read or written (the data prefix does not exist). The tokenizer gives the vocabulary.
+  const CalcRun r = calc(
+      "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 16 --sequence-parallel "
+      "--num-layers 96 --hidden-size 12288 --num-attention-heads 96 --seq-length 2048 "
+      "--max-position-embeddings 2048 --micro-batch-size 1 --global-batch-size 1536 --train-iters 95367 "
+      "--lr 6.0e-5 --min-lr 6.0e-6 --lr-decay-style cosine --lr-warmup-iters 2000 --weight-decay 0.1 "
+      "--clip-grad 1.0 --adam-beta1 0.9 --adam-beta2 0.95 --init-method-std 0.006 "
+      "--data-path /nonexistent/my-gpt3_00_text_document --split 949,50,1 "
+      "--tokenizer-type NullTokenizer --vocab-size 51199 --save /nonexistent/ckpt --save-interval 1000 "
+      "--log-interval 100 --eval-interval 1000 --eval-iters 10 --bf16 "
+      "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1 "
+      "--num-gpus 1024 --gpu A100 --gpu-tflops 140");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(line(r.out, "vocabulary:").find("51200, padded to 51200"), std::string::npos) << r.out;
+  EXPECT_NE(line(r.out, "parameters (formula):").find("174,615,822,336"), std::string::npos) << r.out;
+  // 95,367 iterations x 1536 x 2048 tokens ~ 300B; 8*T*P/(n*X) ~ 34 days as in Narayanan et al. (2021).
+  EXPECT_NE(line(r.out, "8*T*P/(n*X) (full recomputation):").find("33.83 days"), std::string::npos) << r.out;
+  EXPECT_NE(line(r.out, "8*T*P/(n*X) (full recomputation):").find("<- this run"), std::string::npos) << r.out;
+  EXPECT_NE(line(r.out, "full      ").find("2*s*b*h/t   <- this run"), std::string::npos) << r.out;
+  EXPECT_NE(line(r.out, "layout:").find("1024 GPUs = TP 8 x PP 16 x CP 1 x DP 8; sequence parallel on"),
+            std::string::npos)
+      << r.out;
+}
+
+TEST(CalcCli, Help) {
+  const CalcRun r = calc("--help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("--train-tokens"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--gpu-tflops"), std::string::npos) << r.out;
+}
+
+TEST(CalcCli, BadFlags) {
+  expect_one_line_error(calc(""), "missing required flag --num-layers");
+  expect_one_line_error(calc(kGpt2 + "--num-gpuz 8"), "unknown flag --num-gpuz (did you mean --num-gpus?)");
+  expect_one_line_error(calc(kGpt2 + "--micro-bach-size 2"),
+                        "unknown flag --micro-bach-size (did you mean --micro-batch-size?)");
+  expect_one_line_error(calc(kGpt2 + "--num-gpu 8"), "ambiguous or abbreviated flag --num-gpu");
+  expect_one_line_error(calc(kGpt2 + "--train-tokens 12X"), "--train-tokens: expected a token count");
+  expect_one_line_error(calc(kGpt2 + "--train-tokens"), "--train-tokens needs a value");
+  expect_one_line_error(calc(kGpt2 + "--gpu V100"), "--gpu: unknown GPU 'V100'");
+  expect_one_line_error(calc(kGpt2 + "--num-gpus 6"), "--global-batch-size (32) must be a positive multiple");
+  expect_one_line_error(calc(kGpt2 + "--use-distributed-optimizer"), "--use-distributed-optimizer (a flag of");
+  expect_one_line_error(calc(kGpt2 + "--tokenizer-type GPT2BPETokenizer --vocab-file /nonexistent/encoder.json "
+                                     "--merge-file /nonexistent/vocab.bpe"),
+                        "--vocab-file '/nonexistent/encoder.json': cannot open");
+}
