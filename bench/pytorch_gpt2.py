@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-# PyTorch reference for the training-speed benchmark: GPT-2 trained on random tokens, fp32 on CPU,
-# built to match what `loom train --mock-data` does step for step (same architecture, same optimizer,
+# PyTorch reference for the training-speed benchmark: GPT-2 trained on random tokens on CPU, fp32 or
+# (--bf16) BF16 mixed precision, built to match what `loom train --mock-data` does step for step (same architecture, same optimizer,
 # same clipping) so that ms/step and peak RSS can be compared one to one. Run with Debian's torch 1.13
 # (/usr/bin/python3) and OPENBLAS_CORETYPE unset; bench/run_bench.sh does both.
 #
@@ -8,6 +8,10 @@
 # matmuls + causal mask + softmax (torch 1.13 has no scaled_dot_product_attention), GeLU tanh, vocab
 # padded to a multiple of 128 with the loss taken over the first V logits only, output tied to the word
 # embedding, AdamW with weight decay on 2-D tensors only, clip by global norm 1.0.
+# --bf16 is PyTorch's standard CPU mixed-precision recipe, the counterpart of `loom train --bf16`: forward
+# and loss under torch.autocast("cpu", bfloat16) (matmuls/linears in BF16; LayerNorm, the fp32 residual
+# stream and cross-entropy stay fp32 by autocast's own policy), backward outside autocast, parameters,
+# gradients and AdamW state fp32. No loss scaling: BF16 has fp32's exponent range.
 # Prints one JSON line on stdout at the end; per-step progress goes to stderr.
 
 import argparse
@@ -129,6 +133,8 @@ def parse_args(argv):
     p.add_argument("--warmup", type=int, default=2, help="untimed steps before the timed ones")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--bf16", action="store_true",
+                   help="forward + loss under torch.autocast('cpu', torch.bfloat16); fp32 params and AdamW")
     args = p.parse_args(argv)
     if args.steps < 1:
         p.error(f"--steps must be >= 1, got {args.steps}")
@@ -157,6 +163,18 @@ def main(argv):
         [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
         lr=6e-4, betas=(0.9, 0.95), eps=1e-8)
 
+    precision = "bf16" if args.bf16 else "fp32"
+    # Autocast on CPU only covers ops on its lower-precision list, and a torch build may lack the BF16
+    # GEMM path; so the first step checks that the model's first linear really ran in BF16 (and in
+    # fp32 mode that nothing did) rather than trusting the flag.
+    seen_dtype = {}
+
+    def record_dtype(module, inputs, output):  # a forward hook that returns None keeps the output
+        seen_dtype.setdefault("out", output.dtype)
+
+    probe = model.blocks[0].attn.qkv if L > 0 else model.lm_head
+    hook = probe.register_forward_hook(record_dtype)
+
     gen = torch.Generator().manual_seed(args.seed)
     times_ms = []
     total = args.warmup + args.steps
@@ -165,13 +183,23 @@ def main(argv):
         tokens = torch.randint(0, V, (B, T + 1), generator=gen)
         idx, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
         t0 = time.perf_counter()
-        loss = model(idx, targets)
+        with torch.autocast(device_type="cpu", dtype=torch.bfloat16, enabled=args.bf16):
+            loss = model(idx, targets)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         loss_v = loss.item()
         ms = (time.perf_counter() - t0) * 1e3
+        if step == 0:
+            hook.remove()
+            want = torch.bfloat16 if args.bf16 else torch.float32
+            got = seen_dtype.get("out")
+            print(f"precision {precision}: first linear output dtype {got}, loss dtype {loss.dtype}, "
+                  f"params {params[0].dtype}, AdamW exp_avg {opt.state[params[0]]['exp_avg'].dtype}",
+                  file=sys.stderr, flush=True)
+            if got != want:
+                sys.exit(f"pytorch_gpt2.py: expected {want} matmul outputs in {precision} mode, got {got}")
         tag = "warmup" if step < args.warmup else "timed"
         print(f"step {step + 1}/{total} ({tag}) loss {loss_v:.4f} grad_norm {float(grad_norm):.4f} "
               f"ms {ms:.1f}", file=sys.stderr, flush=True)
@@ -192,6 +220,7 @@ def main(argv):
         "Vp": Vp,
         "params": n_params,
         "threads": args.threads,
+        "precision": precision,
         "warmup": args.warmup,
         "steps": args.steps,
         "ms_per_step": round(ms_per_step, 3),

@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# Training-speed benchmark behind `make bench`: GPT-2 124M trained on random tokens, fp32 on CPU, by
-# `loom train --mock-data` and by bench/pytorch_gpt2.py, one after the other on the same machine, each a
-# separate process under `/usr/bin/time -v` so peak RSS is measured the same way for both. Prints a
+# Training-speed benchmark behind `make bench`: GPT-2 124M trained on random tokens on CPU, fp32 (default)
+# or BF16 mixed precision, by `loom train --mock-data` and by bench/pytorch_gpt2.py, one after the other
+# on the same machine, each a separate process under `/usr/bin/time -v` so peak RSS is measured the same
+# way for both. Prints a
 # side-by-side table with the Loom/PyTorch ratios against the targets and writes it as markdown to
-# out/bench_latest.md.
+# out/bench_latest.md (out/bench_latest_bf16.md for bf16).
+#
+# Precision: BENCH_PRECISION=fp32 runs both sides in fp32; bf16 runs `loom train --bf16` against
+# pytorch_gpt2.py --bf16 (torch.autocast cpu/bfloat16 around forward + loss, fp32 params and AdamW).
+# Loom runs with --hidden-dropout 0 --attention-dropout 0 (its Megatron defaults are 0.1; the PyTorch
+# reference has no dropout) and --eval-iters 0 (no end-of-training validation), so both do the same work.
 #
 # Both sides run with OMP_NUM_THREADS=$BENCH_THREADS (2). PyTorch runs with the fastest OPENBLAS_CORETYPE
 # (or $BENCH_TORCH_CORETYPE); Loom runs in the caller's environment. Before timing, a probe
@@ -13,13 +19,14 @@
 # and GFLOP/s are derived from it with one FLOP formula shared by both sides (see bench/README.md).
 #
 # Environment overrides (defaults in brackets):
-#   LOOM_BIN [build/loom]   PYTHON [/usr/bin/python3]   BENCH_THREADS [2]
+#   LOOM_BIN [$BUILD_DIR/loom, BUILD_DIR defaults to build]   PYTHON [/usr/bin/python3]   BENCH_THREADS [2]
+#   BENCH_PRECISION [fp32]  fp32 | bf16
 #   BENCH_SHAPES ["4x64 8x256"]  (BxT pairs)
 #   BENCH_WARMUP / BENCH_STEPS        warm-up / timed iterations for every shape
 #   BENCH_WARMUP_<BxT> / BENCH_STEPS_<BxT>  per shape, e.g. BENCH_STEPS_8x256=5
 #                                     [4x64: 2 + 8, 8x256: 1 + 5, others: 1 + 3]
 #   BENCH_LAYERS [12] BENCH_HIDDEN [768] BENCH_HEADS [12] BENCH_VOCAB [50257]  (model; 124M by default)
-#   BENCH_OUT [out/bench_latest.md]
+#   BENCH_OUT [out/bench_latest.md; out/bench_latest_bf16.md with bf16]
 #   BENCH_TORCH_CORETYPE [auto]   OPENBLAS_CORETYPE for the PyTorch side: auto = fastest of unset/SkylakeX/Haswell
 # Exit status: 0 when every run finished (PASS or MISS alike), 1 when a run failed or Loom is missing.
 #
@@ -34,7 +41,10 @@ PYTHON="${PYTHON:-/usr/bin/python3}"
 read -r -d '' HELPER <<'PY' || true
 import json, os, re, statistics, sys
 
-TARGETS = {(4, 64): 2.0, (8, 256): 1.4}   # speed = PyTorch ms / Loom ms, at least this
+# speed = PyTorch ms / Loom ms, at least this; per precision (bf16: against PyTorch's autocast)
+ALL_TARGETS = {"fp32": {(4, 64): 2.0, (8, 256): 1.4}, "bf16": {(8, 256): 1.4}}
+PRECISION = os.environ.get("BENCH_PRECISION", "fp32")
+TARGETS = ALL_TARGETS.get(PRECISION, {})
 MEM_TARGET = 1.0                          # memory = Loom RSS / PyTorch RSS, at most this
 
 def env_int(name, default):
@@ -68,7 +78,7 @@ def parse_loom_log(path, warmup, B, T):
     ms = statistics.median(timed)
     mdl = model()
     flops = flops_per_step(B, T, mdl["L"], mdl["C"], padded_vocab(mdl["V"]))
-    return {"impl": "loom", "B": B, "T": T, "warmup": warmup, "steps": len(timed),
+    return {"impl": "loom", "precision": PRECISION, "B": B, "T": T, "warmup": warmup, "steps": len(timed),
             "ms_per_step": round(ms, 3), "tokens_per_s": round(B * T / (ms / 1e3), 3),
             "gflops": round(flops / (ms / 1e3) / 1e9, 3)}
 
@@ -88,7 +98,10 @@ def read_pytorch(path):
                 last = line
     if last is None:
         sys.exit(f"[bench] no JSON result line in {path}")
-    return json.loads(last)
+    r = json.loads(last)
+    if r.get("precision", "fp32") != PRECISION:
+        sys.exit(f"[bench] {path}: PyTorch ran in {r.get('precision')}, expected {PRECISION}")
+    return r
 
 def fmt(x, nd=1):
     return "-" if x is None else f"{x:,.{nd}f}"
@@ -100,16 +113,16 @@ def report(results_path, md_path, header):
         if (r["B"], r["T"]) not in shapes:
             shapes.append((r["B"], r["T"]))
     by = {(r["B"], r["T"], r["impl"]): r for r in rows}
-    cols = ["shape", "impl", "ms/step", "tokens/s", "GFLOP/s", "peak RSS MB"]
+    cols = ["shape", "impl", "precision", "ms/step", "tokens/s", "GFLOP/s", "peak RSS MB"]
     table = []
     verdicts = []
     for B, T in shapes:
         lo, pt = by.get((B, T, "loom")), by.get((B, T, "pytorch"))
         for r, name in ((lo, "loom"), (pt, "pytorch")):
             if r is None or r.get("failed"):
-                table.append([f"{B}x{T}", name, "FAILED", "-", "-", "-"])
+                table.append([f"{B}x{T}", name, PRECISION, "FAILED", "-", "-", "-"])
             else:
-                table.append([f"{B}x{T}", name, fmt(r["ms_per_step"]), fmt(r["tokens_per_s"]),
+                table.append([f"{B}x{T}", name, PRECISION, fmt(r["ms_per_step"]), fmt(r["tokens_per_s"]),
                               fmt(r["gflops"]), fmt(r.get("peak_rss_mb"))])
         ok = lambda r: r is not None and not r.get("failed")
         speed = pt["ms_per_step"] / lo["ms_per_step"] if ok(lo) and ok(pt) else None
@@ -124,9 +137,9 @@ def report(results_path, md_path, header):
     vcols = ["shape", "speed (PyTorch ms / Loom ms)", "target", "status",
              "memory (Loom RSS / PyTorch RSS)", "target", "status"]
 
-    def text(cols, body):
+    def text(cols, body, nleft):  # the first nleft columns are labels (left-aligned)
         w = [max(len(str(x)) for x in col) for col in zip(cols, *body)]
-        line = lambda row: "  ".join(str(x).rjust(n) if i > 1 else str(x).ljust(n)
+        line = lambda row: "  ".join(str(x).rjust(n) if i >= nleft else str(x).ljust(n)
                                      for i, (x, n) in enumerate(zip(row, w)))
         return "\n".join([line(cols), line(["-" * n for n in w])] + [line(r) for r in body])
 
@@ -137,12 +150,12 @@ def report(results_path, md_path, header):
     print()
     print(header)
     print()
-    print(text(cols, table))
+    print(text(cols, table, 3))
     print()
-    print(text(vcols, verdicts))
+    print(text(vcols, verdicts, 2))
     os.makedirs(os.path.dirname(os.path.abspath(md_path)), exist_ok=True)
     with open(md_path, "w") as f:
-        f.write("# Loom vs PyTorch training speed (latest run)\n\n")
+        f.write(f"# Loom vs PyTorch training speed, {PRECISION} (latest run)\n\n")
         f.write("\n".join("- " + h for h in header.splitlines()) + "\n\n")
         f.write(md(cols, table) + "\n\n" + md(vcols, verdicts) + "\n")
     print(f"\n[bench] markdown written to {md_path}")
@@ -173,12 +186,22 @@ if [[ "${1:-}" == "--parse-loom-log" ]]; then
   exit
 fi
 
-LOOM_BIN="${LOOM_BIN:-$ROOT/build/loom}"
+BUILD_DIR="${BUILD_DIR:-build}"
+[[ "$BUILD_DIR" == /* ]] || BUILD_DIR="$ROOT/$BUILD_DIR"
+LOOM_BIN="${LOOM_BIN:-$BUILD_DIR/loom}"
+PRECISION="${BENCH_PRECISION:-fp32}"
+case "$PRECISION" in
+  fp32) LOOM_PREC=() TORCH_PREC=() ;;
+  bf16) LOOM_PREC=(--bf16) TORCH_PREC=(--bf16) ;;
+  *) echo "[bench] ERROR: BENCH_PRECISION must be fp32 or bf16, got '$PRECISION'" >&2; exit 1 ;;
+esac
+export BENCH_PRECISION="$PRECISION"
 THREADS="${BENCH_THREADS:-2}"
 SHAPES="${BENCH_SHAPES:-4x64 8x256}"
 L="${BENCH_LAYERS:-12}" C="${BENCH_HIDDEN:-768}" NH="${BENCH_HEADS:-12}" V="${BENCH_VOCAB:-50257}"
 export BENCH_LAYERS="$L" BENCH_HIDDEN="$C" BENCH_HEADS="$NH" BENCH_VOCAB="$V"
-MD_OUT="${BENCH_OUT:-$ROOT/out/bench_latest.md}"
+if [[ "$PRECISION" == fp32 ]]; then MD_OUT="${BENCH_OUT:-$ROOT/out/bench_latest.md}"
+else MD_OUT="${BENCH_OUT:-$ROOT/out/bench_latest_$PRECISION.md}"; fi
 
 if [[ ! -x "$LOOM_BIN" ]]; then
   echo "[bench] ERROR: Loom binary not found or not executable: $LOOM_BIN" >&2
@@ -245,6 +268,35 @@ torch_coretype="$BENCH_TORCH_CORETYPE"
 echo "[bench] PyTorch BLAS: $blas_desc (OPENBLAS_CORETYPE=$torch_coretype)"
 [[ -z "$blas_warn" ]] || echo "[bench] WARNING: $blas_warn; speed ratios will overstate Loom" >&2
 
+# With bf16, torch 1.13 runs autocast's BF16 matmuls through oneDNN (mkldnn), not OpenBLAS, and only on
+# CPUs with AVX512-BF16/AMX is that path fast; elsewhere it falls back to slow reference kernels. Time it
+# against fp32 in one process so a missing fast path is visible in the table header.
+bf16_desc=""
+if [[ "$PRECISION" == bf16 ]]; then
+  bf16_probe="$("${TORCH_ENV[@]}" OMP_NUM_THREADS="$THREADS" "$PYTHON" -c '
+import time, torch
+torch.set_num_threads(int(__import__("os").environ.get("OMP_NUM_THREADS", "2")))
+res = []
+for dt in (torch.float32, torch.bfloat16):
+    a, b = torch.randn(2048, 768).to(dt), torch.randn(768, 3072).to(dt)
+    a @ b
+    t = time.perf_counter()
+    for _ in range(5): a @ b
+    res.append((time.perf_counter() - t) / 5 * 1e3)
+print(f"{res[0]:.2f} {res[1]:.2f}")' 2>/dev/null || echo "")"
+  read -r f32_ms bf16_ms <<<"$bf16_probe"
+  if [[ -n "${bf16_ms:-}" ]]; then
+    bf16_desc="torch bf16 matmul 2048x768x3072: $bf16_ms ms (fp32: $f32_ms ms)"
+    echo "[bench] probe: $bf16_desc"
+    if awk -v a="$bf16_ms" -v b="$f32_ms" 'BEGIN{exit !(a>=b)}'; then
+      blas_warn="${blas_warn:+$blas_warn; }PyTorch's bf16 matmul is no faster than its fp32 one (no fast oneDNN BF16 path on this CPU?)"
+      echo "[bench] WARNING: PyTorch's bf16 matmul is no faster than fp32; speed ratios will overstate Loom" >&2
+    fi
+  else
+    echo "[bench] WARNING: the torch bf16 matmul probe failed" >&2
+  fi
+fi
+
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/loom_bench.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
 RESULTS="$WORK/results.jsonl"
@@ -278,13 +330,14 @@ for shape in $SHAPES; do
   B="${BASH_REMATCH[1]}" T="${BASH_REMATCH[2]}"
   read -r W N <<<"$(counts_for "$shape")"
 
-  echo "[bench] $shape: loom ($W warm-up + $N timed iterations, $THREADS threads)"
+  echo "[bench] $shape: loom $PRECISION ($W warm-up + $N timed iterations, $THREADS threads)"
   log="$WORK/loom_$shape.log" tf="$WORK/loom_$shape.time"
   if OMP_NUM_THREADS="$THREADS" /usr/bin/time -v -o "$tf" "$LOOM_BIN" train --mock-data \
       --vocab-size "$V" --num-layers "$L" --hidden-size "$C" --num-attention-heads "$NH" \
       --seq-length "$T" --max-position-embeddings 1024 --micro-batch-size "$B" --global-batch-size "$B" \
       --train-iters "$((W + N))" --lr 6e-4 --min-lr 6e-5 --lr-warmup-iters 0 --lr-decay-style cosine \
       --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.95 --clip-grad 1.0 --log-interval 1 \
+      --hidden-dropout 0 --attention-dropout 0 --eval-iters 0 ${LOOM_PREC[@]+"${LOOM_PREC[@]}"} \
       --seed 1234 >"$log" 2>&1 &&
      helper loom-result "$log" "$W" "$B" "$T" "$tf" >>"$RESULTS"; then
     tail -n 1 "$RESULTS"
@@ -294,12 +347,12 @@ for shape in $SHAPES; do
     failed=1
   fi
 
-  echo "[bench] $shape: pytorch ($W warm-up + $N timed steps, $THREADS threads)"
+  echo "[bench] $shape: pytorch $PRECISION ($W warm-up + $N timed steps, $THREADS threads)"
   log="$WORK/pytorch_$shape.log" tf="$WORK/pytorch_$shape.time"
   if "${TORCH_ENV[@]}" OMP_NUM_THREADS="$THREADS" /usr/bin/time -v -o "$tf" \
       "$PYTHON" "$ROOT/bench/pytorch_gpt2.py" --num-layers "$L" --hidden-size "$C" \
       --num-attention-heads "$NH" --seq-length "$T" --micro-batch-size "$B" --vocab-size "$V" \
-      --steps "$N" --warmup "$W" --threads "$THREADS" >"$log" 2>&1 &&
+      --steps "$N" --warmup "$W" --threads "$THREADS" ${TORCH_PREC[@]+"${TORCH_PREC[@]}"} >"$log" 2>&1 &&
      helper pytorch-result "$log" "$tf" >>"$RESULTS"; then
     tail -n 1 "$RESULTS"
   else
@@ -312,10 +365,17 @@ done
 model_desc="GPT-2 L=$L C=$C NH=$NH V=$V"
 [[ "$L/$C/$NH/$V" == "12/768/12/50257" ]] && model_desc="GPT-2 124M (L=12 C=768 NH=12 V=50257)"
 cpu="$(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//')"
-header="$model_desc, fp32, random tokens, $THREADS threads each, $(date -u '+%Y-%m-%d %H:%M UTC')
+if [[ "$PRECISION" == bf16 ]]; then
+  prec_desc="bf16 mixed precision (Loom --bf16; PyTorch torch.autocast cpu/bfloat16 forward + loss; fp32 master weights and AdamW on both sides)"
+  targets_desc="speed >= 1.4x at 8x256 (against PyTorch bf16 autocast); memory ratio <= 1.0"
+else
+  prec_desc="fp32"
+  targets_desc="speed >= 2.0x at 4x64, >= 1.4x at 8x256; memory ratio <= 1.0"
+fi
+header="$model_desc, $prec_desc, random tokens, no dropout, $THREADS threads each, $(date -u '+%Y-%m-%d %H:%M UTC')
 CPU: ${cpu:-unknown} ($(nproc) cores visible); ms/step = median over timed iterations
-PyTorch $("$PYTHON" -c 'import torch; print(torch.__version__)' 2>/dev/null) on $blas_desc, OPENBLAS_CORETYPE=$torch_coretype
-Targets: speed >= 2.0x at 4x64, >= 1.4x at 8x256; memory ratio <= 1.0"
+PyTorch $("$PYTHON" -c 'import torch; print(torch.__version__)' 2>/dev/null) on $blas_desc, OPENBLAS_CORETYPE=$torch_coretype${bf16_desc:+; $bf16_desc}
+Targets: $targets_desc"
 [[ -z "$blas_warn" ]] || header+="
 WARNING: $blas_warn"
 helper report "$RESULTS" "$MD_OUT" "$header"

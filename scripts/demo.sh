@@ -58,20 +58,23 @@ start=$(date +%s)
   --micro-batch-size 8 --global-batch-size 8 \
   --train-iters "$TRAIN_ITERS" \
   --lr 2e-3 --min-lr 2e-4 --lr-warmup-iters 20 --lr-decay-iters "$TRAIN_ITERS" --lr-decay-style cosine \
-  --weight-decay 0.1 --clip-grad 1.0 --seed 1234 --log-interval 10 2>&1 | tee "$LOG"
+  --weight-decay 0.1 --clip-grad 1.0 --seed 1234 --log-interval 10 \
+  --eval-interval 100 --eval-iters 10 --save "$OUT/checkpoints" --save-interval 200 2>&1 | tee "$LOG"
 elapsed=$(($(date +%s) - start))
 
 # Megatron iteration lines: "... iteration   10/  500 | ... | lm loss: 2.345678E+00 | ..."
 losses=$(sed -n 's/.*| lm loss: \([0-9.eE+-]*\) |.*/\1/p; s/.*| lm loss: \([0-9.eE+-]*\)$/\1/p' "$LOG")
 [[ -n "$losses" ]] || { echo "demo: no 'lm loss' iteration lines in $LOG" >&2; exit 1; }
+valid=$(sed -n 's/.*on validation set | lm loss value: \([0-9.eE+-]*\) |.*/\1/p' "$LOG" | tail -n1)
 first=$(head -n1 <<<"$losses")
 last=$(tail -n1 <<<"$losses")
 
-awk -v h="$entropy" -v f="$first" -v l="$last" -v n="$(wc -l <<<"$losses")" -v s="$elapsed" 'BEGIN {
+awk -v h="$entropy" -v f="$first" -v l="$last" -v v="${valid:-nan}" -v n="$(wc -l <<<"$losses")" -v s="$elapsed" 'BEGIN {
   printf "\n==== demo summary ====\n"
   printf "unigram entropy of the data : %.4f nats/token (%.3f bits/token)\n", h, h / log(2)
   printf "first logged lm loss        : %.4f nats/token\n", f
   printf "last logged lm loss         : %.4f nats/token (%.3f bits/token, %d log lines, %d s)\n", l, l / log(2), n, s
+  printf "final validation lm loss    : %s nats/token (held-out 2%% split)\n", v
   if (l + 0 < h + 0) {
     printf "PASS: final loss is %.4f nats (%.0f%%) below the unigram entropy: the model uses context\n", h - l, 100 * (h - l) / h
     exit 0
