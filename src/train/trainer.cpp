@@ -95,12 +95,16 @@ const std::vector<std::string>& timer_names() {
 
 }  // namespace
 
-double iteration_flops(const GPTConfig& m, int64_t global_batch, int64_t seq_length, const std::string& granularity) {
+double iteration_flops(const GPTConfig& m, int64_t global_batch, int64_t seq_length, const RecomputeConfig& r) {
   // The model's exact counts (GQA, gated MLPs, --kv-channels; GPT-2: 24·b·s·h² + 4·b·s²·h per layer).
-  const double l = double(m.num_layers);
   double flops = m.flops_per_step(global_batch, seq_length);
-  if (granularity == "full") flops += l * m.layer_forward_flops(global_batch, seq_length);
-  if (granularity == "selective") flops += l * m.attention_core_forward_flops(global_batch, seq_length);  // QKᵀ, PV again
+  if (r.granularity == "full") {
+    // uniform: every layer runs forward twice; block: the first N layers only.
+    const int64_t n = r.method == "block" ? std::min(r.num_layers.value_or(0), m.num_layers) : m.num_layers;
+    flops += double(n) * m.layer_forward_flops(global_batch, seq_length);
+  }
+  if (r.granularity == "selective")  // QKᵀ and PV of every layer again
+    flops += double(m.num_layers) * m.attention_core_forward_flops(global_batch, seq_length);
   return flops;
 }
 
@@ -431,7 +435,7 @@ void Trainer::training_log(const StepOutcome& s) {
 
   const double avg_ms = interval_ms_ / double(interval_iters_);
   const double avg_loss = interval_loss_ / double(std::max<int64_t>(1, interval_advanced_));
-  const double flops = iteration_flops(cfg_.model, gbs_, T_, cfg_.recompute.granularity);
+  const double flops = iteration_flops(cfg_.model, gbs_, T_, cfg_.recompute);
   const double tflops = flops / (avg_ms / 1000.0) / double(ps_->world_size()) / 1e12;
   const double samples_per_s = double(gbs_) / (avg_ms / 1000.0);
   const bool params_norm_on = cfg_.logging.log_params_norm;

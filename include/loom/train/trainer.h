@@ -32,8 +32,8 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& log);
 
 // Megatron's FLOPs of one iteration for the TFLOPs figure, as executed: 3 passes over the model (the
 // 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h)) count) plus a second forward of every transformer layer with
-// full recomputation (giving the paper's 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))) or of the attention
-// core with selective recomputation.
-double iteration_flops(const GPTConfig& m, int64_t global_batch, int64_t seq_length, const std::string& granularity);
+// full recomputation (giving the paper's 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)) for GPT-2; with
+// --recompute-method block only the first N layers) or of the attention core with selective recomputation.
+double iteration_flops(const GPTConfig& m, int64_t global_batch, int64_t seq_length, const RecomputeConfig& r);
 
 }  // namespace loom
