@@ -809,3 +809,56 @@ TEST(TrainLogLines, TimersByLevelAndOneMemoryLine) {
   EXPECT_EQ(log0.find("time across ranks"), std::string::npos) << log0;
   EXPECT_EQ(count_of(log0, "[Rank 0] (after 2 iterations) memory (MB)"), 1u) << log0;
 }
+
+namespace {
+
+// Documents [0, text_docs) are the repeated sentence, the rest random bytes.
+void write_mixed_dataset(const std::string& prefix, int text_docs, int noise_docs) {
+  IndexedDatasetWriter w(prefix, index_dtype_for_vocab(257));
+  uint32_t x = 777;
+  const std::string sentence = "the quick brown fox jumps over the lazy dog. ";
+  for (int d = 0; d < text_docs + noise_docs; ++d) {
+    std::vector<int32_t> ids;
+    for (size_t i = 0; i < sentence.size(); ++i) {
+      x = x * 1664525u + 1013904223u;
+      ids.push_back(d >= text_docs ? int32_t(x >> 24) : int32_t(uint8_t(sentence[i])));
+    }
+    ids.push_back(256);
+    w.add_sequence(ids);
+    w.end_document();
+  }
+  w.finalize();
+}
+
+}  // namespace
+
+// --data-path with --split: Megatron's contiguous document ranges, train [0, 80%), validation [80%, 90%),
+// test [90%, 100%). Training sees only the text documents; validation and test are the noise documents,
+// so their losses stay near log(256) while the training loss falls far below it. An empty validation
+// split (--split 100,0,0) means no validation blocks. Dataset sizes follow Megatron's sample counts.
+TEST(TrainEval, SplitMakesValidationAndTestSets) {
+  TempDir tmp("split");
+  write_mixed_dataset(tmp / "mixed", 80, 20);
+  const Args base = {"--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
+                     "--micro-batch-size", "2", "--global-batch-size", "4", "--train-iters", "40", "--lr", "1e-2",
+                     "--hidden-dropout", "0", "--attention-dropout", "0", "--tokenizer-type", "NullTokenizer",
+                     "--vocab-size", "256", "--data-path", tmp / "mixed", "--data-cache-path", tmp / "cache",
+                     "--eval-interval", "20", "--eval-iters", "2", "--log-interval", "40"};
+  std::string log;
+  const TrainResult r = train(cat(base, {"--split", "80,10,10"}), &log);
+  // Megatron: validation (40 / 20 + 1) * 2 * 4 = 24 samples, test 2 * 4 = 8.
+  EXPECT_NE(log.find("    validation: 24\n"), std::string::npos) << log;
+  EXPECT_NE(log.find("    test:       8\n"), std::string::npos) << log;
+  ASSERT_EQ(r.valid_losses.size(), 2u);
+  ASSERT_TRUE(std::isfinite(r.final_valid_loss) && std::isfinite(r.final_test_loss));
+  const double trained = r.losses.back(), chance = std::log(256.0);
+  EXPECT_LT(trained, chance - 2.0) << "the model did not learn the text documents";
+  EXPECT_GT(r.final_valid_loss, chance - 1.0) << "validation must be the held-out noise documents";
+  EXPECT_GT(r.final_test_loss, chance - 1.0) << "test must be the held-out noise documents";
+
+  std::string no_valid_log;
+  const TrainResult n = train(cat(base, {"--split", "100,0,0"}), &no_valid_log);
+  EXPECT_TRUE(n.valid_losses.empty());
+  EXPECT_EQ(no_valid_log.find("validation loss"), std::string::npos) << no_valid_log;
+  EXPECT_NE(n.losses, r.losses);  // the training split now holds all 100 documents, noise included
+}
