@@ -2,47 +2,17 @@
 // included, none required) plus calc's own, prints the report with exit 0, and answers bad flags with
 // exit 2 and one error line.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <algorithm>
-#include <cstdio>
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <sstream>
 #include <string>
 
-namespace fs = std::filesystem;
+#include "e2e_util.h"
+
+using namespace loom::e2e;
 
 namespace {
 
-struct CalcRun {
-  int code = -1;
-  std::string out, err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-CalcRun calc(const std::string& args) {
-  const std::string tag = std::to_string(::getpid());
-  const fs::path out = fs::temp_directory_path() / ("loom_calc_stdout_" + tag),
-                 err = fs::temp_directory_path() / ("loom_calc_stderr_" + tag);
-  const std::string cmd = std::string(LOOM_BINARY) + " calc " + args + " >" + out.string() + " 2>" + err.string();
-  const int status = std::system(cmd.c_str());
-  CalcRun r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = slurp(out);
-  r.err = slurp(err);
-  fs::remove(out);
-  fs::remove(err);
-  return r;
-}
+CliResult calc(const std::string& args) { return run_loom("calc " + args); }
 
 // The rest of the line that starts with `label` (after leading spaces), or "" when there is none.
 std::string line(const std::string& text, const std::string& label) {
@@ -54,11 +24,9 @@ std::string line(const std::string& text, const std::string& label) {
   return "";
 }
 
-void expect_one_line_error(const CalcRun& r, const std::string& needle) {
-  EXPECT_EQ(r.code, 2) << r.err;
-  EXPECT_TRUE(r.out.empty()) << r.out;
-  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-  EXPECT_NE(r.err.find("loom calc: error: " + needle), std::string::npos) << r.err;
+// Exit 2 and one stderr line "loom calc: error: <needle>...".
+void expect_calc_error(const CliResult& r, const std::string& needle) {
+  expect_one_line_error(r, "loom calc: error: " + needle);
 }
 
 const std::string kGpt2 =
@@ -68,7 +36,7 @@ const std::string kGpt2 =
 }  // namespace
 
 TEST(CalcCli, Gpt2Report) {
-  const CalcRun r = calc(kGpt2 + "--num-gpus 8 --train-tokens 10B --gpu H100 --mfu 0.4");
+  const CliResult r = calc(kGpt2 + "--num-gpus 8 --train-tokens 10B --gpu H100 --mfu 0.4");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(r.err.empty()) << r.err;
   EXPECT_NE(line(r.out, "parameters (exact):").find("124,475,904  (124.48M)"), std::string::npos) << r.out;
@@ -85,7 +53,7 @@ TEST(CalcCli, Gpt2Report) {
 TEST(CalcCli, MegatronLaunchScriptFlagsWork) {
   // A pretrain_gpt.py command line: data, tokenizer, optimizer, checkpoint and logging flags are accepted and
   // nothing is read or written (the data prefix does not exist). The tokenizer gives the vocabulary.
-  const CalcRun r = calc(
+  const CliResult r = calc(
       "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 16 --sequence-parallel "
       "--num-layers 96 --hidden-size 12288 --num-attention-heads 96 --seq-length 2048 "
       "--max-position-embeddings 2048 --micro-batch-size 1 --global-batch-size 1536 --train-iters 95367 "
@@ -109,24 +77,24 @@ TEST(CalcCli, MegatronLaunchScriptFlagsWork) {
 }
 
 TEST(CalcCli, Help) {
-  const CalcRun r = calc("--help");
+  const CliResult r = calc("--help");
   EXPECT_EQ(r.code, 0);
   EXPECT_NE(r.out.find("--train-tokens"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("--gpu-tflops"), std::string::npos) << r.out;
 }
 
 TEST(CalcCli, BadFlags) {
-  expect_one_line_error(calc(""), "missing required flag --num-layers");
-  expect_one_line_error(calc(kGpt2 + "--num-gpuz 8"), "unknown flag --num-gpuz (did you mean --num-gpus?)");
-  expect_one_line_error(calc(kGpt2 + "--micro-bach-size 2"),
-                        "unknown flag --micro-bach-size (did you mean --micro-batch-size?)");
-  expect_one_line_error(calc(kGpt2 + "--num-gpu 8"), "ambiguous or abbreviated flag --num-gpu");
-  expect_one_line_error(calc(kGpt2 + "--train-tokens 12X"), "--train-tokens: expected a token count");
-  expect_one_line_error(calc(kGpt2 + "--train-tokens"), "--train-tokens needs a value");
-  expect_one_line_error(calc(kGpt2 + "--gpu V100"), "--gpu: unknown GPU 'V100'");
-  expect_one_line_error(calc(kGpt2 + "--num-gpus 6"), "--global-batch-size (32) must be a positive multiple");
-  expect_one_line_error(calc(kGpt2 + "--use-distributed-optimizer"), "--use-distributed-optimizer (a flag of");
-  expect_one_line_error(calc(kGpt2 + "--tokenizer-type GPT2BPETokenizer --vocab-file /nonexistent/encoder.json "
-                                     "--merge-file /nonexistent/vocab.bpe"),
-                        "--vocab-file '/nonexistent/encoder.json': cannot open");
+  expect_calc_error(calc(""), "missing required flag --num-layers");
+  expect_calc_error(calc(kGpt2 + "--num-gpuz 8"), "unknown flag --num-gpuz (did you mean --num-gpus?)");
+  expect_calc_error(calc(kGpt2 + "--micro-bach-size 2"),
+                    "unknown flag --micro-bach-size (did you mean --micro-batch-size?)");
+  expect_calc_error(calc(kGpt2 + "--num-gpu 8"), "ambiguous or abbreviated flag --num-gpu");
+  expect_calc_error(calc(kGpt2 + "--train-tokens 12X"), "--train-tokens: expected a token count");
+  expect_calc_error(calc(kGpt2 + "--train-tokens"), "--train-tokens needs a value");
+  expect_calc_error(calc(kGpt2 + "--gpu V100"), "--gpu: unknown GPU 'V100'");
+  expect_calc_error(calc(kGpt2 + "--num-gpus 6"), "--global-batch-size (32) must be a positive multiple");
+  expect_calc_error(calc(kGpt2 + "--use-distributed-optimizer"), "--use-distributed-optimizer (a flag of");
+  expect_calc_error(calc(kGpt2 + "--tokenizer-type GPT2BPETokenizer --vocab-file /nonexistent/encoder.json "
+                                 "--merge-file /nonexistent/vocab.bpe"),
+                    "--vocab-file '/nonexistent/encoder.json': cannot open");
 }

@@ -1,51 +1,21 @@
-// End-to-end CLI checks: bad input gives one clear error line on stderr, a non-zero exit code, nothing
+// End-to-end CLI checks: bad input gives one clear error line on stderr, exit code 2, nothing
 // on stdout and no files written; a small run prints Megatron's log lines.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 
-namespace fs = std::filesystem;
+#include "e2e_util.h"
+
+using namespace loom::e2e;
 
 namespace {
 
-struct CliResult {
-  int code = -1;
-  std::string out, err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 // Runs `loom <args>` in a fresh empty directory and checks nothing was written there.
-CliResult loom(const std::string& args, bool expect_clean_dir = true) {
-  const fs::path dir = fs::temp_directory_path() / ("loom_e2e_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  const std::string tag = std::to_string(::getpid());  // ctest runs tests in parallel processes
-  const fs::path out = fs::temp_directory_path() / ("loom_e2e_stdout_" + tag),
-                 err = fs::temp_directory_path() / ("loom_e2e_stderr_" + tag);
-  const std::string cmd = "cd " + dir.string() + " && OMP_NUM_THREADS=1 " + LOOM_BINARY + " " + args + " >" +
-                          out.string() + " 2>" + err.string();
-  const int status = std::system(cmd.c_str());
-  CliResult r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = slurp(out);
-  r.err = slurp(err);
-  if (expect_clean_dir) {
-    EXPECT_TRUE(fs::is_empty(dir)) << "files written for: " << args;
-  }
-  fs::remove_all(dir);
-  fs::remove(out);
-  fs::remove(err);
+CliResult run(const std::string& args) {
+  const TempDir dir("cli");
+  CliResult r = run_loom(args, dir.str());
+  EXPECT_TRUE(std::filesystem::is_empty(dir.str())) << "files written for: " << args;
   return r;
 }
 
@@ -53,60 +23,53 @@ const std::string kModel =
     "train --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --micro-batch-size 2 "
     "--train-iters 4 --lr 1e-3 ";
 
-void expect_one_line_error(const CliResult& r, const std::string& needle) {
-  EXPECT_NE(r.code, 0);
-  EXPECT_TRUE(r.out.empty()) << r.out;
-  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-  EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
-}
-
 }  // namespace
 
 TEST(Cli, UnknownFlag) {
-  expect_one_line_error(loom(kModel + "--mock-data --vocab-size 50 --micro-bach-size 2"),
+  expect_one_line_error(run(kModel + "--mock-data --vocab-size 50 --micro-bach-size 2"),
                         "unknown flag --micro-bach-size (did you mean --micro-batch-size?)");
 }
 
 TEST(Cli, MegatronFlagNotInThisBuild) {
-  expect_one_line_error(loom(kModel + "--mock-data --vocab-size 50 --use-distributed-optimizer"),
+  expect_one_line_error(run(kModel + "--mock-data --vocab-size 50 --use-distributed-optimizer"),
                         "--use-distributed-optimizer (a flag of Megatron's pretrain_gpt.py) is not supported by Loom "
                         "yet");
 }
 
 TEST(Cli, UniquePrefixAndUnderscoresAsArgparse) {
-  const CliResult r = loom("train --num_layers 2 --hidden-size 32 --num-attention-heads 4 --seq-len 16 "
+  const CliResult r = run("train --num_layers 2 --hidden-size 32 --num-attention-heads 4 --seq-len 16 "
                            "--micro-batch-size 2 --train-iters 2 --lr 1e-3 --mock-data --vocab-size 50");
   EXPECT_EQ(r.code, 0) << r.err;
-  expect_one_line_error(loom(kModel + "--mock-data --vocab-size 50 --lr-"), "ambiguous flag --lr-");
+  expect_one_line_error(run(kModel + "--mock-data --vocab-size 50 --lr-"), "ambiguous flag --lr-");
 }
 
 TEST(Cli, GlobalBatchNotDivisibleByMicro) {
-  expect_one_line_error(loom(kModel + "--mock-data --vocab-size 50 --global-batch-size 3"),
+  expect_one_line_error(run(kModel + "--mock-data --vocab-size 50 --global-batch-size 3"),
                         "--global-batch-size (3) must be divisible by --micro-batch-size (2)");
 }
 
 TEST(Cli, HiddenNotDivisibleByHeads) {
-  expect_one_line_error(loom(kModel + "--mock-data --vocab-size 50 --num-attention-heads 5"),
+  expect_one_line_error(run(kModel + "--mock-data --vocab-size 50 --num-attention-heads 5"),
                         "--hidden-size (32) must be divisible by --num-attention-heads (5)");
 }
 
 TEST(Cli, MissingDataFile) {
   expect_one_line_error(
-      loom(kModel + "--data-path /nonexistent/corpus_text_document --tokenizer-type NullTokenizer --vocab-size 50"),
+      run(kModel + "--data-path /nonexistent/corpus_text_document --tokenizer-type NullTokenizer --vocab-size 50"),
       "/nonexistent/corpus_text_document.idx");
 }
 
 TEST(Cli, UnknownCommandAndHelp) {
-  CliResult r = loom("trian");
+  CliResult r = run("trian");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("unknown command 'trian'"), std::string::npos);
-  r = loom("train --help");
+  r = run("train --help");
   EXPECT_EQ(r.code, 0);
   EXPECT_NE(r.out.find("--global-batch-size"), std::string::npos);
 }
 
 TEST(Cli, TrainPrintsMegatronLogLines) {
-  const CliResult r = loom(kModel + "--mock-data --vocab-size 50 --global-batch-size 4 --log-interval 2");
+  const CliResult r = run(kModel + "--mock-data --vocab-size 50 --global-batch-size 4 --log-interval 2");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("setting number of micro-batches to constant 2"), std::string::npos);
   EXPECT_NE(r.out.find(" > padded vocab (size: 50) with 78 dummy tokens (new size: 128)"), std::string::npos);

@@ -2,47 +2,19 @@
 // parameter counts, explicit flags override the file, and a bad file or key is one error line, exit 2,
 // naming the file.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <algorithm>
-#include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
 
-namespace fs = std::filesystem;
+#include "e2e_util.h"
+
+using namespace loom::e2e;
 
 namespace {
 
-struct LoomRun {
-  int code = -1;
-  std::string out, err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-LoomRun loom(const std::string& args) {
-  const std::string tag = std::to_string(::getpid());
-  const fs::path out = fs::temp_directory_path() / ("loom_cfgcli_stdout_" + tag),
-                 err = fs::temp_directory_path() / ("loom_cfgcli_stderr_" + tag);
-  const std::string cmd = std::string("cd ") + LOOM_SOURCE_DIR + " && " + LOOM_BINARY + " " + args + " >" +
-                          out.string() + " 2>" + err.string();
-  const int status = std::system(cmd.c_str());
-  LoomRun r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = slurp(out);
-  r.err = slurp(err);
-  fs::remove(out);
-  fs::remove(err);
-  return r;
-}
+// `loom <args>` from the source root, where the presets' configs/*.yaml paths are relative to.
+CliResult run(const std::string& args) { return run_loom(args, LOOM_SOURCE_DIR); }
 
 std::string exact_params(const std::string& report) {
   std::istringstream in(report);
@@ -62,7 +34,7 @@ TEST(ConfigCli, Gpt2PresetsGiveThePublishedParameterCounts) {
                                                         {"gpt2-774m", "774,090,240"},
                                                         {"gpt2-1.5b", "1,557,686,400"}};
   for (const auto& [name, params] : expect) {
-    const LoomRun r = loom(std::string("calc --config configs/") + name + ".yaml");
+    const CliResult r = run(std::string("calc --config configs/") + name + ".yaml");
     EXPECT_EQ(r.code, 0) << name << ": " << r.err;
     EXPECT_EQ(exact_params(r.out), params) << name << "\n" << r.out;
   }
@@ -70,36 +42,29 @@ TEST(ConfigCli, Gpt2PresetsGiveThePublishedParameterCounts) {
 
 TEST(ConfigCli, ExplicitFlagsOverrideThePreset) {
   // gpt2-124m's file with gpt2-350m's shape on the command line is gpt2-350m.
-  const LoomRun r = loom("calc --config=configs/gpt2-124m.yaml --num-layers 24 --hidden-size 1024 --num-attention-heads 16");
+  const CliResult r = run("calc --config=configs/gpt2-124m.yaml --num-layers 24 --hidden-size 1024 --num-attention-heads 16");
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(exact_params(r.out), "354,871,296") << r.out;
   // Calc's own flags may come after the file too.
-  const LoomRun g = loom("calc --config configs/gpt2-124m.yaml --num-gpus 8");
+  const CliResult g = run("calc --config configs/gpt2-124m.yaml --num-gpus 8");
   EXPECT_EQ(g.code, 0) << g.err;
   EXPECT_NE(g.out.find("DP 8"), std::string::npos) << g.out;
 }
 
 TEST(ConfigCli, BadFilesAndKeysAreOneErrorLine) {
-  const fs::path dir = fs::temp_directory_path() / ("loom_cfgcli_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  const std::string unknown = (dir / "unknown.yaml").string(), broken = (dir / "broken.yaml").string();
+  const TempDir dir("cfgcli");
+  const std::string unknown = dir / "unknown.yaml", broken = dir / "broken.yaml";
   std::ofstream(unknown) << "num-layers: 2\nhidden-size: 64\nnum-attention-heads: 4\nmicro-batch-sizes: 3\n";
   std::ofstream(broken) << "num-layers: 2\nhidden-size: [64\n";
   for (const char* cmd : {"calc", "train"}) {
     SCOPED_TRACE(cmd);
-    LoomRun r = loom(std::string(cmd) + " --config " + unknown);
-    EXPECT_EQ(r.code, 2);
-    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-    EXPECT_NE(r.err.find("unknown flag --micro-batch-sizes (did you mean --micro-batch-size?)"), std::string::npos)
-        << r.err;
+    CliResult r = run(std::string(cmd) + " --config " + unknown);
+    expect_one_line_error(r, "unknown flag --micro-batch-sizes (did you mean --micro-batch-size?)");
     EXPECT_NE(r.err.find("set in config file '" + unknown + "', line 4"), std::string::npos) << r.err;
-    r = loom(std::string(cmd) + " --config " + broken);
-    EXPECT_EQ(r.code, 2);
-    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-    EXPECT_NE(r.err.find("config file '" + broken + "', line "), std::string::npos) << r.err;
+    r = run(std::string(cmd) + " --config " + broken);
+    expect_one_line_error(r, "config file '" + broken + "', line ");
     EXPECT_NE(r.err.find("invalid YAML"), std::string::npos) << r.err;
   }
-  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -2,7 +2,6 @@
 // IndexedDataset. Output must not depend on --workers; bad lines are errors naming file:line (or are
 // skipped and counted); a failed run leaves no files; each --json-keys key gets its own .bin/.idx.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <filesystem>
 #include <fstream>
@@ -11,66 +10,37 @@
 #include <string>
 #include <vector>
 
+#include "e2e_util.h"
 #include "loom/data/indexed_dataset.h"
 #include "loom/data/tokenizer.h"
 
 namespace fs = std::filesystem;
+using namespace loom::e2e;
 
 namespace {
 
 using Doc = std::vector<std::vector<int32_t>>;
 
-struct PpResult {
-  int code = -1;
-  std::string out, err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 class Preprocess : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() / ("loom_pp_" + std::to_string(::getpid()) + "_" + info->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   void write_input(const std::string& text, const std::string& name = "in.jsonl") {
     std::ofstream(dir_ / name, std::ios::binary) << text;
   }
 
   // Runs `loom preprocess <args>` inside the test directory.
-  PpResult loom(const std::string& args) {
-    const std::string cmd = "cd " + dir_.string() + " && " + LOOM_BINARY + " preprocess " + args +
-                            " >stdout.txt 2>stderr.txt";
-    const int status = std::system(cmd.c_str());
-    PpResult r;
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    r.out = slurp(dir_ / "stdout.txt");
-    r.err = slurp(dir_ / "stderr.txt");
-    fs::remove(dir_ / "stdout.txt");
-    fs::remove(dir_ / "stderr.txt");
-    return r;
-  }
+  CliResult loom(const std::string& args) { return run_loom("preprocess " + args, dir_.str()); }
 
   // Files in the test directory other than the inputs (*.jsonl).
   std::vector<std::string> outputs() const {
     std::vector<std::string> names;
-    for (const auto& e : fs::directory_iterator(dir_))
+    for (const auto& e : fs::directory_iterator(dir_.str()))
       if (e.path().extension() != ".jsonl") names.push_back(e.path().filename().string());
     std::sort(names.begin(), names.end());
     return names;
   }
 
   std::vector<Doc> read_docs(const std::string& prefix, loom::IndexDType expect_dtype = loom::IndexDType::kU16) {
-    const auto ds = loom::IndexedDataset::open((dir_ / prefix).string());
+    const auto ds = loom::IndexedDataset::open(dir_ / prefix);
     EXPECT_EQ(ds->dtype(), expect_dtype);
     std::vector<Doc> docs;
     const auto di = ds->document_indices();
@@ -87,7 +57,7 @@ class Preprocess : public ::testing::Test {
     return docs;
   }
 
-  fs::path dir_;
+  const TempDir dir_{"preprocess"};
 };
 
 const std::string kNull = " --tokenizer-type NullTokenizer --vocab-size 1000";
@@ -106,7 +76,7 @@ TEST_F(Preprocess, DocumentsSentencesEmptyDocumentsAndEod) {
       "{\"text\": [\"4 5\", \"\", \" 6 \"]}\n"    // list = sentences; the empty one is dropped
       "{\"text\": \"  7\\n8 \", \"other\": 1}\n"  // extra keys ignored; last line without newline
       "{\"text\": []}");
-  PpResult r = loom("--input in.jsonl --output-prefix out" + kNull);
+  CliResult r = loom("--input in.jsonl --output-prefix out" + kNull);
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(read_docs("out_text_document"),
             (std::vector<Doc>{{{1, 2, 3}}, {}, {{4, 5}, {6}}, {{7, 8}}, {}}));
@@ -132,7 +102,7 @@ TEST_F(Preprocess, LongLinesCrlfAndEmptyInput) {
     text += std::to_string(i % 997) + " ";
   }
   write_input("{\"text\": \"1\"}\r\n" + text + "\"}\r\n{\"text\": \"2 3\"}\r\n");
-  PpResult r = loom("--input in.jsonl --output-prefix out --workers 3" + kNull);
+  CliResult r = loom("--input in.jsonl --output-prefix out --workers 3" + kNull);
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(read_docs("out_text_document"), (std::vector<Doc>{{{1}}, {big}, {{2, 3}}}));
 
@@ -144,7 +114,7 @@ TEST_F(Preprocess, LongLinesCrlfAndEmptyInput) {
 
 TEST_F(Preprocess, VocabSizeChoosesInt32) {
   write_input("{\"text\": \"70000 3\"}\n");
-  const PpResult r = loom("--input in.jsonl --output-prefix big --tokenizer-type NullTokenizer --vocab-size 70001");
+  const CliResult r = loom("--input in.jsonl --output-prefix big --tokenizer-type NullTokenizer --vocab-size 70001");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(read_docs("big_text_document", loom::IndexDType::kI32), (std::vector<Doc>{{{70000, 3}}}));
 }
@@ -194,15 +164,15 @@ TEST_F(Preprocess, OutputIndependentOfWorkersAndMultipleKeys) {
   std::vector<Doc> expect, expect_title;
   write_input(random_jsonl(3000, &expect, &expect_title));
   const std::string common = " --input in.jsonl --append-eod --json-keys text title" + kNull;
-  PpResult r1 = loom("--workers 1 --output-prefix w1" + common);
+  CliResult r1 = loom("--workers 1 --output-prefix w1" + common);
   ASSERT_EQ(r1.code, 0) << r1.err;
-  PpResult r4 = loom("--workers 4 --log-interval 1000 --output-prefix w4" + common);
+  CliResult r4 = loom("--workers 4 --log-interval 1000 --output-prefix w4" + common);
   ASSERT_EQ(r4.code, 0) << r4.err;
   for (const std::string key : {"text", "title"})
     for (const std::string ext : {".bin", ".idx"}) {
-      const std::string a = slurp(dir_ / ("w1_" + key + "_document" + ext));
+      const std::string a = read_file(dir_ / ("w1_" + key + "_document" + ext));
       EXPECT_FALSE(a.empty());
-      EXPECT_EQ(a, slurp(dir_ / ("w4_" + key + "_document" + ext))) << key << ext;
+      EXPECT_EQ(a, read_file(dir_ / ("w4_" + key + "_document" + ext))) << key << ext;
     }
   EXPECT_EQ(read_docs("w4_text_document"), expect);
   EXPECT_EQ(read_docs("w4_title_document"), expect_title);
@@ -246,7 +216,7 @@ TEST_F(Preprocess, BadLinesAreErrorsWithLineNumbers) {
     text += lines[size_t(c.line - 1)];
     text += "{\"text\": \"1\"}\n";
     write_input(text);
-    const PpResult r = loom("--input in.jsonl --output-prefix out --workers 2" + kNull);
+    const CliResult r = loom("--input in.jsonl --output-prefix out --workers 2" + kNull);
     EXPECT_EQ(r.code, 2) << c.needle;
     EXPECT_NE(r.err.find("in.jsonl:" + std::to_string(c.line) + ": "), std::string::npos) << r.err;
     EXPECT_NE(r.err.find(c.needle), std::string::npos) << r.err;
@@ -258,7 +228,7 @@ TEST_F(Preprocess, BadLinesAreErrorsWithLineNumbers) {
 
 TEST_F(Preprocess, SkipBadLinesCountsThem) {
   write_input(kBad);
-  const PpResult r = loom("--input in.jsonl --output-prefix out --skip-bad-lines --append-eod" + kNull);
+  const CliResult r = loom("--input in.jsonl --output-prefix out --skip-bad-lines --append-eod" + kNull);
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("Processed 2 documents"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("skipped 7 bad lines"), std::string::npos) << r.out;
@@ -270,7 +240,7 @@ TEST_F(Preprocess, FailureLateInALargeInputLeavesNoFiles) {
   std::string text = random_jsonl(2000, &e1, &e2);
   text += "{\"text\": \"oops\"}\n";
   write_input(text);
-  const PpResult r = loom("--input in.jsonl --output-prefix sub_out --json-keys text title --workers 3" + kNull);
+  const CliResult r = loom("--input in.jsonl --output-prefix sub_out --json-keys text title --workers 3" + kNull);
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("in.jsonl:2001: "), std::string::npos) << r.err;
   EXPECT_TRUE(outputs().empty());
@@ -294,13 +264,13 @@ TEST_F(Preprocess, FlagErrors) {
       {"--input in.jsonl --output-prefix o --vocab x" + kNull, "ambiguous"},
   };
   for (const Case& c : cases) {
-    const PpResult r = loom(c.args);
+    const CliResult r = loom(c.args);
     EXPECT_EQ(r.code, 2) << c.args;
     EXPECT_TRUE(r.err.find(c.needle) != std::string::npos) << c.args << " -> " << r.err;
     EXPECT_TRUE(outputs().empty()) << c.args;
   }
   // argparse-style abbreviations and --flag=value work.
-  const PpResult ok = loom("--input=in.jsonl --output o --tokenizer-type=NullTokenizer --vocab-size 10 --json-keys=text");
+  const CliResult ok = loom("--input=in.jsonl --output o --tokenizer-type=NullTokenizer --vocab-size 10 --json-keys=text");
   EXPECT_EQ(ok.code, 0) << ok.err;
   EXPECT_EQ(read_docs("o_text_document"), (std::vector<Doc>{{{1}}}));
 }
@@ -309,7 +279,7 @@ TEST_F(Preprocess, Gpt2Tokenizer) {
   const std::string data = std::string(LOOM_SOURCE_DIR) + "/data/";
   if (!fs::exists(data + "encoder.json")) GTEST_SKIP() << "data/encoder.json missing (scripts/setup.sh)";
   write_input("{\"text\": \"Hello world\"}\n{\"text\": \"\"}\n");
-  const PpResult r = loom("--input in.jsonl --output-prefix g --tokenizer-type GPT2BPETokenizer --vocab-file " + data +
+  const CliResult r = loom("--input in.jsonl --output-prefix g --tokenizer-type GPT2BPETokenizer --vocab-file " + data +
                      "encoder.json --merge-file " + data + "vocab.bpe --append-eod --workers 2");
   if (r.code != 0 && r.err.find("placeholder") != std::string::npos) GTEST_SKIP() << "GPT-2 tokenizer not built yet";
   ASSERT_EQ(r.code, 0) << r.err;

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "e2e_util.h"
 #include "loom/backend/device_context.h"
 #include "loom/ckpt/checkpoint.h"
 #include "loom/core/check.h"
@@ -32,43 +33,10 @@
 
 namespace fs = std::filesystem;
 using namespace loom;
+using namespace loom::e2e;
 using nlohmann::json;
 
 namespace {
-
-using Args = std::vector<std::string>;
-
-Args cat(Args a, const Args& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
-class TempDir {
- public:
-  explicit TempDir(const std::string& tag) {
-    static int counter = 0;
-    const fs::path base = fs::is_directory("/dev/shm") ? fs::path("/dev/shm") : fs::temp_directory_path();
-    path_ = base / ("loom_feat_" + tag + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string operator/(const std::string& sub) const { return (path_ / sub).string(); }
-  std::string str() const { return path_.string(); }
-
- private:
-  fs::path path_;
-};
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 std::string fmt_e6(double v) {
   char buf[64];
@@ -87,56 +55,11 @@ Args tiny_args(int64_t iters) {
           "--eval-iters", "0", "--seed", "5"};
 }
 
-TrainResult train(const Args& args, std::string* log_out = nullptr) {
-  omp_set_num_threads(1);  // fast on a loaded machine; results do not depend on it
-  std::ostringstream log;
-  TrainResult r = run_training(parse_train_args(args), log);
-  if (log_out) *log_out = log.str();
-  return r;
-}
-
-// The UserError message of a run that must fail.
-std::string train_error(const Args& args) {
-  omp_set_num_threads(1);
-  std::ostringstream log;
-  try {
-    run_training(parse_train_args(args), log);
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a UserError; log:\n" << log.str();
-  return "";
-}
-
-std::vector<std::string> lines_of(const std::string& text) {
-  std::vector<std::string> out;
-  std::istringstream in(text);
-  std::string l;
-  while (std::getline(in, l)) out.push_back(l);
-  return out;
-}
-
-size_t count_of(const std::string& text, const std::string& needle) {
-  size_t n = 0;
-  for (size_t p = text.find(needle); p != std::string::npos; p = text.find(needle, p + 1)) ++n;
-  return n;
-}
-
 // The log line of iteration `it` ("" if none).
 std::string iteration_line(const std::string& log, int64_t it) {
-  const std::regex re("\\] iteration\\s+" + std::to_string(it) + "/\\s*\\d+ \\|");
   for (const std::string& l : lines_of(log))
-    if (std::regex_search(l, re)) return l;
+    if (iteration_of(l) == it) return l;
   return "";
-}
-
-// The value text of "| <field>: X |" in a log line ("" if absent).
-std::string field_of(const std::string& line, const std::string& field) {
-  const std::string key = "| " + field + ": ";
-  const size_t p = line.find(key);
-  if (p == std::string::npos) return "";
-  const size_t b = p + key.size();
-  return line.substr(b, line.find(" |", b) - b);
 }
 
 // Megatron's get_lr, in samples, written out from its definition: linear warmup from init_lr over
@@ -202,7 +125,7 @@ using Snapshot = std::map<std::string, FileState>;
 Snapshot snapshot(const std::string& root) {
   Snapshot out;
   for (const auto& e : fs::recursive_directory_iterator(root)) {
-    const std::string bytes = e.is_regular_file() ? read_bytes(e.path().string()) : "";
+    const std::string bytes = e.is_regular_file() ? read_file(e.path().string()) : "";
     out[e.path().string()] = {bytes.size(), std::hash<std::string>{}(bytes), fs::last_write_time(e.path())};
   }
   return out;
@@ -219,7 +142,36 @@ void expect_unchanged(const Snapshot& before, const Snapshot& after) {
   for (const auto& [path, st] : after) EXPECT_TRUE(before.count(path)) << "created: " << path;
 }
 
-std::string tracker_of(const std::string& root) { return read_bytes(root + "/latest_checkpointed_iteration.txt"); }
+std::string tracker_of(const std::string& root) { return read_file(root + "/latest_checkpointed_iteration.txt"); }
+
+// A run that must fail to load the checkpoint under `ckpt`: its one-line UserError names `needle`, and no
+// file under `ckpt` is created, removed or modified.
+void expect_load_error_touches_nothing(const std::string& ckpt, const Args& args, const std::string& needle) {
+  const Snapshot before = snapshot(ckpt);
+  const std::string err = train_error(args);
+  EXPECT_NE(err.find(needle), std::string::npos) << err;
+  EXPECT_EQ(err.find('\n'), std::string::npos) << err;
+  expect_unchanged(before, snapshot(ckpt));
+}
+
+// An indexed dataset (bytes as ids, NullTokenizer with --vocab-size 256: EOD 256): documents [0, text_docs)
+// repeat one sentence, the next noise_docs are random bytes from an LCG seeded with `seed`.
+void write_dataset(const std::string& prefix, int text_docs, int noise_docs, uint32_t seed) {
+  IndexedDatasetWriter w(prefix, index_dtype_for_vocab(257));
+  uint32_t x = seed;
+  const std::string sentence = "the quick brown fox jumps over the lazy dog. ";
+  for (int d = 0; d < text_docs + noise_docs; ++d) {
+    std::vector<int32_t> ids;
+    for (size_t i = 0; i < sentence.size(); ++i) {
+      x = x * 1664525u + 1013904223u;
+      ids.push_back(d >= text_docs ? int32_t(x >> 24) : int32_t(uint8_t(sentence[i])));
+    }
+    ids.push_back(256);
+    w.add_sequence(ids);
+    w.end_document();
+  }
+  w.finalize();
+}
 
 }  // namespace
 
@@ -286,7 +238,7 @@ TEST(TrainFp16, OverflowSkipsBackOffWithHysteresisThenGrowsAfterWindow) {
   EXPECT_NE(l2.find("loss scale: 2147483648.0 |"), std::string::npos) << l2;
   const std::string lc = iteration_line(log, int64_t(first_clean) + 1);
   EXPECT_NE(lc.find("number of skipped iterations:   0 |"), std::string::npos) << lc;
-  EXPECT_EQ(field_of(lc, "lm loss"), fmt_e6(r.losses[first_clean])) << lc;
+  EXPECT_EQ(log_field(lc, "lm loss"), fmt_e6(r.losses[first_clean])) << lc;
 }
 
 // --loss-scale: a constant scaler. 1024 never overflows here and never changes; 2^32 overflows every
@@ -445,35 +397,13 @@ TEST(TrainEval, PeriodicAndFinalValidationAndTestBlocks) {
   EXPECT_TRUE(std::isnan(q.final_test_loss));
 }
 
-namespace {
-
-// An indexed dataset of `docs` documents (bytes as ids, NullTokenizer with --vocab-size 256: EOD 256).
-void write_dataset(const std::string& prefix, int docs, bool random) {
-  IndexedDatasetWriter w(prefix, index_dtype_for_vocab(257));
-  uint32_t x = 12345;
-  const std::string sentence = "the quick brown fox jumps over the lazy dog. ";
-  for (int d = 0; d < docs; ++d) {
-    std::vector<int32_t> ids;
-    for (size_t i = 0; i < sentence.size(); ++i) {
-      x = x * 1664525u + 1013904223u;
-      ids.push_back(random ? int32_t(x >> 24) : int32_t(uint8_t(sentence[i])));
-    }
-    ids.push_back(256);
-    w.add_sequence(ids);
-    w.end_document();
-  }
-  w.finalize();
-}
-
-}  // namespace
-
 // --train-data-path / --valid-data-path / --test-data-path: each file is used for its purpose. Swapping
 // the validation and test files swaps the final validation and test losses exactly.
 TEST(TrainEval, SeparateTrainValidTestDataPaths) {
   TempDir tmp("paths");
-  write_dataset(tmp / "train", 100, false);
-  write_dataset(tmp / "text", 40, false);
-  write_dataset(tmp / "noise", 40, true);
+  write_dataset(tmp / "train", 100, 0, 12345);
+  write_dataset(tmp / "text", 40, 0, 12345);
+  write_dataset(tmp / "noise", 0, 40, 12345);
   const Args base = {"--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
                      "--micro-batch-size", "2", "--global-batch-size", "4", "--train-iters", "6", "--lr", "3e-3",
                      "--tokenizer-type", "NullTokenizer", "--vocab-size", "256", "--train-data-path", tmp / "train",
@@ -618,7 +548,7 @@ TEST(TrainTensorBoard, LossScaleIsTheLoggedScale) {
   auto tags = decode_tensorboard(tmp / "tb", &version);
   ASSERT_EQ(tags["loss-scale"].size(), 8u);
   for (int64_t it = 1; it <= 8; ++it) {
-    const std::string printed = field_of(iteration_line(log, it), "loss scale");
+    const std::string printed = log_field(iteration_line(log, it), "loss scale");
     ASSERT_FALSE(printed.empty());
     EXPECT_EQ(tags["loss-scale"][size_t(it - 1)], std::make_pair(it, std::stod(printed))) << "iteration " << it;
   }
@@ -649,10 +579,10 @@ TEST(TrainMetricsJsonl, OneLinePerLogIntervalAndResumeAppends) {
                                        tmp / "ckpt"});
   std::string log1, log2;
   const TrainResult first = train(cat(args, {"--exit-interval", "4"}), &log1);
-  const std::vector<std::string> after_first = lines_of(read_bytes(tmp / "m/metrics.jsonl"));
+  const std::vector<std::string> after_first = lines_of(read_file(tmp / "m/metrics.jsonl"));
   ASSERT_EQ(after_first.size(), 2u);
   const TrainResult second = train(cat(args, {"--load", tmp / "ckpt"}), &log2);
-  const std::vector<std::string> lines = lines_of(read_bytes(tmp / "m/metrics.jsonl"));
+  const std::vector<std::string> lines = lines_of(read_file(tmp / "m/metrics.jsonl"));
   ASSERT_EQ(lines.size(), 4u);
   EXPECT_EQ(lines[0], after_first[0]);  // appended, not rewritten
   EXPECT_EQ(lines[1], after_first[1]);
@@ -671,7 +601,7 @@ TEST(TrainMetricsJsonl, OneLinePerLogIntervalAndResumeAppends) {
     const double mean = (losses[size_t(it - 2)] + losses[size_t(it - 1)]) / 2.0;
     EXPECT_EQ(m["lm loss"].get<double>(), mean) << lines[j];
     const std::string& log = it <= 4 ? log1 : log2;
-    EXPECT_EQ(field_of(iteration_line(log, it), "lm loss"), fmt_e6(m["lm loss"].get<double>()));
+    EXPECT_EQ(log_field(iteration_line(log, it), "lm loss"), fmt_e6(m["lm loss"].get<double>()));
     EXPECT_EQ(m["global batch size"].get<int64_t>(), kGbs);
     EXPECT_TRUE(m.contains("learning rate") && m.contains("grad norm") && m.contains("loss scale"));
   }
@@ -682,25 +612,17 @@ TEST(TrainMetricsJsonl, OneLinePerLogIntervalAndResumeAppends) {
 TEST(TrainCheckpointErrors, ArchitectureMismatchNamesTheFlagAndTouchesNothing) {
   TempDir tmp("ckpt_arch");
   train(cat(tiny_args(6), {"--exit-interval", "3", "--save", tmp / "ckpt"}));
-  const auto before = snapshot(tmp / "ckpt");
   Args args = cat(tiny_args(6), {"--load", tmp / "ckpt", "--save", tmp / "ckpt"});
   *(std::find(args.begin(), args.end(), "--hidden-size") + 1) = "64";
-  const std::string err = train_error(args);
-  EXPECT_NE(err.find("--hidden-size"), std::string::npos) << err;
-  EXPECT_EQ(err.find('\n'), std::string::npos) << err;
-  expect_unchanged(before, snapshot(tmp / "ckpt"));
+  expect_load_error_touches_nothing(tmp / "ckpt", args, "--hidden-size");
 }
 
 TEST(TrainCheckpointErrors, NoSaveOptimNeedsNoLoadOptim) {
   TempDir tmp("ckpt_optim");
   train(cat(tiny_args(6), {"--exit-interval", "3", "--save", tmp / "ckpt", "--no-save-optim"}));
   EXPECT_FALSE(fs::exists(tmp / "ckpt/iter_0000003/optimizer.safetensors"));
-  const auto before = snapshot(tmp / "ckpt");
   const Args args = cat(tiny_args(6), {"--load", tmp / "ckpt", "--save", tmp / "ckpt"});
-  const std::string err = train_error(args);
-  EXPECT_NE(err.find("--no-load-optim"), std::string::npos) << err;
-  EXPECT_EQ(err.find('\n'), std::string::npos) << err;
-  expect_unchanged(before, snapshot(tmp / "ckpt"));
+  expect_load_error_touches_nothing(tmp / "ckpt", args, "--no-load-optim");
 
   const TrainResult r = train(cat(args, {"--no-load-optim"}));
   EXPECT_EQ(r.start_iteration, 3);
@@ -714,12 +636,8 @@ TEST(TrainCheckpointErrors, NoSaveOptimNeedsNoLoadOptim) {
 TEST(TrainCheckpointErrors, NoSaveRngNeedsNoLoadRng) {
   TempDir tmp("ckpt_rng");
   train(cat(tiny_args(6), {"--exit-interval", "3", "--save", tmp / "ckpt", "--no-save-rng"}));
-  const auto before = snapshot(tmp / "ckpt");
   const Args args = cat(tiny_args(6), {"--load", tmp / "ckpt"});
-  const std::string err = train_error(args);
-  EXPECT_NE(err.find("--no-load-rng"), std::string::npos) << err;
-  EXPECT_EQ(err.find('\n'), std::string::npos) << err;
-  expect_unchanged(before, snapshot(tmp / "ckpt"));
+  expect_load_error_touches_nothing(tmp / "ckpt", args, "--no-load-rng");
 
   const TrainResult r = train(cat(args, {"--no-load-rng"}));
   EXPECT_EQ(r.start_iteration, 3);
@@ -731,11 +649,8 @@ TEST(TrainCheckpointErrors, TruncatedModelFileIsNamed) {
   train(cat(tiny_args(6), {"--exit-interval", "3", "--save", tmp / "ckpt"}));
   const std::string model = tmp / "ckpt/iter_0000003/model.safetensors";
   fs::resize_file(model, fs::file_size(model) / 2);
-  const auto before = snapshot(tmp / "ckpt");
-  const std::string err = train_error(cat(tiny_args(6), {"--load", tmp / "ckpt", "--save", tmp / "ckpt"}));
-  EXPECT_NE(err.find("model.safetensors"), std::string::npos) << err;
-  EXPECT_EQ(err.find('\n'), std::string::npos) << err;
-  expect_unchanged(before, snapshot(tmp / "ckpt"));
+  expect_load_error_touches_nothing(tmp / "ckpt", cat(tiny_args(6), {"--load", tmp / "ckpt", "--save", tmp / "ckpt"}),
+                                    "model.safetensors");
 }
 
 namespace {
@@ -810,35 +725,13 @@ TEST(TrainLogLines, TimersByLevelAndOneMemoryLine) {
   EXPECT_EQ(count_of(log0, "[Rank 0] (after 2 iterations) memory (MB)"), 1u) << log0;
 }
 
-namespace {
-
-// Documents [0, text_docs) are the repeated sentence, the rest random bytes.
-void write_mixed_dataset(const std::string& prefix, int text_docs, int noise_docs) {
-  IndexedDatasetWriter w(prefix, index_dtype_for_vocab(257));
-  uint32_t x = 777;
-  const std::string sentence = "the quick brown fox jumps over the lazy dog. ";
-  for (int d = 0; d < text_docs + noise_docs; ++d) {
-    std::vector<int32_t> ids;
-    for (size_t i = 0; i < sentence.size(); ++i) {
-      x = x * 1664525u + 1013904223u;
-      ids.push_back(d >= text_docs ? int32_t(x >> 24) : int32_t(uint8_t(sentence[i])));
-    }
-    ids.push_back(256);
-    w.add_sequence(ids);
-    w.end_document();
-  }
-  w.finalize();
-}
-
-}  // namespace
-
 // --data-path with --split: Megatron's contiguous document ranges, train [0, 80%), validation [80%, 90%),
 // test [90%, 100%). Training sees only the text documents; validation and test are the noise documents,
 // so their losses stay near log(256) while the training loss falls far below it. An empty validation
 // split (--split 100,0,0) means no validation blocks. Dataset sizes follow Megatron's sample counts.
 TEST(TrainEval, SplitMakesValidationAndTestSets) {
   TempDir tmp("split");
-  write_mixed_dataset(tmp / "mixed", 80, 20);
+  write_dataset(tmp / "mixed", 80, 20, 777);
   const Args base = {"--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
                      "--micro-batch-size", "2", "--global-batch-size", "4", "--train-iters", "40", "--lr", "1e-2",
                      "--hidden-dropout", "0", "--attention-dropout", "0", "--tokenizer-type", "NullTokenizer",

@@ -28,52 +28,19 @@
 #include <string>
 #include <vector>
 
+#include "e2e_util.h"
 #include "loom/core/check.h"
 #include "loom/train/args.h"
 #include "loom/train/trainer.h"
 
 namespace fs = std::filesystem;
 using namespace loom;
+using namespace loom::e2e;
 
 namespace {
 
-using Args = std::vector<std::string>;
-
-Args cat(Args a, const Args& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
-// A fresh directory under /dev/shm (tmpfs: checkpoints' fsyncs cost nothing), removed at scope exit.
-class TempDir {
- public:
-  explicit TempDir(const std::string& tag) {
-    static int counter = 0;
-    const fs::path base = fs::is_directory("/dev/shm") ? fs::path("/dev/shm") : fs::temp_directory_path();
-    path_ = base / ("loom_resume_" + tag + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string operator/(const std::string& sub) const { return (path_ / sub).string(); }
-
- private:
-  fs::path path_;
-};
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  EXPECT_TRUE(f.good()) << "cannot open " << path;
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 int64_t read_tracker(const std::string& root) {
-  const std::string text = read_bytes(root + "/latest_checkpointed_iteration.txt");
+  const std::string text = read_file(root + "/latest_checkpointed_iteration.txt");
   return text.empty() ? -1 : std::stoll(text);
 }
 
@@ -97,14 +64,6 @@ Args tiny_args(const std::string& precision, int64_t iters) {
   return a;
 }
 
-TrainResult train(const Args& args, std::string* log_out = nullptr) {
-  omp_set_num_threads(1);
-  std::ostringstream log;
-  TrainResult r = run_training(parse_train_args(args), log);
-  if (log_out) *log_out = log.str();
-  return r;
-}
-
 template <typename T>
 std::vector<T> concat(std::vector<T> a, const std::vector<T>& b) {
   a.insert(a.end(), b.begin(), b.end());
@@ -121,30 +80,17 @@ bool same_bits(const std::vector<double>& a, const std::vector<double>& b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0);
 }
 
-// Iteration number of a Megatron iteration log line, or -1.
-int64_t iteration_of(const std::string& line) {
-  static const std::regex re(R"(\] iteration\s+(\d+)/\s*\d+ \|)");
-  std::smatch m;
-  return std::regex_search(line, m, re) ? std::stoll(m[1]) : -1;
-}
-
 // iteration -> the "lm loss: X" text of its log line ("" when the line has none: a skipped iteration).
 std::map<int64_t, std::string> lm_loss_by_iteration(const std::string& log) {
   std::map<int64_t, std::string> out;
-  std::istringstream in(log);
-  std::string line;
-  while (std::getline(in, line)) {
-    const int64_t it = iteration_of(line);
-    if (it < 0) continue;
-    const size_t p = line.find("| lm loss: ");
-    out[it] = p == std::string::npos ? "" : line.substr(p + 11, line.find(" |", p + 11) - (p + 11));
-  }
+  for (const std::string& line : lines_of(log))
+    if (const int64_t it = iteration_of(line); it >= 0) out[it] = log_field(line, "lm loss");
   return out;
 }
 
 void expect_same_checkpoint_files(const std::string& a, const std::string& b) {
   for (const char* f : {"model.safetensors", "optimizer.safetensors", "metadata.json"}) {
-    const std::string x = read_bytes(a + "/" + f), y = read_bytes(b + "/" + f);
+    const std::string x = read_file(a + "/" + f), y = read_file(b + "/" + f);
     EXPECT_FALSE(x.empty()) << a << "/" << f;
     EXPECT_TRUE(x == y) << f << " differs between " << a << " and " << b;
   }
@@ -304,9 +250,9 @@ TEST_P(TrainResume, SigtermSaveAndResumePrintsTheSameLosses) {
   }
   const int status = child.finish();
   const std::string out = child.stdout_text();
-  ASSERT_TRUE(sent) << out << read_bytes(tmp / "stderr");
-  ASSERT_TRUE(WIFEXITED(status)) << "status " << status << "\n" << read_bytes(tmp / "stderr");
-  EXPECT_EQ(WEXITSTATUS(status), 0) << read_bytes(tmp / "stderr");
+  ASSERT_TRUE(sent) << out << read_file(tmp / "stderr");
+  ASSERT_TRUE(WIFEXITED(status)) << "status " << status << "\n" << read_file(tmp / "stderr");
+  EXPECT_EQ(WEXITSTATUS(status), 0) << read_file(tmp / "stderr");
   EXPECT_NE(out.find("exiting program after receiving SIGTERM"), std::string::npos) << out;
   const int64_t k = read_tracker(tmp / "ckpt");
   ASSERT_GE(k, 3);
@@ -358,7 +304,7 @@ TEST_P(TrainResume, Kill9AfterSaveResumesFromTheTrackerBitExact) {
     }
   }
   const int status = child.finish();
-  ASSERT_TRUE(killed) << child.stdout_text() << read_bytes(tmp / "stderr");
+  ASSERT_TRUE(killed) << child.stdout_text() << read_file(tmp / "stderr");
   ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
 
   const int64_t t = read_tracker(tmp / "ckpt");
@@ -394,7 +340,7 @@ TEST(TrainSignal, SigtermWhileStdoutIsBlockedKeepsTheLog) {
   const int status = child.finish();
   const std::string out = child.stdout_text();
   ASSERT_TRUE(WIFEXITED(status)) << status;
-  EXPECT_EQ(WEXITSTATUS(status), 0) << read_bytes(tmp / "stderr");
+  EXPECT_EQ(WEXITSTATUS(status), 0) << read_file(tmp / "stderr");
   const int64_t k = read_tracker(tmp / "ckpt");
   EXPECT_GE(k, 2);
   EXPECT_LT(k, 200);

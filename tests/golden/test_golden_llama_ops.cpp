@@ -15,90 +15,17 @@
 #include <limits>
 #include <sstream>
 
-#include "loom/backend/device_context.h"
-#include "loom/ckpt/safetensors.h"
+#include "golden_util.h"
 
 namespace loom {
 namespace {
 
 constexpr double kTol = 1e-5;
 
-const OpTable& ops() {
-  static std::unique_ptr<DeviceContext> ctx = make_cpu_context();
-  return ctx->ops();
-}
-
-class Fixture {
- public:
-  Fixture() : file_(SafetensorsFile::open(std::string(LOOM_FIXTURE_DIR) + "/ops_llama.safetensors")) {
-    std::stringstream ss(file_.metadata().at("cases"));
-    for (std::string c; std::getline(ss, c, ',');) cases_.push_back(c);
-  }
-  // The cases that define "<case>.<param>".
-  std::vector<std::string> cases(const std::string& param) const {
-    std::vector<std::string> out;
-    for (const std::string& c : cases_)
-      if (file_.metadata().count(c + "." + param)) out.push_back(c);
-    return out;
-  }
-  bool has(const std::string& c, const std::string& name) const { return file_.contains(c + "." + name); }
-  Tensor get(const std::string& c, const std::string& name) const { return file_.read(c + "." + name); }
-  int64_t param(const std::string& c, const std::string& key) const {
-    return std::stoll(file_.metadata().at(c + "." + key));
-  }
-
- private:
-  SafetensorsFile file_;
-  std::vector<std::string> cases_;
-};
-
-Tensor nan_tensor(Shape s) {
-  Tensor t = Tensor::empty(s, DType::kF32);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = std::numeric_limits<float>::quiet_NaN();
-  return t;
-}
-
-Tensor copy_of(const Tensor& t) {
-  Tensor c = Tensor::empty(t.shape(), t.dtype());
-  std::memcpy(c.raw(), t.raw(), size_t(t.nbytes()));
-  return c;
-}
-
-double max_abs(const TensorView& t) {
-  double m = 0;
-  for (int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::fabs(double(t.data<float>()[i])));
-  return m;
-}
-
-// A non-zero starting value for accumulating outputs, of magnitude comparable to the reference.
-Tensor accum_init(const TensorView& ref, int salt) {
-  const double mag = 0.5 * std::max(max_abs(ref), 1e-3);
-  Tensor t = Tensor::empty(ref.shape(), DType::kF32);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = float(mag * std::sin(0.37 * double(i) + salt));
-  return t;
-}
-
-// got ≈ base + ref, error relative to max |ref|. `base` may be empty (zero).
-void expect_close(const std::string& what, const TensorView& got, const TensorView& ref, double tol,
-                  const TensorView& base = {}) {
-  ASSERT_EQ(got.numel(), ref.numel()) << what << ": got " << got.desc() << ", reference " << ref.desc();
-  const double scale = std::max(max_abs(ref), 1e-30);
-  double worst = 0;
-  int64_t at = -1;
-  for (int64_t i = 0; i < got.numel(); ++i) {
-    const double want = (base ? double(base.data<float>()[i]) : 0.0) + double(ref.data<float>()[i]);
-    const double g = got.data<float>()[i];
-    const double err = std::isfinite(g) ? std::fabs(g - want) : std::numeric_limits<double>::infinity();
-    if (err > worst || at < 0) worst = err, at = i;
-  }
-  const double rel = worst / scale;
-  std::printf("  [golden] %-52s rel err %.2e (tol %.0e, max|ref| %.3g)\n", what.c_str(), rel, tol, scale);
-  EXPECT_LE(rel, tol) << what << ": worst element " << at << " got " << got.data<float>()[at] << " want "
-                      << (base ? double(base.data<float>()[at]) : 0.0) + double(ref.data<float>()[at]);
-}
+using namespace golden;
 
 TEST(GoldenLlamaOps, RmsnormForwardBackwardAndFusedResidual) {
-  Fixture fx;
+  Fixture fx("llama");
   ASSERT_EQ(fx.cases("op_rmsnorm").size(), 4u);
   for (const std::string& c : fx.cases("op_rmsnorm")) {
     SCOPED_TRACE(c);
@@ -129,7 +56,7 @@ TEST(GoldenLlamaOps, RmsnormForwardBackwardAndFusedResidual) {
 }
 
 TEST(GoldenLlamaOps, GluForwardBackwardAllKinds) {
-  Fixture fx;
+  Fixture fx("llama");
   const GluKind kinds[] = {GluKind::kSwiGLU, GluKind::kGeGLU, GluKind::kReGLU};
   const char* names[] = {"swiglu", "geglu", "reglu"};
   ASSERT_EQ(fx.cases("op_glu").size(), 9u);
@@ -149,7 +76,7 @@ TEST(GoldenLlamaOps, GluForwardBackwardAllKinds) {
 }
 
 TEST(GoldenLlamaOps, RopeForwardAndBackwardMatchHuggingFaceFormula) {
-  Fixture fx;
+  Fixture fx("llama");
   ASSERT_EQ(fx.cases("op_rope").size(), 6u);
   for (const std::string& c : fx.cases("op_rope")) {
     SCOPED_TRACE(c);

@@ -1,10 +1,16 @@
 // Shared helpers of the CPU attention tests: the test case geometry, the op runner (outputs start as
-// NaN so unwritten elements show up) and a naive f64 reference written from the definitions (full score
+// NaN so unwritten elements show up), a naive f64 reference written from the definitions (full score
 // rows, two-pass softmax, visibility = causal AND window AND same segment, and attention dropout with the
-// explicit mask Z[b, h, i, j] = dropout_keep(seed, stream, ((b * NH + h) * T + i) * T + j)).
+// explicit mask Z[b, h, i, j] = dropout_keep(seed, stream, ((b * NH + h) * T + i) * T + j)), and the
+// checks every variant repeats: against that reference, by finite differences, bit-identity across
+// OpenMP thread counts, and buffers for argument checks.
 #pragma once
+#include <gtest/gtest.h>
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -158,5 +164,93 @@ inline double rel_error(const std::vector<float>& got, const std::vector<double>
   }
   return err / std::max(mag, 1e-30);
 }
+
+inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// out, lse and dqkv of `a` and `b` are bit-identical.
+inline void expect_same_bits(const Outputs& a, const Outputs& b, const std::string& what = "") {
+  EXPECT_TRUE(same_bits(a.out, b.out)) << what;
+  EXPECT_TRUE(same_bits(a.lse, b.lse)) << what;
+  EXPECT_TRUE(same_bits(a.dqkv, b.dqkv)) << what;
+}
+
+// The op on random qkv and dout (seeds `seed`, `seed + 1`) against the f64 reference: rel_error of out,
+// lse and dqkv each <= tol.
+inline void expect_matches_reference(const Case& c, uint32_t seed, const std::vector<int32_t>& seg = {},
+                                     double tol = 1e-5) {
+  SCOPED_TRACE(c.name() + (seg.empty() ? "" : "_segments"));
+  auto qkv = randn(c.B * c.T * c.qkv_cols(), seed);
+  auto dout = randn(c.B * c.T * c.NH * c.HS, seed + 1);
+  const Outputs got = run_op(c, qkv, dout, seg);
+  const Reference want = reference(c, qkv, dout, seg);
+  EXPECT_LE(rel_error(got.out, want.out), tol);
+  EXPECT_LE(rel_error(got.lse, want.lse), tol);
+  EXPECT_LE(rel_error(got.dqkv, want.dqkv), tol);
+}
+
+// Same inputs with 1 OpenMP thread, then 2, 3 and 2 again: every output bit-identical to the first run.
+inline void expect_bit_identical_across_threads(const Case& c, std::vector<float>& qkv, std::vector<float>& dout,
+                                                const std::vector<int32_t>& seg = {}) {
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const Outputs one = run_op(c, qkv, dout, seg);
+  for (int threads : {2, 3, 2}) {
+    omp_set_num_threads(threads);
+    expect_same_bits(one, run_op(c, qkv, dout, seg), "threads " + std::to_string(threads));
+  }
+  omp_set_num_threads(saved);
+}
+
+// A qkv element: batch row b, position t, column col.
+struct Probe {
+  int64_t b, t, col;
+};
+
+// d/dx sum(out * r) by central differences (step 1e-2) of the f32 op itself, with the same segments and
+// (for dropout) the same mask, against `dqkv` = attention_backward with dout = r, at each probe: within
+// 2e-3 + 1e-2 |fd|. Returns how many probes actually carry gradient (|fd| > 1e-2), for the caller to
+// require enough of them.
+inline int expect_gradient_matches_finite_differences(const Case& c, const std::vector<float>& qkv,
+                                                      std::vector<float> r, const std::vector<int32_t>& seg,
+                                                      const std::vector<float>& dqkv,
+                                                      const std::vector<Probe>& probes) {
+  auto objective = [&](std::vector<float>& x) {
+    const Outputs o = run_op(c, x, r, seg);
+    double f = 0;
+    for (size_t i = 0; i < o.out.size(); ++i) f += double(o.out[i]) * double(r[i]);
+    return f;
+  };
+  int carrying = 0;
+  for (const Probe& pr : probes) {
+    const size_t idx = size_t((pr.b * c.T + pr.t) * c.qkv_cols() + pr.col);
+    std::vector<float> xp = qkv, xm = qkv;
+    xp[idx] += 1e-2f;
+    xm[idx] -= 1e-2f;
+    const double fd = (objective(xp) - objective(xm)) / (double(xp[idx]) - double(xm[idx]));
+    EXPECT_NEAR(dqkv[idx], fd, 2e-3 + 1e-2 * std::abs(fd)) << "qkv[" << pr.b << ", " << pr.t << ", " << pr.col << "]";
+    carrying += std::abs(fd) > 1e-2;
+  }
+  return carrying;
+}
+
+// f32 buffers of one case (qkv random, the rest zero) and views of them, for argument checks.
+struct OpBuffers {
+  explicit OpBuffers(const Case& c, uint32_t seed = 1)
+      : qkv_data(randn(c.B * c.T * c.qkv_cols(), seed)),
+        out_data(size_t(c.B * c.T * c.NH * c.HS)),
+        lse_data(size_t(c.B * c.NH * c.T)),
+        dqkv_data(qkv_data.size()),
+        qkv(qkv_data.data(), DType::kF32, Shape{c.B, c.T, c.qkv_cols()}),
+        out(out_data.data(), DType::kF32, Shape{c.B, c.T, c.NH * c.HS}),
+        lse(lse_data.data(), DType::kF32, Shape{c.B, c.NH, c.T}),
+        dqkv(dqkv_data.data(), DType::kF32, Shape{c.B, c.T, c.qkv_cols()}) {}
+  OpBuffers(const OpBuffers&) = delete;
+  OpBuffers& operator=(const OpBuffers&) = delete;
+
+  std::vector<float> qkv_data, out_data, lse_data, dqkv_data;
+  TensorView qkv, out, lse, dqkv;
+};
 
 }  // namespace loom::cpu::attn_test

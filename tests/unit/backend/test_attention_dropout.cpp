@@ -9,7 +9,6 @@
 // the dropout-free tests, doubled because kept probabilities are scaled by up to 1 / (1 - 0.5) = 2 while the
 // normaliser is not, so rounding errors of P grow relative to the output's magnitude).
 #include <gtest/gtest.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -29,10 +28,6 @@ using namespace attn_test;
 
 constexpr double kTol = 2e-5;
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
 // Segment ids (B, T): boundaries before each position in cuts (when < T), ids stepping by 1.
 std::vector<int32_t> segments(int64_t B, int64_t T, const std::vector<int64_t>& cuts) {
   std::vector<int32_t> ids(size_t(B * T));
@@ -44,17 +39,6 @@ std::vector<int32_t> segments(int64_t B, int64_t T, const std::vector<int64_t>& 
     }
   }
   return ids;
-}
-
-void check_against_reference(const Case& c, uint32_t seed, const std::vector<int32_t>& seg = {}) {
-  SCOPED_TRACE(c.name() + (seg.empty() ? "" : "_segments"));
-  auto qkv = randn(c.B * c.T * c.qkv_cols(), seed);
-  auto dout = randn(c.B * c.T * c.NH * c.HS, seed + 1);
-  const Outputs got = run_op(c, qkv, dout, seg);
-  const Reference want = reference(c, qkv, dout, seg);
-  EXPECT_LE(rel_error(got.out, want.out), kTol);
-  EXPECT_LE(rel_error(got.lse, want.lse), kTol);
-  EXPECT_LE(rel_error(got.dqkv, want.dqkv), kTol);
 }
 
 // ---- sweep: {MHA, GQA, MQA} x window x T x HS x p -------------------------------------------------------
@@ -72,7 +56,7 @@ TEST_P(DropoutSweep, MatchesF64Reference) {
   c.dropout_p = p;
   c.seed = 1234 + uint64_t(T);
   c.stream = hash_stream("attention_dropout_sweep") + uint64_t(HS);
-  check_against_reference(c, uint32_t(T * 131 + HS * 7 + heads.NH * 1000 + heads.NKV * 10000));
+  expect_matches_reference(c, uint32_t(T * 131 + HS * 7 + heads.NH * 1000 + heads.NKV * 10000), {}, kTol);
 }
 
 std::string sweep_name(const ::testing::TestParamInfo<DropoutSweep::ParamType>& info) {
@@ -112,7 +96,7 @@ TEST(CpuAttentionDropout, BlockEdgesWindowsSegmentsAndNonCausal) {
     s.c.dropout_p = s.p;
     s.c.seed = seed;
     s.c.stream = 77;
-    check_against_reference(s.c, seed++, s.seg ? segments(s.c.B, s.c.T, cuts) : std::vector<int32_t>{});
+    expect_matches_reference(s.c, seed++, s.seg ? segments(s.c.B, s.c.T, cuts) : std::vector<int32_t>{}, kTol);
   }
 }
 
@@ -124,10 +108,7 @@ TEST(CpuAttentionDropout, ZeroProbabilityIsBitIdenticalToNoDropout) {
   seeded.stream = 1234;
   auto qkv = randn(plain.B * plain.T * plain.qkv_cols(), 3);
   auto dout = randn(plain.B * plain.T * plain.NH * plain.HS, 4);
-  const Outputs a = run_op(plain, qkv, dout), b = run_op(seeded, qkv, dout);
-  EXPECT_TRUE(same_bits(a.out, b.out));
-  EXPECT_TRUE(same_bits(a.lse, b.lse));
-  EXPECT_TRUE(same_bits(a.dqkv, b.dqkv));
+  expect_same_bits(run_op(plain, qkv, dout), run_op(seeded, qkv, dout));
 }
 
 // lse is the log-normaliser of the undropped scores, so it does not depend on p or the mask.
@@ -155,29 +136,12 @@ TEST(CpuAttentionDropout, FiniteDifferences) {
   auto qkv = randn(c.B * c.T * c.qkv_cols(), 5);
   auto r = randn(c.B * c.T * c.NH * c.HS, 6);
   const Outputs base = run_op(c, qkv, r, seg);
-  auto objective = [&](std::vector<float>& x) {
-    const Outputs o = run_op(c, x, r, seg);
-    double f = 0;
-    for (size_t i = 0; i < o.out.size(); ++i) f += double(o.out[i]) * double(r[i]);
-    return f;
-  };
-  const int64_t C3 = c.qkv_cols(), HS = c.HS;
+  const int64_t HS = c.HS;
   // (b, t, column): q head 1 (group 0), k/v of group 0, q head 2 (group 1), k/v of group 1.
-  const int64_t probes[][3] = {{0, 3, 1 * HS + 2}, {0, 4, 2 * HS + 0}, {0, 3, 3 * HS + 4}, {0, 8, 4 * HS + 1},
-                               {0, 9, 6 * HS + 3}, {1, 1, 7 * HS + 2}, {1, 6, 6 * HS + 1}, {1, 8, 5 * HS + 0},
-                               {1, 10, 3 * HS + 2}, {1, 5, 2 * HS + 4}, {1, 7, 0 * HS + 1}, {0, 2, 8 * HS + 3}};
-  int checked = 0;
-  for (const auto& pr : probes) {
-    const size_t idx = size_t((pr[0] * c.T + pr[1]) * C3 + pr[2]);
-    std::vector<float> xp = qkv, xm = qkv;
-    xp[idx] += 1e-2f;
-    xm[idx] -= 1e-2f;
-    const double fd = (objective(xp) - objective(xm)) / (double(xp[idx]) - double(xm[idx]));
-    const double an = base.dqkv[idx];
-    EXPECT_NEAR(an, fd, 2e-3 + 1e-2 * std::abs(fd)) << "qkv[" << pr[0] << ", " << pr[1] << ", " << pr[2] << "]";
-    checked += std::abs(fd) > 1e-2;  // the probe actually carries gradient
-  }
-  EXPECT_GE(checked, 8);
+  const std::vector<Probe> probes = {{0, 3, 1 * HS + 2}, {0, 4, 2 * HS + 0}, {0, 3, 3 * HS + 4}, {0, 8, 4 * HS + 1},
+                                     {0, 9, 6 * HS + 3}, {1, 1, 7 * HS + 2}, {1, 6, 6 * HS + 1}, {1, 8, 5 * HS + 0},
+                                     {1, 10, 3 * HS + 2}, {1, 5, 2 * HS + 4}, {1, 7, 0 * HS + 1}, {0, 2, 8 * HS + 3}};
+  EXPECT_GE(expect_gradient_matches_finite_differences(c, qkv, r, seg, base.dqkv, probes), 8);
 }
 
 // Reads the op's mask back: with q = 0 every visible score is equal, so non-causal P = 1/T, and with
@@ -234,7 +198,6 @@ TEST(CpuAttentionDropout, KeptFractionAndSeedsThroughTheOp) {
 // Same inputs, 1 and 2 threads (and 3, and a repeat): every output bit-identical, with dropout, GQA,
 // windows and segments.
 TEST(CpuAttentionDropout, BitIdenticalAcrossThreadCounts) {
-  const int saved = omp_get_max_threads();
   const std::vector<int64_t> cuts = {30, 64, 100};
   for (Case c : {Case{2, 217, 6, 2, 64, -1}, Case{3, 130, 4, 4, 5, 50}, Case{1, 100, 3, 1, 64, -1, false}}) {
     c.dropout_p = 0.2f;
@@ -243,38 +206,23 @@ TEST(CpuAttentionDropout, BitIdenticalAcrossThreadCounts) {
     SCOPED_TRACE(c.name());
     auto qkv = randn(c.B * c.T * c.qkv_cols(), 11);
     auto dout = randn(c.B * c.T * c.NH * c.HS, 12);
-    const auto seg = segments(c.B, c.T, cuts);
-    omp_set_num_threads(1);
-    const Outputs one = run_op(c, qkv, dout, seg);
-    for (int threads : {2, 3, 2}) {
-      omp_set_num_threads(threads);
-      const Outputs many = run_op(c, qkv, dout, seg);
-      EXPECT_TRUE(same_bits(one.out, many.out)) << threads;
-      EXPECT_TRUE(same_bits(one.lse, many.lse)) << threads;
-      EXPECT_TRUE(same_bits(one.dqkv, many.dqkv)) << threads;
-    }
+    expect_bit_identical_across_threads(c, qkv, dout, segments(c.B, c.T, cuts));
   }
-  omp_set_num_threads(saved);
 }
 
 TEST(CpuAttentionDropout, RejectsBadProbabilities) {
   CpuOps ops;
   const Case c{1, 5, 2, 1, 8, -1};
-  std::vector<float> qkv = randn(c.B * c.T * c.qkv_cols(), 1), out(size_t(c.B * c.T * c.NH * c.HS)),
-                     lse(size_t(c.B * c.NH * c.T)), dqkv(qkv.size());
-  TensorView tqkv(qkv.data(), DType::kF32, Shape{c.B, c.T, c.qkv_cols()});
-  TensorView tdqkv(dqkv.data(), DType::kF32, Shape{c.B, c.T, c.qkv_cols()});
-  TensorView tout(out.data(), DType::kF32, Shape{c.B, c.T, c.NH * c.HS});
-  TensorView tlse(lse.data(), DType::kF32, Shape{c.B, c.NH, c.T});
+  const OpBuffers v(c);
   for (float p : {1.0f, -0.1f, 1.5f, std::numeric_limits<float>::quiet_NaN()}) {
     AttentionParams ap = c.params();
     ap.dropout_p = p;
-    EXPECT_THROW(ops.attention_forward(tout, tlse, tqkv, ap), Error) << p;
-    EXPECT_THROW(ops.attention_backward(tdqkv, tout, tqkv, tout, tlse, ap), Error) << p;
+    EXPECT_THROW(ops.attention_forward(v.out, v.lse, v.qkv, ap), Error) << p;
+    EXPECT_THROW(ops.attention_backward(v.dqkv, v.out, v.qkv, v.out, v.lse, ap), Error) << p;
   }
   AttentionParams ap = c.params();
   ap.dropout_p = 0.999f;
-  EXPECT_NO_THROW(ops.attention_forward(tout, tlse, tqkv, ap));
+  EXPECT_NO_THROW(ops.attention_forward(v.out, v.lse, v.qkv, ap));
 }
 
 }  // namespace

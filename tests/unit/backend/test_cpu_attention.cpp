@@ -4,7 +4,6 @@
 // across OpenMP thread counts, and argument checks.
 // Tolerance: f32 kernel vs f64 reference, max abs error <= 1e-5 * max |reference| per tensor.
 #include <gtest/gtest.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -22,18 +21,6 @@ namespace {
 
 using namespace attn_test;
 
-void check_against_reference(const Case& c, uint32_t seed) {
-  SCOPED_TRACE(c.name());
-  auto qkv = randn(c.B * c.T * c.qkv_cols(), seed);
-  auto dout = randn(c.B * c.T * c.NH * c.HS, seed + 1);
-  const Outputs got = run_op(c, qkv, dout);
-  const Reference want = reference(c, qkv, dout);
-  constexpr double kTol = 1e-5;
-  EXPECT_LE(rel_error(got.out, want.out), kTol);
-  EXPECT_LE(rel_error(got.lse, want.lse), kTol);
-  EXPECT_LE(rel_error(got.dqkv, want.dqkv), kTol);
-}
-
 // ---- the shape sweep: {MHA, GQA, MQA} x window {unlimited, 3} x T x HS x B ----------------------------
 
 struct Heads {
@@ -45,7 +32,7 @@ class AttentionSweep : public ::testing::TestWithParam<std::tuple<Heads, int64_t
 TEST_P(AttentionSweep, MatchesF64Reference) {
   const auto [heads, window, T, HS, B] = GetParam();
   const Case c{B, T, heads.NH, heads.NKV, HS, window};
-  check_against_reference(c, uint32_t(T * 131 + HS * 7 + B + heads.NH * 1000 + heads.NKV * 10000));
+  expect_matches_reference(c, uint32_t(T * 131 + HS * 7 + B + heads.NH * 1000 + heads.NKV * 10000));
 }
 
 std::string sweep_name(const ::testing::TestParamInfo<AttentionSweep::ParamType>& info) {
@@ -72,7 +59,7 @@ TEST(CpuAttention, BlockEdgesWindowsAndHeadSizes) {
       {1, 3000, 2, 1, 16, 100},  // long sequence: the window's key range slides over many blocks
   };
   uint32_t seed = 7;
-  for (const Case& c : cases) check_against_reference(c, seed++);
+  for (const Case& c : cases) expect_matches_reference(c, seed++);
 }
 
 // Large score magnitudes: the online softmax must rescale without overflow (scores up to ~100).
@@ -95,48 +82,21 @@ TEST(CpuAttention, FiniteDifferences) {
   auto qkv = randn(c.B * c.T * c.qkv_cols(), 5);
   auto r = randn(c.B * c.T * c.NH * c.HS, 6);
   const Outputs base = run_op(c, qkv, r);
-  auto objective = [&](std::vector<float>& x) {
-    const Outputs o = run_op(c, x, r);
-    double f = 0;
-    for (size_t i = 0; i < o.out.size(); ++i) f += double(o.out[i]) * double(r[i]);
-    return f;
-  };
-  const int64_t C3 = c.qkv_cols(), HS = c.HS;
+  const int64_t HS = c.HS;
   // (b, t, column): q head 1 (group 0), k of group 0, v of group 0, q head 2 (group 1), k and v of group 1.
-  const int64_t probes[][3] = {{0, 3, 1 * HS + 2}, {0, 1, 2 * HS + 0}, {1, 5, 3 * HS + 4}, {1, 8, 4 * HS + 1},
-                               {0, 6, 6 * HS + 3}, {1, 2, 7 * HS + 2}, {0, 0, 6 * HS + 1}, {1, 7, 5 * HS + 0}};
-  int checked = 0;
-  for (const auto& pr : probes) {
-    const size_t idx = size_t((pr[0] * c.T + pr[1]) * C3 + pr[2]);
-    std::vector<float> xp = qkv, xm = qkv;
-    xp[idx] += 1e-2f;
-    xm[idx] -= 1e-2f;
-    const double fd = (objective(xp) - objective(xm)) / (double(xp[idx]) - double(xm[idx]));
-    const double an = base.dqkv[idx];
-    EXPECT_NEAR(an, fd, 2e-3 + 1e-2 * std::abs(fd)) << "qkv[" << pr[0] << ", " << pr[1] << ", " << pr[2] << "]";
-    checked += std::abs(fd) > 1e-2;  // the probe actually carries gradient
-  }
-  EXPECT_GE(checked, 6);
+  const std::vector<Probe> probes = {{0, 3, 1 * HS + 2}, {0, 1, 2 * HS + 0}, {1, 5, 3 * HS + 4}, {1, 8, 4 * HS + 1},
+                                     {0, 6, 6 * HS + 3}, {1, 2, 7 * HS + 2}, {0, 0, 6 * HS + 1}, {1, 7, 5 * HS + 0}};
+  EXPECT_GE(expect_gradient_matches_finite_differences(c, qkv, r, {}, base.dqkv, probes), 6);
 }
 
 // Same inputs, 1, 2 and 3 threads (and a repeat): every output bit-identical.
 TEST(CpuAttention, BitIdenticalAcrossThreadCounts) {
-  const int saved = omp_get_max_threads();
   for (const Case& c : {Case{2, 217, 6, 2, 64, -1}, Case{3, 130, 4, 4, 5, 50}, Case{1, 100, 3, 1, 64, -1}}) {
     SCOPED_TRACE(c.name());
     auto qkv = randn(c.B * c.T * c.qkv_cols(), 11);
     auto dout = randn(c.B * c.T * c.NH * c.HS, 12);
-    omp_set_num_threads(1);
-    const Outputs one = run_op(c, qkv, dout);
-    for (int threads : {2, 3, 2}) {
-      omp_set_num_threads(threads);
-      const Outputs many = run_op(c, qkv, dout);
-      EXPECT_EQ(0, std::memcmp(one.out.data(), many.out.data(), one.out.size() * sizeof(float))) << threads;
-      EXPECT_EQ(0, std::memcmp(one.lse.data(), many.lse.data(), one.lse.size() * sizeof(float))) << threads;
-      EXPECT_EQ(0, std::memcmp(one.dqkv.data(), many.dqkv.data(), one.dqkv.size() * sizeof(float))) << threads;
-    }
+    expect_bit_identical_across_threads(c, qkv, dout);
   }
-  omp_set_num_threads(saved);
 }
 
 TEST(CpuAttention, RejectsInconsistentArguments) {

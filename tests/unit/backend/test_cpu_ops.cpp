@@ -12,19 +12,6 @@
 namespace loom::test {
 namespace {
 
-// Central difference of a scalar f64 function of one coordinate: (f(x+h) - f(x-h)) / 2h with the
-// coordinate restored afterwards. h = 1e-5 in f64: truncation ~h^2 and rounding ~1e-16/h, both < 1e-9.
-double central_diff(double& coord, const std::function<double()>& f) {
-  constexpr double h = 1e-5;
-  const double x0 = coord;
-  coord = x0 + h;
-  const double fp = f();
-  coord = x0 - h;
-  const double fm = f();
-  coord = x0;
-  return (fp - fm) / (2 * h);
-}
-
 // ---- embedding -------------------------------------------------------------------------------------
 
 struct EmbCase {

@@ -8,7 +8,6 @@
 // documents (changing one document leaves the others' bits alone) and argument checks.
 // Tolerance: f32 kernel vs f64 reference, max abs error <= 1e-5 * max |reference| per tensor.
 #include <gtest/gtest.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -49,22 +48,6 @@ std::vector<int32_t> make_segments(int64_t B, int64_t T, const std::vector<int64
 // (another one-token segment) when T reaches them.
 const std::vector<int64_t> kCuts = {3, 4, 63, 64, 65, 130, 131};
 
-void check_against_reference(const Case& c, std::vector<int32_t> seg, uint32_t seed) {
-  SCOPED_TRACE(c.name());
-  auto qkv = randn(c.B * c.T * c.qkv_cols(), seed);
-  auto dout = randn(c.B * c.T * c.NH * c.HS, seed + 1);
-  const Outputs got = run_op(c, qkv, dout, seg);
-  const Reference want = reference(c, qkv, dout, seg);
-  constexpr double kTol = 1e-5;
-  EXPECT_LE(rel_error(got.out, want.out), kTol);
-  EXPECT_LE(rel_error(got.lse, want.lse), kTol);
-  EXPECT_LE(rel_error(got.dqkv, want.dqkv), kTol);
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
 // ---- the shape sweep: {MHA, GQA, MQA} x window {unlimited, 3} x T x HS, B = 2 --------------------------
 
 struct Heads {
@@ -78,7 +61,7 @@ TEST_P(SegmentSweep, MatchesF64Reference) {
   const auto [heads, window, T, HS, mean_len] = GetParam();
   const Case c{2, T, heads.NH, heads.NKV, HS, window};
   const uint32_t seed = uint32_t(T * 131 + HS * 7 + heads.NH * 1000 + heads.NKV * 10000 + mean_len);
-  check_against_reference(c, make_segments(c.B, c.T, kCuts, mean_len, seed), seed);
+  expect_matches_reference(c, seed, make_segments(c.B, c.T, kCuts, mean_len, seed));
 }
 
 std::string sweep_name(const ::testing::TestParamInfo<SegmentSweep::ParamType>& info) {
@@ -125,7 +108,7 @@ TEST(CpuAttentionSegments, BlockEdgesAndExtremeLayouts) {
   uint32_t seed = 17;
   for (const Layout& l : layouts) {
     SCOPED_TRACE(seed);
-    check_against_reference(l.c, make_segments(l.c.B, l.c.T, l.cuts, l.mean_len, seed), seed);
+    expect_matches_reference(l.c, seed, make_segments(l.c.B, l.c.T, l.cuts, l.mean_len, seed));
     ++seed;
   }
 }
@@ -140,11 +123,7 @@ TEST(CpuAttentionSegments, OneSegmentPerRowIsBitIdenticalToNone) {
     std::vector<int32_t> none, same(size_t(c.B * c.T));
     for (int64_t b = 0; b < c.B; ++b)
       std::fill(same.begin() + b * c.T, same.begin() + (b + 1) * c.T, int32_t(7 * b - 3));
-    const Outputs a = run_op(c, qkv, dout, none);
-    const Outputs b = run_op(c, qkv, dout, same);
-    EXPECT_TRUE(same_bits(a.out, b.out));
-    EXPECT_TRUE(same_bits(a.lse, b.lse));
-    EXPECT_TRUE(same_bits(a.dqkv, b.dqkv));
+    expect_same_bits(run_op(c, qkv, dout, none), run_op(c, qkv, dout, same));
   }
 }
 
@@ -195,29 +174,12 @@ TEST(CpuAttentionSegments, FiniteDifferences) {
   auto qkv = randn(c.B * c.T * c.qkv_cols(), 5);
   auto r = randn(c.B * c.T * c.NH * c.HS, 6);
   const Outputs base = run_op(c, qkv, r, seg);
-  auto objective = [&](std::vector<float>& x) {
-    const Outputs o = run_op(c, x, r, seg);
-    double f = 0;
-    for (size_t i = 0; i < o.out.size(); ++i) f += double(o.out[i]) * double(r[i]);
-    return f;
-  };
   const int64_t C3 = c.qkv_cols(), HS = c.HS;
   // (b, t, column): q head 1 (group 0), k/v of group 0, q head 2 (group 1), k/v of group 1.
-  const int64_t probes[][3] = {{0, 3, 1 * HS + 2}, {0, 4, 2 * HS + 0}, {0, 3, 3 * HS + 4}, {0, 8, 4 * HS + 1},
-                               {0, 9, 6 * HS + 3}, {1, 1, 7 * HS + 2}, {1, 0, 6 * HS + 1}, {1, 8, 5 * HS + 0},
-                               {1, 10, 3 * HS + 2}, {1, 2, 2 * HS + 4}};
-  int checked = 0;
-  for (const auto& pr : probes) {
-    const size_t idx = size_t((pr[0] * c.T + pr[1]) * C3 + pr[2]);
-    std::vector<float> xp = qkv, xm = qkv;
-    xp[idx] += 1e-2f;
-    xm[idx] -= 1e-2f;
-    const double fd = (objective(xp) - objective(xm)) / (double(xp[idx]) - double(xm[idx]));
-    const double an = base.dqkv[idx];
-    EXPECT_NEAR(an, fd, 2e-3 + 1e-2 * std::abs(fd)) << "qkv[" << pr[0] << ", " << pr[1] << ", " << pr[2] << "]";
-    checked += std::abs(fd) > 1e-2;
-  }
-  EXPECT_GE(checked, 7);
+  const std::vector<Probe> probes = {{0, 3, 1 * HS + 2}, {0, 4, 2 * HS + 0}, {0, 3, 3 * HS + 4}, {0, 8, 4 * HS + 1},
+                                     {0, 9, 6 * HS + 3}, {1, 1, 7 * HS + 2}, {1, 0, 6 * HS + 1}, {1, 8, 5 * HS + 0},
+                                     {1, 10, 3 * HS + 2}, {1, 2, 2 * HS + 4}};
+  EXPECT_GE(expect_gradient_matches_finite_differences(c, qkv, r, seg, base.dqkv, probes), 7);
   // A one-token segment's key is seen only by its own query, whose softmax is then a constant 1: zero key
   // gradient (up to rounding of dP - D), while its value gradient is dout itself.
   const size_t one = size_t((1 * c.T + 0) * C3);
@@ -230,34 +192,19 @@ TEST(CpuAttentionSegments, FiniteDifferences) {
 
 // Same inputs and segments, 1, 2 and 3 threads (and a repeat): every output bit-identical.
 TEST(CpuAttentionSegments, BitIdenticalAcrossThreadCounts) {
-  const int saved = omp_get_max_threads();
   for (const Case& c : {Case{2, 217, 6, 2, 64, -1}, Case{3, 130, 4, 4, 5, 50}, Case{1, 100, 3, 1, 64, -1, false}}) {
     SCOPED_TRACE(c.name());
     auto qkv = randn(c.B * c.T * c.qkv_cols(), 11);
     auto dout = randn(c.B * c.T * c.NH * c.HS, 12);
-    auto seg = make_segments(c.B, c.T, kCuts, 30, 13);
-    omp_set_num_threads(1);
-    const Outputs one = run_op(c, qkv, dout, seg);
-    for (int threads : {2, 3, 2}) {
-      omp_set_num_threads(threads);
-      const Outputs many = run_op(c, qkv, dout, seg);
-      EXPECT_TRUE(same_bits(one.out, many.out)) << threads;
-      EXPECT_TRUE(same_bits(one.lse, many.lse)) << threads;
-      EXPECT_TRUE(same_bits(one.dqkv, many.dqkv)) << threads;
-    }
+    expect_bit_identical_across_threads(c, qkv, dout, make_segments(c.B, c.T, kCuts, 30, 13));
   }
-  omp_set_num_threads(saved);
 }
 
 TEST(CpuAttentionSegments, RejectsBadSegmentIds) {
   CpuOps ops;
   const Case c{2, 6, 2, 1, 8, -1};
-  std::vector<float> qkv = randn(c.B * c.T * c.qkv_cols(), 1), out(size_t(c.B * c.T * c.NH * c.HS)),
-                     lse(size_t(c.B * c.NH * c.T)), dqkv(qkv.size());
-  TensorView tqkv(qkv.data(), DType::kF32, Shape{c.B, c.T, c.qkv_cols()});
-  TensorView tdqkv(dqkv.data(), DType::kF32, Shape{c.B, c.T, c.qkv_cols()});
-  TensorView tout(out.data(), DType::kF32, Shape{c.B, c.T, c.NH * c.HS});
-  TensorView tlse(lse.data(), DType::kF32, Shape{c.B, c.NH, c.T});
+  const OpBuffers v(c);
+  const TensorView &tqkv = v.qkv, &tdqkv = v.dqkv, &tout = v.out, &tlse = v.lse;
   std::vector<int32_t> seg = {0, 0, 1, 1, 1, 2, 3, 3, 3, 3, 3, 3};
   TensorView tseg(seg.data(), DType::kI32, Shape{c.B, c.T});
   EXPECT_NO_THROW(ops.attention_forward(tout, tlse, tqkv, c.params(), tseg));

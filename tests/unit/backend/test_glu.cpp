@@ -4,12 +4,10 @@
 // fails (it OVERWRITES). GeGLU must reproduce gelu_forward / gelu_backward bit for bit (one GeLU formula in
 // Loom); dinp may alias inp; saturated tails stay finite; bf16/f16 give exactly the rounded f32 results.
 // Shapes are odd (F = 1, 5, 217; 1037 > one 1024-column task).
-#include <functional>
 #include <limits>
 #include <string>
 
 #include "cpu_test_util.h"
-#include "loom/core/dtype.h"
 
 namespace loom::test {
 namespace {
@@ -69,15 +67,7 @@ TEST(CpuGlu, BackwardMatchesFiniteDifferencesAndOverwrites) {
           for (int64_t c = 0; c < 2 * F; ++c) {
             const int64_t f = c % F;  // the output element this input feeds
             auto L = [&]() { return act_ref(k, xd[size_t(n * 2 * F + f)]) * xd[size_t(n * 2 * F + F + f)] * r[size_t(n * F + f)]; };
-            double& coord = xd[size_t(n * 2 * F + c)];
-            constexpr double h = 1e-5;
-            const double x0 = coord;
-            coord = x0 + h;
-            const double lp = L();
-            coord = x0 - h;
-            const double lm = L();
-            coord = x0;
-            want[size_t(n * 2 * F + c)] = (lp - lm) / (2 * h);
+            want[size_t(n * 2 * F + c)] = central_diff(xd[size_t(n * 2 * F + c)], L);
           }
         expect_close(dx, want, 2e-6, 1e-5, "dinp " + tag(k, N, F));
       }
@@ -164,27 +154,6 @@ TEST(CpuGlu, DinpMayAliasInpAndThreadCountDoesNotMatter) {
 }
 
 // ---- bf16 / f16 ---------------------------------------------------------------------------------------
-
-uint16_t* bits(const Tensor& t) { return static_cast<uint16_t*>(t.raw()); }
-uint16_t encode(DType dt, float x) { return dt == DType::kBF16 ? f32_to_bf16(x) : f32_to_f16(x); }
-float decode(DType dt, uint16_t b) { return dt == DType::kBF16 ? bf16_to_f32(b) : f16_to_f32(b); }
-
-Tensor lowp_uniform(Shape s, DType dt, uint64_t seed, float lo = -1, float hi = 1) {
-  Tensor x = uniform_tensor(s, seed, lo, hi), y = Tensor::empty(s, dt);
-  for (int64_t i = 0; i < x.numel(); ++i) bits(y)[i] = encode(dt, x.data<float>()[i]);
-  return y;
-}
-Tensor widened(const Tensor& y) {
-  Tensor x = Tensor::empty(y.shape(), DType::kF32);
-  for (int64_t i = 0; i < y.numel(); ++i) x.data<float>()[i] = decode(y.dtype(), bits(y)[i]);
-  return x;
-}
-void expect_rounded(const Tensor& got, const Tensor& want, const std::string& what) {
-  ASSERT_EQ(got.numel(), want.numel()) << what;
-  int64_t bad = 0;
-  for (int64_t i = 0; i < got.numel(); ++i) bad += bits(got)[i] != encode(got.dtype(), want.data<float>()[i]);
-  EXPECT_EQ(bad, 0) << what;
-}
 
 TEST(LowpGlu, ForwardAndBackwardAreTheRoundedF32Results) {
   for (DType dt : {DType::kBF16, DType::kF16})

@@ -19,30 +19,6 @@ namespace {
 
 const DType kLowp[] = {DType::kBF16, DType::kF16};
 
-uint16_t encode(DType dt, float x) { return dt == DType::kBF16 ? f32_to_bf16(x) : f32_to_f16(x); }
-float decode(DType dt, uint16_t b) { return dt == DType::kBF16 ? bf16_to_f32(b) : f16_to_f32(b); }
-
-uint16_t* bits(const Tensor& t) { return static_cast<uint16_t*>(t.raw()); }
-
-// x rounded to dt (core conversion).
-Tensor to_lowp(const Tensor& x, DType dt) {
-  Tensor y = Tensor::empty(x.shape(), dt);
-  for (int64_t i = 0; i < x.numel(); ++i) bits(y)[i] = encode(dt, x.data<float>()[i]);
-  return y;
-}
-
-// Exact f32 copy of a bf16/f16 tensor.
-Tensor widened(const Tensor& y) {
-  Tensor x = Tensor::empty(y.shape(), DType::kF32);
-  for (int64_t i = 0; i < y.numel(); ++i) x.data<float>()[i] = decode(y.dtype(), bits(y)[i]);
-  return x;
-}
-
-// A random low-precision tensor (uniform in [lo, hi) before rounding).
-Tensor lowp_uniform(Shape s, DType dt, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
-  return to_lowp(uniform_tensor(s, seed, lo, hi), dt);
-}
-
 // "bf16 N5 C217"-style labels (an ostringstream: GCC 12 warns falsely on "literal" + std::string chains).
 template <typename... Args>
 std::string name(DType dt, const Args&... parts) {
@@ -50,19 +26,6 @@ std::string name(DType dt, const Args&... parts) {
   s << dtype_name(dt);
   ((s << ' ' << parts), ...);
   return s.str();
-}
-
-// got (bf16/f16) must be exactly the rounding of want (f32).
-void expect_rounded(const Tensor& got, const Tensor& want, const std::string& what) {
-  ASSERT_EQ(got.numel(), want.numel()) << what;
-  int64_t bad = 0;
-  for (int64_t i = 0; i < got.numel(); ++i) {
-    const uint16_t w = encode(got.dtype(), want.data<float>()[i]);
-    if (bits(got)[i] != w && bad++ < 3)
-      ADD_FAILURE() << what << ": element " << i << " got 0x" << std::hex << bits(got)[i] << " want 0x" << w
-                    << std::dec << " (f32 " << want.data<float>()[i] << ")";
-  }
-  EXPECT_EQ(bad, 0) << what;
 }
 
 void expect_same_bits(const Tensor& got, const Tensor& want, const std::string& what) {

@@ -4,11 +4,9 @@
 // ACCUMULATE. bf16/f16 calls must give exactly the RNE rounding of the f32 op on the widened inputs (f32
 // outputs: the same bits), and every reduction must be bit-identical with 1, 2 and 3 OpenMP threads.
 // Shapes are odd (1, 5, 217; 300 rows span several reduction blocks).
-#include <functional>
 #include <string>
 
 #include "cpu_test_util.h"
-#include "loom/core/dtype.h"
 
 namespace loom::test {
 namespace {
@@ -30,17 +28,6 @@ std::vector<double> rmsnorm_ref(const std::vector<double>& x, const std::vector<
     if (rstd) rstd->push_back(s);
   }
   return out;
-}
-
-double central_diff(double& coord, const std::function<double()>& f) {
-  constexpr double h = 1e-5;  // f64: truncation ~h^2 and rounding ~1e-16/h, both < 1e-9
-  const double x0 = coord;
-  coord = x0 + h;
-  const double fp = f();
-  coord = x0 - h;
-  const double fm = f();
-  coord = x0;
-  return (fp - fm) / (2 * h);
 }
 
 TEST(CpuRmsNorm, ForwardMatchesReference) {
@@ -159,28 +146,6 @@ TEST(CpuRmsNorm, FusedResidualEqualsResidualThenRmsNormBitwise) {
 // ---- bf16 / f16 --------------------------------------------------------------------------------------
 
 const DType kLowp[] = {DType::kBF16, DType::kF16};
-
-uint16_t* bits(const Tensor& t) { return static_cast<uint16_t*>(t.raw()); }
-uint16_t encode(DType dt, float x) { return dt == DType::kBF16 ? f32_to_bf16(x) : f32_to_f16(x); }
-float decode(DType dt, uint16_t b) { return dt == DType::kBF16 ? bf16_to_f32(b) : f16_to_f32(b); }
-
-Tensor lowp_uniform(Shape s, DType dt, uint64_t seed, float lo = -1, float hi = 1) {
-  Tensor x = uniform_tensor(s, seed, lo, hi), y = Tensor::empty(s, dt);
-  for (int64_t i = 0; i < x.numel(); ++i) bits(y)[i] = encode(dt, x.data<float>()[i]);
-  return y;
-}
-Tensor widened(const Tensor& y) {
-  Tensor x = Tensor::empty(y.shape(), DType::kF32);
-  for (int64_t i = 0; i < y.numel(); ++i) x.data<float>()[i] = decode(y.dtype(), bits(y)[i]);
-  return x;
-}
-// got (bf16/f16) must be exactly the rounding of want (f32).
-void expect_rounded(const Tensor& got, const Tensor& want, const std::string& what) {
-  ASSERT_EQ(got.numel(), want.numel()) << what;
-  int64_t bad = 0;
-  for (int64_t i = 0; i < got.numel(); ++i) bad += bits(got)[i] != encode(got.dtype(), want.data<float>()[i]);
-  EXPECT_EQ(bad, 0) << what;
-}
 
 TEST(LowpRmsNorm, ForwardAndFusedAreTheRoundedF32Results) {
   struct Case {

@@ -16,40 +16,24 @@
 #include <random>
 #include <sstream>
 
+#include "ckpt_test_util.h"
 #include "loom/ckpt/checkpoint.h"
 
 namespace loom {
 namespace {
 
+using namespace ckpt_test;
+
 namespace fs = std::filesystem;
 
-class CheckpointTest : public ::testing::Test {
+class CheckpointTest : public ckpt_test::TempDirTest {
  protected:
   void SetUp() override {
-    // tmpfs keeps the many fsyncs of the kill test cheap; any writable temp dir works.
-    std::error_code ec;
-    const fs::path base = fs::is_directory("/dev/shm", ec) && ::access("/dev/shm", W_OK) == 0
-                              ? fs::path("/dev/shm")
-                              : fs::temp_directory_path();
-    dir_ = base / ("loom_ckpt_" + std::to_string(::getpid()) + "_" +
-                   ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    TempDirTest::SetUp();
     root_ = (dir_ / "save" / "run1").string();  // parents created by begin_checkpoint
   }
-  void TearDown() override { fs::remove_all(dir_); }
-  fs::path dir_;
   std::string root_;
 };
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::ostringstream os;
-  os << f.rdbuf();
-  return os.str();
-}
-
-void write_file(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
 
 uint64_t splitmix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
@@ -70,22 +54,6 @@ Tensor generated(Shape s, DType dt, int64_t iteration, int64_t salt, uint64_t st
   }
   for (; i < t.nbytes(); ++i) p[i] = uint8_t(splitmix64(seed + uint64_t(i)));
   return t;
-}
-
-bool same_bytes(const TensorView& a, const TensorView& b) {
-  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
-         (a.nbytes() == 0 || std::memcmp(a.raw(), b.raw(), size_t(a.nbytes())) == 0);
-}
-
-template <typename F>
-void expect_user_error(F&& f, std::initializer_list<std::string> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected a UserError mentioning '" << *parts.begin() << "'";
-  } catch (const UserError& e) {
-    for (const std::string& p : parts)
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << "message: " << e.what() << "\nmissing: " << p;
-  }
 }
 
 // One checkpoint's content: two files of tensors plus metadata.json, all derived from (iteration, salt).
@@ -120,7 +88,7 @@ void save_generated(const std::string& root, int64_t iteration, int64_t salt, in
 // (every file with the same salt: no mixing of two saves). Returns the salt.
 int64_t verify_generated(const std::string& dir, int64_t iteration, int64_t max_salt, int64_t scale = 1) {
   long long it = -1, salt = -1;
-  const std::string meta = slurp(dir + "/metadata.json");
+  const std::string meta = read_file(dir + "/metadata.json");
   EXPECT_EQ(std::sscanf(meta.c_str(), "{\"iteration\": %lld, \"salt\": %lld}", &it, &salt), 2) << meta;
   EXPECT_EQ(it, iteration) << dir;
   EXPECT_GE(salt, 1);
@@ -164,14 +132,14 @@ TEST_F(CheckpointTest, RoundTrip) {
   save_generated(root_, 100, 5);
   EXPECT_EQ(leftovers(root_), std::vector<std::string>{});
   EXPECT_FALSE(fs::exists(checkpoint_staging_dir(root_, 100)));
-  EXPECT_EQ(slurp(checkpoint_tracker_path(root_)), "100");  // exactly what Megatron writes
+  EXPECT_EQ(read_file(checkpoint_tracker_path(root_)), "100");  // exactly what Megatron writes
 
   const auto latest = read_latest_checkpoint(root_);
   ASSERT_TRUE(latest.has_value());
   EXPECT_EQ(latest->iteration, 100);
   EXPECT_FALSE(latest->release);
   EXPECT_EQ(latest->dir, checkpoint_dir(root_, 100));
-  EXPECT_EQ(slurp(latest->dir + "/metadata.json"), metadata_json(100, 5));
+  EXPECT_EQ(read_file(latest->dir + "/metadata.json"), metadata_json(100, 5));
   std::vector<std::string> files;
   for (const auto& e : fs::directory_iterator(latest->dir)) files.push_back(e.path().filename().string());
   std::sort(files.begin(), files.end());
@@ -294,7 +262,7 @@ TEST_F(CheckpointTest, BeginCleansOnlyItsOwnLeftovers) {
   EXPECT_FALSE(fs::exists(root_ + "/iter_12345678.loom-staging"));
   EXPECT_FALSE(fs::exists(root_ + "/latest_checkpointed_iteration.txt.tmp"));
   for (const std::string& n : foreign) EXPECT_TRUE(fs::exists(root_ + "/" + n + "/model.safetensors.tmp")) << n;
-  EXPECT_EQ(slurp(root_ + "/notes.txt"), "keep me");
+  EXPECT_EQ(read_file(root_ + "/notes.txt"), "keep me");
   verify_generated(checkpoint_dir(root_, 7), 7, 1);
   EXPECT_EQ(read_latest_checkpoint(root_)->iteration, 7);
 }

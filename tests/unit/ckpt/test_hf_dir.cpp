@@ -11,10 +11,13 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "ckpt_test_util.h"
 #include "loom/ckpt/hf_dir.h"
 
 namespace loom {
 namespace {
+
+using namespace ckpt_test;
 
 namespace fs = std::filesystem;
 
@@ -34,51 +37,7 @@ const char* kLlama31Config = R"({
   "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009]
 })";
 
-class HfDirTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    root_ = fs::temp_directory_path() /
-            ("loom_hf_" + std::to_string(::getpid()) + "_" +
-             ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(root_);
-    fs::create_directories(root_);
-  }
-  void TearDown() override { fs::remove_all(root_); }
-  std::string path(const std::string& name) const { return (root_ / name).string(); }
-  fs::path root_;
-};
-
-std::string slurp(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::ostringstream os;
-  os << f.rdbuf();
-  return os.str();
-}
-
-void spit(const std::string& p, const std::string& text) { std::ofstream(p, std::ios::binary) << text; }
-
-Tensor make_bytes(Shape s, DType dt, int seed) {
-  Tensor t = Tensor::empty(s, dt);
-  auto* p = static_cast<uint8_t*>(t.raw());
-  for (int64_t i = 0; i < t.nbytes(); ++i) p[i] = uint8_t(i * 29 + seed * 7 + 1);
-  return t;
-}
-
-bool same_bytes(const TensorView& a, const TensorView& b) {
-  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
-         (a.nbytes() == 0 || std::memcmp(a.raw(), b.raw(), size_t(a.nbytes())) == 0);
-}
-
-template <typename F>
-void expect_user_error(F&& f, std::initializer_list<std::string> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected a UserError mentioning '" << *parts.begin() << "'";
-  } catch (const UserError& e) {
-    for (const std::string& p : parts)
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << "message: " << e.what() << "\nmissing: " << p;
-  }
-}
+class HfDirTest : public ckpt_test::TempDirTest {};
 
 // A config.json text with `key` replaced (or removed when value is empty).
 std::string edit_config(const std::string& base, const std::string& key, const std::string& value_json) {
@@ -116,14 +75,14 @@ TEST_F(HfDirTest, SingleFileRoundTrip) {
                {"scalar", make_bytes({}, DType::kF32, 4)},
                {"empty", Tensor::empty({0, 3}, DType::kF32)},
                {"ids", make_bytes({3}, DType::kI64, 5)}}};
-  const std::string dir = path("gpt2");
+  const std::string dir = file("gpt2");
   write_hf_dir(dir, kGpt2Config, owned.views(), kHfDefaultMaxShardBytes,
                {{"generation_config.json", "{\"do_sample\": false}\n"}});
   EXPECT_TRUE(fs::exists(dir + "/model.safetensors"));
   EXPECT_FALSE(fs::exists(dir + "/model.safetensors.index.json"));
   EXPECT_FALSE(fs::exists(dir + ".loom-staging"));
-  EXPECT_EQ(slurp(dir + "/config.json"), kGpt2Config);
-  EXPECT_EQ(slurp(dir + "/generation_config.json"), "{\"do_sample\": false}\n");
+  EXPECT_EQ(read_file(dir + "/config.json"), kGpt2Config);
+  EXPECT_EQ(read_file(dir + "/generation_config.json"), "{\"do_sample\": false}\n");
   EXPECT_EQ(SafetensorsFile::open(dir + "/model.safetensors").metadata(),
             (std::map<std::string, std::string>{{"format", "pt"}}));
 
@@ -152,7 +111,7 @@ TEST_F(HfDirTest, ShardedRoundTripFollowsTransformersSplit) {
                {"c", make_bytes({50}, DType::kF32, 3)},
                {"d", make_bytes({5}, DType::kI64, 4)},
                {"e", make_bytes({40}, DType::kF8E4M3, 5)}}};
-  const std::string dir = path("llama");
+  const std::string dir = file("llama");
   write_hf_dir(dir + "/", kLlama31Config, owned.views(), 100);
   EXPECT_FALSE(fs::exists(dir + "/model.safetensors"));
   EXPECT_FALSE(fs::exists(dir + ".loom-staging"));
@@ -160,7 +119,7 @@ TEST_F(HfDirTest, ShardedRoundTripFollowsTransformersSplit) {
                     s3 = "model-00003-of-00003.safetensors";
   for (const auto& s : {s1, s2, s3}) EXPECT_TRUE(fs::exists(dir + "/" + s)) << s;
 
-  const std::string index_text = slurp(dir + "/model.safetensors.index.json");
+  const std::string index_text = read_file(dir + "/model.safetensors.index.json");
   const nlohmann::json index = nlohmann::json::parse(index_text);
   EXPECT_EQ(index["metadata"]["total_size"], 200 + 4 * 40);
   EXPECT_EQ(index["weight_map"], (nlohmann::json{{"a", s2}, {"b", s2}, {"c", s1}, {"d", s3}, {"e", s3}}));
@@ -181,13 +140,13 @@ TEST_F(HfDirTest, ShardedRoundTripFollowsTransformersSplit) {
 
 TEST_F(HfDirTest, WriterRefusesToClobberAndLeavesNothingOnError) {
   Owned owned{{{"w", make_bytes({4}, DType::kF32, 1)}}};
-  const std::string dir = path("out");
+  const std::string dir = file("out");
   fs::create_directories(dir);  // an empty directory may be replaced
   write_hf_dir(dir, kGpt2Config, owned.views());
   EXPECT_TRUE(fs::exists(dir + "/model.safetensors"));
   expect_user_error([&] { write_hf_dir(dir, kGpt2Config, owned.views()); }, {dir, "not an empty directory"});
 
-  const std::string bad = path("bad");
+  const std::string bad = file("bad");
   expect_user_error([&] { write_hf_dir(bad, edit_config(kGpt2Config, "n_embd", ""), owned.views()); },
                     {"config.json", "missing field 'n_embd'"});
   expect_user_error([&] { write_hf_dir(bad, kGpt2Config, {{"w", owned.tensors[0].second}, {"w", owned.tensors[0].second}}); },
@@ -342,13 +301,13 @@ class HfIndexTest : public HfDirTest {
                     {"c", make_bytes({50}, DType::kF32, 3)},
                     {"d", make_bytes({5}, DType::kI64, 4)},
                     {"e", make_bytes({40}, DType::kF8E4M3, 5)}}};
-    const std::string dir = path("m");
+    const std::string dir = file("m");
     write_hf_dir(dir, kLlama31Config, owned_.views(), 100);
     return dir;
   }
   void set_map(const std::string& dir, const nlohmann::json& weight_map) {
     nlohmann::json idx = {{"metadata", {{"total_size", 360}}}, {"weight_map", weight_map}};
-    spit(dir + "/model.safetensors.index.json", idx.dump(2));
+    write_file(dir + "/model.safetensors.index.json", idx.dump(2));
   }
   Owned owned_;
 };
@@ -374,7 +333,7 @@ TEST_F(HfIndexTest, TensorListedInTheWrongShard) {
 
 TEST_F(HfIndexTest, TensorListedTwiceInTheMap) {
   const std::string dir = make_sharded();
-  spit(dir + "/model.safetensors.index.json",
+  write_file(dir + "/model.safetensors.index.json",
        "{\"weight_map\": {\"a\": \"" + kS2 + "\", \"b\": \"" + kS2 + "\", \"c\": \"" + kS1 + "\", \"d\": \"" + kS3 +
            "\", \"e\": \"" + kS3 + "\", \"a\": \"" + kS3 + "\"}}");
   expect_user_error([&] { HfCheckpoint::open(dir); }, {"model.safetensors.index.json", "'a' appears twice"});
@@ -403,31 +362,31 @@ TEST_F(HfIndexTest, MappedTensorThatNoShardHolds) {
 TEST_F(HfIndexTest, MalformedIndexAndDirectory) {
   const std::string dir = make_sharded();
   const std::string idx = dir + "/model.safetensors.index.json";
-  spit(idx, "{\"weight_map\": ");
+  write_file(idx, "{\"weight_map\": ");
   expect_user_error([&] { HfCheckpoint::open(dir); }, {idx, "not valid JSON"});
-  spit(idx, "{\"metadata\": {}}");
+  write_file(idx, "{\"metadata\": {}}");
   expect_user_error([&] { HfCheckpoint::open(dir); }, {idx, "missing field 'weight_map'"});
-  spit(idx, "{\"weight_map\": {}}");
+  write_file(idx, "{\"weight_map\": {}}");
   expect_user_error([&] { HfCheckpoint::open(dir); }, {idx, "lists no tensors"});
-  spit(idx, "{\"weight_map\": {\"a\": 3}}");
+  write_file(idx, "{\"weight_map\": {\"a\": 3}}");
   expect_user_error([&] { HfCheckpoint::open(dir); }, {idx, "tensor 'a'", "expected a file name"});
-  spit(idx, "{\"weight_map\": {\"a\": \"../m/" + kS2 + "\"}}");
+  write_file(idx, "{\"weight_map\": {\"a\": \"../m/" + kS2 + "\"}}");
   expect_user_error([&] { HfCheckpoint::open(dir); }, {idx, "not a plain file name"});
-  spit(idx, "{\"metadata\": {\"total_size\": -5}, \"weight_map\": {\"a\": \"x\"}}");
+  write_file(idx, "{\"metadata\": {\"total_size\": -5}, \"weight_map\": {\"a\": \"x\"}}");
   expect_user_error([&] { HfCheckpoint::open(dir); }, {idx, "metadata.total_size"});
   EXPECT_EQ(parse_hf_index("{\"metadata\": {\"total_size\": 7.0}, \"weight_map\": {\"a\": \"x\"}}").total_size, 7);
 
   // A shard that is not a safetensors file: the shard's own reader names it.
   set_map(dir, {{"a", kS2}, {"b", kS2}, {"c", kS1}, {"d", kS3}, {"e", kS3}});
-  spit(dir + "/" + kS1, "garbage!garbage!");
+  write_file(dir + "/" + kS1, "garbage!garbage!");
   expect_user_error([&] { HfCheckpoint::open(dir); }, {kS1, "header length"});
 
   fs::remove(idx);
   expect_user_error([&] { HfCheckpoint::open(dir); }, {"neither model.safetensors nor model.safetensors.index.json"});
   fs::remove(dir + "/config.json");
   expect_user_error([&] { HfCheckpoint::open(dir); }, {dir + "/config.json", "does not exist"});
-  expect_user_error([&] { HfCheckpoint::open(path("nowhere")); }, {"nowhere", "does not exist"});
-  spit(dir + "/config.json", "{\"model_type\": \"gpt2\"}");
+  expect_user_error([&] { HfCheckpoint::open(file("nowhere")); }, {"nowhere", "does not exist"});
+  write_file(dir + "/config.json", "{\"model_type\": \"gpt2\"}");
   expect_user_error([&] { HfCheckpoint::open(dir); }, {dir + "/config.json: missing field 'vocab_size'"});
 }
 

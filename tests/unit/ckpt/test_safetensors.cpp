@@ -12,33 +12,17 @@
 #include <numbers>
 #include <sstream>
 
+#include "ckpt_test_util.h"
 #include "loom/ckpt/safetensors.h"
 
 namespace loom {
 namespace {
 
+using namespace ckpt_test;
+
 namespace fs = std::filesystem;
 
-class SafetensorsTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("loom_st_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string file(const std::string& name) const { return (dir_ / name).string(); }
-  fs::path dir_;
-};
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::ostringstream os;
-  os << f.rdbuf();
-  return os.str();
-}
+class SafetensorsTest : public ckpt_test::TempDirTest {};
 
 // A file with an arbitrary header (and optionally a lying length field) for the malformed cases.
 void write_raw(const std::string& path, const std::string& header, size_t data_bytes, int64_t n_override = -1) {
@@ -54,30 +38,6 @@ Tensor make_f32(Shape s, float start) {
   Tensor t = Tensor::empty(s, DType::kF32);
   for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = start + 0.25f * float(i);
   return t;
-}
-
-Tensor make_bytes(Shape s, DType dt, int seed) {
-  Tensor t = Tensor::empty(s, dt);
-  auto* p = static_cast<uint8_t*>(t.raw());
-  for (int64_t i = 0; i < t.nbytes(); ++i) p[i] = uint8_t(i * 37 + seed);
-  return t;
-}
-
-bool same_bytes(const TensorView& a, const TensorView& b) {
-  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
-         (a.nbytes() == 0 || std::memcmp(a.raw(), b.raw(), size_t(a.nbytes())) == 0);
-}
-
-// Runs `f`, expects a UserError whose message contains every one of `parts`.
-template <typename F>
-void expect_user_error(F&& f, std::initializer_list<std::string> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected a UserError mentioning '" << *parts.begin() << "'";
-  } catch (const UserError& e) {
-    for (const std::string& p : parts)
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << "message: " << e.what() << "\nmissing: " << p;
-  }
 }
 
 TEST_F(SafetensorsTest, RoundTripAllDtypesBothModes) {
@@ -351,7 +311,7 @@ TEST(SafetensorsCompat, ReadsPythonWriterFileAndWritesIdenticalBytes) {
 
   const fs::path out = fs::temp_directory_path() / ("loom_st_compat_" + std::to_string(::getpid()) + ".safetensors");
   write_safetensors(out.string(), mine, meta);
-  const std::string ours = slurp(out.string()), theirs = slurp(path);
+  const std::string ours = read_file(out.string()), theirs = read_file(path);
   fs::remove(out);
   EXPECT_EQ(ours.size(), theirs.size());
   EXPECT_TRUE(ours == theirs) << "Loom's writer and the Python writer disagree on the bytes";

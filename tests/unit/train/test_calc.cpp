@@ -13,14 +13,31 @@ using namespace loom;
 
 namespace {
 
+// l layers, hidden size h, a heads, sequence length s = max positions; everything else at its default.
+TrainConfig model_config(int64_t l, int64_t h, int64_t a, int64_t s) {
+  TrainConfig c;
+  c.model.num_layers = l;
+  c.model.hidden_size = h;
+  c.model.num_attention_heads = a;
+  c.model.max_position_embeddings = s;
+  c.batch.seq_length = s;
+  return c;
+}
+
+// The setup of Megatron-LM's published large runs: s = 2048, micro-batch 1, vocabulary 51200, TP 8, BF16.
+TrainConfig megatron_run_config(int64_t l, int64_t h, int64_t a, int64_t global_batch) {
+  TrainConfig c = model_config(l, h, a, 2048);
+  c.batch.micro_batch_size = 1;
+  c.batch.global_batch_size = global_batch;
+  c.data.vocab_size = 51200;
+  c.parallel.tensor_model_parallel_size = 8;
+  c.precision.bf16 = true;
+  return c;
+}
+
 // GPT-2 124M: l = 12, h = 768, a = 12, s = 1024, b = 4, B = 32, vocabulary 50257 (padded to 50304).
 TrainConfig gpt2_config() {
-  TrainConfig c;
-  c.model.num_layers = 12;
-  c.model.hidden_size = 768;
-  c.model.num_attention_heads = 12;
-  c.model.max_position_embeddings = 1024;
-  c.batch.seq_length = 1024;
+  TrainConfig c = model_config(12, 768, 12, 1024);
   c.batch.micro_batch_size = 4;
   c.batch.global_batch_size = 32;
   c.precision.bf16 = true;
@@ -45,6 +62,12 @@ std::string calc_error(const std::function<void(TrainConfig&, CalcOptions&)>& ed
     return e.what();
   }
   return "";
+}
+
+// GPT-2 with `edit` applied is rejected with a message containing `needle`.
+void expect_calc_error(const std::function<void(TrainConfig&, CalcOptions&)>& edit, const std::string& needle) {
+  const std::string err = calc_error(edit);
+  EXPECT_NE(err.find(needle), std::string::npos) << "message: '" << err << "'";
 }
 
 // s*b*h for GPT-2 with b = 4: 1024 * 4 * 768.
@@ -143,17 +166,7 @@ TEST(Calc, TrainItersGiveTheTokens) {
 
 TEST(Calc, Megatron18BWeakScalingRow) {
   // Megatron-LM README: 18.4B = 40 layers, hidden 6144, 48 heads, TP 8, 256 GPUs, batch 1024; s 2048, V 51200.
-  TrainConfig c;
-  c.model.num_layers = 40;
-  c.model.hidden_size = 6144;
-  c.model.num_attention_heads = 48;
-  c.model.max_position_embeddings = 2048;
-  c.batch.seq_length = 2048;
-  c.batch.micro_batch_size = 1;
-  c.batch.global_batch_size = 1024;
-  c.data.vocab_size = 51200;
-  c.parallel.tensor_model_parallel_size = 8;
-  c.precision.bf16 = true;
+  const TrainConfig c = megatron_run_config(40, 6144, 48, 1024);
   CalcOptions o;
   o.num_gpus = 256;
   const CalcReport r = compute_calc(make_calc_input(c, o));
@@ -170,18 +183,8 @@ TEST(Calc, Megatron18BWeakScalingRow) {
 
 TEST(Calc, Gpt3_175BExampleOfTheMegatronPaper) {
   // Narayanan et al. (2021): P = 175B, T = 300B tokens, n = 1024 A100s at X = 140 TFLOP/s -> about 34 days.
-  TrainConfig c;
-  c.model.num_layers = 96;
-  c.model.hidden_size = 12288;
-  c.model.num_attention_heads = 96;
-  c.model.max_position_embeddings = 2048;
-  c.batch.seq_length = 2048;
-  c.batch.micro_batch_size = 1;
-  c.batch.global_batch_size = 1536;
-  c.data.vocab_size = 51200;
-  c.parallel.tensor_model_parallel_size = 8;
+  TrainConfig c = megatron_run_config(96, 12288, 96, 1536);
   c.parallel.pipeline_model_parallel_size = 16;
-  c.precision.bf16 = true;
   c.recompute.granularity = "full";
   c.recompute.method = "uniform";
   c.recompute.num_layers = 1;
@@ -286,13 +289,7 @@ TEST(Calc, RecomputeSettings) {
 }
 
 TEST(Calc, OnlyModelFlagsNeeded) {
-  TrainConfig c;
-  c.model.num_layers = 2;
-  c.model.hidden_size = 64;
-  c.model.num_attention_heads = 4;
-  c.model.max_position_embeddings = 32;
-  c.batch.seq_length = 32;
-  const CalcInput in = make_calc_input(c, {});
+  const CalcInput in = make_calc_input(model_config(2, 64, 4, 32), {});
   EXPECT_EQ(in.model.vocab_size, 50257);
   EXPECT_EQ(in.model.padded_vocab_size, 50304);
   EXPECT_EQ(in.micro_batch_size, 1);
@@ -316,44 +313,43 @@ TEST(Calc, VocabularyFromTheTokenizer) {
 }
 
 TEST(Calc, ValidationNamesTheFlag) {
-  const auto has = [](const std::string& err, const std::string& needle) {
-    return err.find(needle) != std::string::npos;
-  };
-  EXPECT_TRUE(has(calc_error([](TrainConfig& c, CalcOptions&) { c.model.num_layers = 0; }), "--num-layers"));
-  EXPECT_TRUE(has(calc_error([](TrainConfig& c, CalcOptions&) { c.batch.seq_length = 0; }), "--seq-length"));
-  EXPECT_TRUE(has(calc_error([](TrainConfig& c, CalcOptions&) { c.parallel.tensor_model_parallel_size = 5; }),
-                  "--num-attention-heads (12) must be divisible by --tensor-model-parallel-size (5)"));
-  EXPECT_TRUE(has(calc_error([](TrainConfig& c, CalcOptions&) { c.parallel.pipeline_model_parallel_size = 5; }),
-                  "--pipeline-model-parallel-size"));
-  EXPECT_TRUE(has(calc_error([](TrainConfig& c, CalcOptions&) { c.parallel.context_parallel_size = 3; }),
-                  "--context-parallel-size"));
-  EXPECT_TRUE(has(calc_error([](TrainConfig& c, CalcOptions& o) {
-                    c.parallel.tensor_model_parallel_size = 2;
-                    o.num_gpus = 3;
-                  }),
-                  "--num-gpus (3) must be a positive multiple of TP x PP x CP = 2"));
-  EXPECT_TRUE(has(calc_error([](TrainConfig& c, CalcOptions& o) { o.num_gpus = 3; }), "--global-batch-size (32)"));
-  EXPECT_TRUE(has(calc_error([](TrainConfig& c, CalcOptions&) { c.precision.fp16 = true; }),
-                  "--bf16 and --fp16 are mutually exclusive"));
-  EXPECT_TRUE(has(calc_error([](TrainConfig& c, CalcOptions&) { c.recompute.granularity = "full"; }),
-                  "--recompute-method"));
-  EXPECT_TRUE(has(calc_error([](TrainConfig& c, CalcOptions&) { c.recompute.granularity = "most"; }),
-                  "--recompute-granularity must be full or selective"));
-  EXPECT_TRUE(has(calc_error([](TrainConfig& c, CalcOptions& o) {
-                    c.batch.train_iters = 10;
-                    o.train_tokens = 1e9;
-                  }),
-                  "--train-tokens and --train-iters"));
-  EXPECT_TRUE(has(calc_error([](TrainConfig&, CalcOptions& o) {
-                    o.mfu = 0.5;
-                    o.gpu_tflops = 300;
-                  }),
-                  "--mfu and --gpu-tflops"));
-  EXPECT_TRUE(has(calc_error([](TrainConfig&, CalcOptions& o) { o.mfu = 1.5; }), "--mfu must be in (0, 1]"));
-  EXPECT_TRUE(has(calc_error([](TrainConfig&, CalcOptions& o) { o.gpu = "V100"; }),
-                  "--gpu: unknown GPU 'V100' (valid: A100, H100, H200, B200"));
-  EXPECT_TRUE(has(calc_error([](TrainConfig& c, CalcOptions&) { c.model.max_position_embeddings = 512; }),
-                  "--max-position-embeddings (512) must be >= --seq-length (1024)"));
+  expect_calc_error([](TrainConfig& c, CalcOptions&) { c.model.num_layers = 0; }, "--num-layers");
+  expect_calc_error([](TrainConfig& c, CalcOptions&) { c.batch.seq_length = 0; }, "--seq-length");
+  expect_calc_error([](TrainConfig& c, CalcOptions&) { c.parallel.tensor_model_parallel_size = 5; },
+                    "--num-attention-heads (12) must be divisible by --tensor-model-parallel-size (5)");
+  expect_calc_error([](TrainConfig& c, CalcOptions&) { c.parallel.pipeline_model_parallel_size = 5; },
+                    "--pipeline-model-parallel-size");
+  expect_calc_error([](TrainConfig& c, CalcOptions&) { c.parallel.context_parallel_size = 3; },
+                    "--context-parallel-size");
+  expect_calc_error(
+      [](TrainConfig& c, CalcOptions& o) {
+        c.parallel.tensor_model_parallel_size = 2;
+        o.num_gpus = 3;
+      },
+      "--num-gpus (3) must be a positive multiple of TP x PP x CP = 2");
+  expect_calc_error([](TrainConfig&, CalcOptions& o) { o.num_gpus = 3; }, "--global-batch-size (32)");
+  expect_calc_error([](TrainConfig& c, CalcOptions&) { c.precision.fp16 = true; },
+                    "--bf16 and --fp16 are mutually exclusive");
+  expect_calc_error([](TrainConfig& c, CalcOptions&) { c.recompute.granularity = "full"; }, "--recompute-method");
+  expect_calc_error([](TrainConfig& c, CalcOptions&) { c.recompute.granularity = "most"; },
+                    "--recompute-granularity must be full or selective");
+  expect_calc_error(
+      [](TrainConfig& c, CalcOptions& o) {
+        c.batch.train_iters = 10;
+        o.train_tokens = 1e9;
+      },
+      "--train-tokens and --train-iters");
+  expect_calc_error(
+      [](TrainConfig&, CalcOptions& o) {
+        o.mfu = 0.5;
+        o.gpu_tflops = 300;
+      },
+      "--mfu and --gpu-tflops");
+  expect_calc_error([](TrainConfig&, CalcOptions& o) { o.mfu = 1.5; }, "--mfu must be in (0, 1]");
+  expect_calc_error([](TrainConfig&, CalcOptions& o) { o.gpu = "V100"; },
+                    "--gpu: unknown GPU 'V100' (valid: A100, H100, H200, B200");
+  expect_calc_error([](TrainConfig& c, CalcOptions&) { c.model.max_position_embeddings = 512; },
+                    "--max-position-embeddings (512) must be >= --seq-length (1024)");
   EXPECT_EQ(calc_error([](TrainConfig&, CalcOptions&) {}), "");
 }
 
