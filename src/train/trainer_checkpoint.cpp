@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "loom/ckpt/checkpoint.h"
+#include "loom/train/model_io.h"
 #include "train/trainer_impl.h"
 
 namespace loom {
@@ -205,6 +206,23 @@ void Trainer::save_checkpoint() {
 
 void Trainer::load_checkpoint() {
   if (cfg_.checkpoint.load.empty()) return;
+  if (is_hf_model_dir(cfg_.checkpoint.load)) {  // a Hugging Face model directory: weights only
+    const std::string& dir = cfg_.checkpoint.load;
+    if (!cfg_.checkpoint.finetune)
+      user_error("--load ", dir, " is a Hugging Face model directory (config.json), which holds weights only; add "
+                 "--finetune to start from them at iteration 0");
+    log_ << " loading Hugging Face model from " << dir << "\n";
+    const GPTConfig hf = read_model_config(dir, cfg_.data.make_vocab_size_divisible_by * ps_->tp_size());
+    check_model_config(model_config_json(hf), cfg_.model, dir + "/config.json", /*finetune=*/true);
+    HfImportOptions opts;
+    opts.rotary_interleaved = cfg_.model.rotary_interleaved;
+    opts.log = &log_;
+    load_model_weights(dir, model_->params(), opts);
+    model_->sync_compute();
+    log_ << " > --finetune: loaded the weights only; starting at iteration 0\n"
+         << "  successfully loaded Hugging Face model from " << dir << " at iteration 0\n";
+    return;
+  }
   const std::optional<LatestCheckpoint> latest = read_latest_checkpoint(cfg_.checkpoint.load);
   if (!latest) {
     log_ << " > WARNING: could not find the metadata file " << checkpoint_tracker_path(cfg_.checkpoint.load)

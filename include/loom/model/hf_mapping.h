@@ -1,0 +1,100 @@
+// Hugging Face <-> Loom parameter mapping for GPT-2 and Llama-family (Llama, Mistral) models: which HF
+// tensors make up each Loom parameter and how their rows are laid out. Pure layout code: no files (the
+// train layer's model_io.h reads and writes HF directories and Loom checkpoints with it).
+//
+// GPT-2 (HF names under "transformer."; the Hub's gpt2 files have no prefix):
+//   wte (V, C) -> embedding.word_embeddings.weight (Vp, C): rows V..Vp-1 are zero padding (dropped on export)
+//   wpe -> embedding.position_embeddings.weight; h.N.ln_1 / ln_2 / ln_f -> input_layernorm / pre_mlp_layernorm
+//   / decoder.final_layernorm (weight, bias); h.N.attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj are Conv1D,
+//   stored (in, out): transposed into linear_qkv, linear_proj, linear_fc1, linear_fc2 (out, in). c_attn's
+//   columns are [Q of all heads | K | V]; linear_qkv's rows are regrouped per head ([q_h, k_h, v_h]), the
+//   bias likewise. lm_head is tied to wte (untied when tie_word_embeddings is false).
+// Llama / Mistral (HF names under "model."):
+//   embed_tokens -> word embeddings (padded as above); layers.N.self_attn.{q,k,v}_proj -> linear_qkv in
+//   Megatron's grouped order (per key/value group g: its NH/NKV query heads, its key head, its value head);
+//   o_proj -> linear_proj; mlp.gate_proj + up_proj -> linear_fc1 = [gate | up]; down_proj -> linear_fc2;
+//   input_layernorm / post_attention_layernorm / norm -> input_layernorm / pre_mlp_layernorm /
+//   final_layernorm; lm_head -> output_layer.weight (padded), or tied to embed_tokens.
+// RoPE: HF rotates channel pairs (c, c + d/2) (rotate_half), which is Loom's default, so q/k rows are kept.
+// With rotary_interleaved Loom pairs (2c, 2c + 1): row 2c of each query/key head is HF row c and row
+// 2c + 1 is HF row c + d/2 (the same permutation of q and k leaves every score unchanged).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "loom/model/gpt.h"
+
+namespace loom {
+
+enum class HfFamily { kGPT2, kLlama };
+const char* hf_family_name(HfFamily f);  // "gpt2", "llama"
+
+// One HF tensor that makes up (part of) a Loom parameter.
+struct HfPart {
+  std::string name;         // full HF name, e.g. "transformer.h.0.attn.c_attn.weight"
+  Shape shape;              // its shape as HF stores it
+  bool transposed = false;  // Conv1D (in, out): its transpose's rows are what gets stacked
+};
+
+// A Loom parameter as a function of HF tensors: the parts' rows (after transposing) are stacked in order,
+// then Loom row r = stacked row row_source[r]; -1 is a zero row (vocabulary padding). 1-D tensors are
+// columns of one element. Every stacked row is used exactly once.
+struct HfParamMap {
+  std::string loom_name;
+  Shape loom_shape;
+  std::vector<HfPart> parts;
+  std::vector<int64_t> row_source;  // size loom_shape[0]
+  std::string note;                 // how the layout changes, for the summary ("transposed, regrouped")
+};
+
+// An HF tensor that repeats another one (a tied lm_head): optional on import, where it must equal the
+// original; not written on export.
+struct HfAlias {
+  std::string name;
+  std::string same_as;
+};
+
+struct HfLayout {
+  HfFamily family = HfFamily::kGPT2;
+  std::vector<HfParamMap> params;  // one per Loom parameter, in GPTModel's declaration order
+  std::vector<HfAlias> aliases;
+  // HF tensors with no Loom counterpart that must be all zeros (Llama's o_proj bias when only q/k/v have
+  // biases, i.e. --add-qkv-bias with --disable-bias-linear): checked and dropped on import, written as
+  // zeros on export so transformers finds every parameter it builds.
+  std::vector<HfPart> zero_tensors;
+};
+
+// The family a config exports to: GPT-2 for learned absolute positions, Llama for RoPE. UserError naming
+// the option when the architecture has no HF counterpart (qk-layernorm, partial RoPE, a LayerNorm Llama, ...).
+HfFamily hf_family_for(const GPTConfig& cfg);
+
+// transformers' default name prefix of the base model: "transformer." (GPT-2) or "model." (Llama).
+const char* hf_default_prefix(HfFamily f);
+
+// The mapping for `cfg` (cfg.padded_vocab_size rows in Loom's vocabulary tables, cfg.vocab_size in HF's).
+// `prefix` goes in front of every name but lm_head's ("" for the Hub's prefix-free GPT-2 files).
+HfLayout hf_layout(const GPTConfig& cfg, const std::string& prefix);
+HfLayout hf_layout(const GPTConfig& cfg);  // with hf_default_prefix
+
+// HF tensors that are not parameters: GPT-2's causal-mask buffers (h.N.attn.bias, h.N.attn.masked_bias)
+// and old Llama files' rotary_emb.inv_freq. Skipped on import.
+bool hf_is_buffer(const std::string& name);
+
+// The grouped qkv permutation: Loom row r of linear_qkv comes from row result[r] of [Q; K; V] (the HF q, k
+// and v rows stacked). rotary_dim > 0 with interleaved: each query/key head's first rotary_dim rows are
+// interleaved as described at the top.
+std::vector<int64_t> hf_qkv_row_source(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                                       bool interleaved = false, int64_t rotary_dim = 0);
+
+// HF -> Loom: fills `out` (f32, host, loom_shape) from the parts (f32, host, each in its HF shape).
+void hf_to_loom(const HfParamMap& m, const std::vector<TensorView>& parts, TensorView out);
+// Loom -> HF: the parts (f32, host, HF shapes) of `loom` (f32, host, loom_shape); padding rows are dropped.
+std::vector<Tensor> loom_to_hf(const HfParamMap& m, TensorView loom);
+
+// One line per kind of mapping, layer numbers folded into '*', with a count:
+//   "transformer.h.*.attn.c_attn.weight -> decoder.layers.*.self_attention.linear_qkv.weight (transposed, regrouped) x2"
+// (Loom names first, pointing at HF's, for an export).
+std::vector<std::string> hf_mapping_summary(const HfLayout& layout, bool to_hf = false);
+
+}  // namespace loom
