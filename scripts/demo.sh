@@ -6,7 +6,8 @@
 # something: the last logged lm loss must be below the unigram entropy of the tokens (the best loss a
 # model that ignores context can reach). Exits non-zero otherwise.
 # Knobs (environment): TRAIN_ITERS (default 400, ~3 minutes on 2 cores), BUILD_DIR (default build),
-# TEXT (default data/sotu.txt), OUT (default out/demo).
+# TEXT (default data/sotu.txt), OUT (default out/demo). Finally `loom generate` samples 40 tokens from
+# the checkpoint.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -82,3 +83,12 @@ awk -v h="$entropy" -v f="$first" -v l="$last" -v v="${valid:-nan}" -v n="$(wc -
   printf "FAIL: final loss %.4f is not below the unigram entropy %.4f\n", l, h
   exit 1
 }'
+
+# Sampling from the trained model: `loom generate` reads the checkpoint --save wrote (KV-cached decoding,
+# text streamed to stdout, tokens/s on stderr).
+echo
+echo "demo: loom generate (40 tokens) from $OUT/checkpoints"
+"$LOOM" generate --load "$OUT/checkpoints" \
+  --tokenizer-type GPT2BPETokenizer --vocab-file data/encoder.json --merge-file data/vocab.bpe \
+  --prompt "Fellow citizens of the Senate and House of Representatives:" \
+  --max-new-tokens 40 --temperature 0.8 --top-k 40 --seed 1234

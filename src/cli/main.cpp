@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "cli/calc_args.h"
+#include "cli/convert_args.h"
+#include "cli/generate_args.h"
 #include "cli/preprocess_args.h"
 #include "loom/data/preprocess.h"
 #include "loom/train/args.h"
@@ -19,7 +21,9 @@ const char* kUsage =
     "commands:\n"
     "  train       pretrain a GPT model (Megatron-LM flags; `loom train --help`)\n"
     "  preprocess  tokenize JSONL into Megatron .bin/.idx files (`loom preprocess --help`)\n"
-    "  calc        parameters, FLOPs, memory per rank and training time from train flags (`loom calc --help`)\n";
+    "  calc        parameters, FLOPs, memory per rank and training time from train flags (`loom calc --help`)\n"
+    "  generate    continue a prompt with a trained checkpoint, KV-cached (`loom generate --help`)\n"
+    "  convert     Hugging Face GPT-2 / Llama directories <-> Loom checkpoints (`loom convert --help`)\n";
 
 int cmd_train(const std::vector<std::string>& args) {
   for (const auto& a : args)
@@ -55,6 +59,26 @@ int cmd_calc(const std::vector<std::string>& args) {
   return 0;
 }
 
+int cmd_generate(const std::vector<std::string>& args) {
+  for (const auto& a : args)
+    if (a == "--help" || a == "-h") {
+      std::cout << loom::generate_help();
+      return 0;
+    }
+  loom::run_generate(loom::parse_generate_args(args), std::cout, std::cerr);
+  return 0;
+}
+
+int cmd_convert(const std::vector<std::string>& args) {
+  for (const auto& a : args)
+    if (a == "--help" || a == "-h") {
+      std::cout << loom::convert_help();
+      return 0;
+    }
+  loom::run_convert(loom::parse_convert_args(args), std::cout);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -68,6 +92,8 @@ int main(int argc, char** argv) {
     if (cmd == "train") return cmd_train(args);
     if (cmd == "preprocess") return cmd_preprocess(args);
     if (cmd == "calc") return cmd_calc(args);
+    if (cmd == "convert") return cmd_convert(args);
+    if (cmd == "generate") return cmd_generate(args);
     std::cerr << "loom: error: unknown command '" << cmd << "'\n" << kUsage;
     return 2;
   } catch (const loom::UserError& e) {

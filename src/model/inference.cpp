@@ -1,0 +1,322 @@
+// InferenceSession: the training forward's op sequence on only the new positions, plus a key/value cache
+// and a single-pass attention of the new queries over it. The op order per layer mirrors
+// GPTModel::forward_layer (ln1, qkv, qk-norm, RoPE, attention, proj, fused residual + ln2, fc1, activation,
+// fc2, residual), so a step reproduces the full forward's values for those rows up to the attention core's
+// rounding. Buffers for a step are reused until the number of new tokens per row changes (prefill, then
+// one token per decode step).
+#include "loom/model/inference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace loom {
+
+namespace {
+
+float load_value(const void* base, DType dt, int64_t i) {
+  switch (dt) {
+    case DType::kF32: return static_cast<const float*>(base)[i];
+    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(base)[i]);
+    case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(base)[i]);
+    default: LOOM_CHECK(false, "[InferenceSession] activations must be f32, bf16 or f16, got ", dtype_name(dt));
+  }
+  return 0.0f;
+}
+
+void store_value(void* base, DType dt, int64_t i, float v) {
+  switch (dt) {
+    case DType::kF32: static_cast<float*>(base)[i] = v; return;
+    case DType::kBF16: static_cast<uint16_t*>(base)[i] = f32_to_bf16(v); return;
+    case DType::kF16: static_cast<uint16_t*>(base)[i] = f32_to_f16(v); return;
+    default: LOOM_CHECK(false, "[InferenceSession] activations must be f32, bf16 or f16, got ", dtype_name(dt));
+  }
+}
+
+}  // namespace
+
+struct InferenceSession::LayerWeights {
+  const Parameter* ln1_w = nullptr;
+  const Parameter* ln1_b = nullptr;
+  const Parameter* qkv_w = nullptr;
+  const Parameter* qkv_b = nullptr;
+  const Parameter* q_norm_w = nullptr;
+  const Parameter* q_norm_b = nullptr;
+  const Parameter* k_norm_w = nullptr;
+  const Parameter* k_norm_b = nullptr;
+  const Parameter* proj_w = nullptr;
+  const Parameter* proj_b = nullptr;
+  const Parameter* ln2_w = nullptr;
+  const Parameter* ln2_b = nullptr;
+  const Parameter* fc1_w = nullptr;
+  const Parameter* fc1_b = nullptr;
+  const Parameter* fc2_w = nullptr;
+  const Parameter* fc2_b = nullptr;
+};
+
+const Parameter* InferenceSession::find_param(const std::string& name) const {
+  for (const Parameter& p : model_.params().all())
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+const Parameter& InferenceSession::param(const std::string& name) const {
+  const Parameter* p = find_param(name);
+  LOOM_CHECK(p != nullptr, "[InferenceSession] the model has no parameter ", name);
+  return *p;
+}
+
+InferenceSession::InferenceSession(const GPTModel& model, const DeviceContext& ctx, int64_t batch, int64_t capacity)
+    : model_(model), cfg_(model.config()), ctx_(ctx), B_(batch), capacity_(capacity), attn_(cfg_.attention_params()) {
+  LOOM_CHECK(ctx.device().is_cpu(), "[InferenceSession] the KV-cached forward runs on the CPU backend, got ",
+             ctx.device().str());
+  LOOM_CHECK(batch >= 1 && capacity >= 1, "[InferenceSession] batch and capacity must be >= 1, got ", batch, ", ",
+             capacity);
+  LOOM_CHECK(cfg_.position_embedding_type == PositionEmbeddingType::kNone || capacity <= cfg_.max_position_embeddings,
+             "[InferenceSession] capacity ", capacity, " exceeds --max-position-embeddings ",
+             cfg_.max_position_embeddings);
+  const bool layernorm = cfg_.normalization == NormKind::kLayerNorm;
+  auto bias = [&](const std::string& name, bool present) { return present ? &param(name) : nullptr; };
+  wte_ = &param("embedding.word_embeddings.weight");
+  if (cfg_.position_embedding_type == PositionEmbeddingType::kLearnedAbsolute)
+    wpe_ = &param("embedding.position_embeddings.weight");
+  for (int64_t l = 0; l < cfg_.num_layers; ++l) {
+    const std::string p = "decoder.layers." + std::to_string(l) + ".";
+    LayerWeights w;
+    w.ln1_w = &param(p + "input_layernorm.weight");
+    w.ln1_b = bias(p + "input_layernorm.bias", layernorm);
+    w.qkv_w = &param(p + "self_attention.linear_qkv.weight");
+    w.qkv_b = bias(p + "self_attention.linear_qkv.bias", cfg_.qkv_bias());
+    if (cfg_.qk_layernorm) {
+      w.q_norm_w = &param(p + "self_attention.q_layernorm.weight");
+      w.q_norm_b = bias(p + "self_attention.q_layernorm.bias", layernorm);
+      w.k_norm_w = &param(p + "self_attention.k_layernorm.weight");
+      w.k_norm_b = bias(p + "self_attention.k_layernorm.bias", layernorm);
+    }
+    w.proj_w = &param(p + "self_attention.linear_proj.weight");
+    w.proj_b = bias(p + "self_attention.linear_proj.bias", cfg_.add_bias_linear);
+    w.ln2_w = &param(p + "pre_mlp_layernorm.weight");
+    w.ln2_b = bias(p + "pre_mlp_layernorm.bias", layernorm);
+    w.fc1_w = &param(p + "mlp.linear_fc1.weight");
+    w.fc1_b = bias(p + "mlp.linear_fc1.bias", cfg_.add_bias_linear);
+    w.fc2_w = &param(p + "mlp.linear_fc2.weight");
+    w.fc2_b = bias(p + "mlp.linear_fc2.bias", cfg_.add_bias_linear);
+    layers_.push_back(w);
+  }
+  lnf_w_ = &param("decoder.final_layernorm.weight");
+  lnf_b_ = bias("decoder.final_layernorm.bias", layernorm);
+  out_w_ = cfg_.untie_embeddings_and_output_weights ? &param("output_layer.weight") : wte_;
+  if (cfg_.position_embedding_type == PositionEmbeddingType::kRope)
+    rope_ = std::make_unique<RotaryEmbedding>(ctx, cfg_.rotary_options(), cfg_.max_position_embeddings);
+
+  const int64_t NKV = cfg_.num_kv_heads(), HS = cfg_.head_dim();
+  for (int64_t l = 0; l < cfg_.num_layers; ++l) {
+    k_cache_.push_back(ctx.empty({B_, NKV, capacity_, HS}, DType::kF32));
+    v_cache_.push_back(ctx.empty({B_, NKV, capacity_, HS}, DType::kF32));
+  }
+  last_ = ctx.empty({B_, cfg_.hidden_size}, model.params().compute_dtype());
+  lnf_ = ctx.empty({B_, cfg_.hidden_size}, model.params().compute_dtype());
+  logits_c_ = ctx.empty({B_, cfg_.padded_vocab_size}, model.params().compute_dtype());
+  logits_ = ctx.empty({B_, cfg_.padded_vocab_size}, DType::kF32);
+}
+
+InferenceSession::~InferenceSession() = default;
+
+int64_t InferenceSession::cache_bytes() const {
+  int64_t n = 0;
+  for (const Tensor& t : k_cache_) n += t.nbytes();
+  for (const Tensor& t : v_cache_) n += t.nbytes();
+  return n;
+}
+
+void InferenceSession::ensure_step_buffers(int64_t Tn) {
+  if (Tn == step_tn_) return;
+  const int64_t N = B_ * Tn, C = cfg_.hidden_size, NH = cfg_.num_attention_heads, HS = cfg_.head_dim();
+  const int64_t F = cfg_.ffn_hidden_size(), F1 = (cfg_.gated_mlp() ? 2 : 1) * F;
+  const DType cd = model_.params().compute_dtype();
+  positions_ = ctx_.empty({B_, Tn}, DType::kI32);
+  tokens_ = ctx_.empty({B_, Tn}, DType::kI32);
+  x_ = ctx_.empty({N, C}, cd);
+  h_ = ctx_.empty({N, C}, cd);
+  qkv_ = ctx_.empty({B_, Tn, cfg_.qkv_size()}, cd);
+  att_ = ctx_.empty({N, NH * HS}, cd);
+  branch_ = ctx_.empty({N, C}, cd);
+  res2_ = ctx_.empty({N, C}, cd);
+  fc_ = ctx_.empty({N, F1}, cd);
+  act_ = ctx_.empty({N, F}, cd);
+  out_ = ctx_.empty({N, C}, cd);
+  if (cfg_.qk_layernorm) {
+    heads_ = ctx_.empty({N * NH, HS}, cd);
+    heads_out_ = ctx_.empty({N * NH, HS}, cd);
+  }
+  mean_ = ctx_.empty({N * std::max<int64_t>(NH, 1)}, DType::kF32);
+  rstd_ = ctx_.empty({N * std::max<int64_t>(NH, 1)}, DType::kF32);
+  step_tn_ = Tn;
+}
+
+void InferenceSession::norm(TensorView out, TensorView inp, const Parameter& w, const Parameter* b) const {
+  const int64_t C = inp.size(inp.ndim() - 1), N = inp.numel() / C;
+  const TensorView x = inp.reshape({N, C}), y = out.reshape({N, C});
+  if (cfg_.normalization == NormKind::kRMSNorm) {
+    ctx_.ops().rmsnorm_forward(y, rstd_.view().slice_flat(0, {N}), x, w.compute, cfg_.layernorm_epsilon);
+  } else {
+    ctx_.ops().layernorm_forward(y, mean_.view().slice_flat(0, {N}), rstd_.view().slice_flat(0, {N}), x, w.compute,
+                                 b->compute, cfg_.layernorm_epsilon);
+  }
+}
+
+void InferenceSession::norm_residual(TensorView residual, TensorView out, TensorView a, TensorView b,
+                                     const Parameter& w, const Parameter* bias) const {
+  const int64_t N = a.size(0);
+  if (cfg_.normalization == NormKind::kRMSNorm) {
+    ctx_.ops().residual_rmsnorm_forward(residual, out, rstd_.view().slice_flat(0, {N}), a, b, w.compute,
+                                        cfg_.layernorm_epsilon);
+  } else {
+    ctx_.ops().residual_layernorm_forward(residual, out, mean_.view().slice_flat(0, {N}),
+                                          rstd_.view().slice_flat(0, {N}), a, b, w.compute, bias->compute,
+                                          cfg_.layernorm_epsilon);
+  }
+}
+
+// Per-head norms of the q and k heads of the N new rows: each kind is gathered into contiguous (rows, HS)
+// rows (query heads in head order, key heads in group order, as QKNorm does), normalised, scattered back.
+void InferenceSession::qk_norm(TensorView qkv, const LayerWeights& w, int64_t rows) const {
+  const int64_t NKV = attn_.num_kv_heads, G = attn_.num_heads / attn_.num_kv_heads, HS = attn_.head_dim;
+  const int64_t row = NKV * (G + 2) * HS;
+  for (const bool query : {true, false}) {
+    const int64_t chunk = (query ? G : 1) * HS, first = query ? 0 : G * HS, n = rows * NKV * chunk / HS;
+    const TensorView packed = heads_.view().slice_flat(0, {n, HS}), normed = heads_out_.view().slice_flat(0, {n, HS});
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t g = 0; g < NKV; ++g)
+        ctx_.copy(packed.slice_flat((i * NKV + g) * chunk, {chunk}),
+                  qkv.slice_flat(i * row + g * (G + 2) * HS + first, {chunk}));
+    norm(normed, packed, query ? *w.q_norm_w : *w.k_norm_w, query ? w.q_norm_b : w.k_norm_b);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t g = 0; g < NKV; ++g)
+        ctx_.copy(qkv.slice_flat(i * row + g * (G + 2) * HS + first, {chunk}),
+                  normed.slice_flat((i * NKV + g) * chunk, {chunk}));
+  }
+}
+
+// Appends the new rows' key and value heads (after qk-norm and RoPE) at positions [length_, length_ + Tn).
+void InferenceSession::append_kv(int64_t layer, TensorView qkv, int64_t Tn) const {
+  const int64_t NKV = attn_.num_kv_heads, G = attn_.num_heads / NKV, HS = attn_.head_dim, row = NKV * (G + 2) * HS;
+  float* kc = k_cache_[size_t(layer)].data<float>();
+  float* vc = v_cache_[size_t(layer)].data<float>();
+  const void* src = qkv.raw();
+  const DType dt = qkv.dtype();
+  for (int64_t b = 0; b < B_; ++b)
+    for (int64_t t = 0; t < Tn; ++t)
+      for (int64_t g = 0; g < NKV; ++g) {
+        const int64_t s = (b * Tn + t) * row + g * (G + 2) * HS + G * HS;
+        const int64_t d = ((b * NKV + g) * capacity_ + length_ + t) * HS;
+        for (int64_t c = 0; c < HS; ++c) {
+          kc[d + c] = load_value(src, dt, s + c);
+          vc[d + c] = load_value(src, dt, s + HS + c);
+        }
+      }
+}
+
+// out (B·Tn, NH·HS): new query t of row b sits at position p = length_ + t and attends to the cached keys
+// j with max(0, p - window + 1) <= j <= p (all of [0, p] without a window); query head h reads key/value
+// head h / G. Softmax in f32 with the maximum subtracted; each (b, t, h) is independent, so the result does
+// not depend on the thread count.
+void InferenceSession::cached_attention(int64_t layer, TensorView out, TensorView qkv, int64_t Tn) const {
+  const int64_t NH = attn_.num_heads, NKV = attn_.num_kv_heads, G = NH / NKV, HS = attn_.head_dim;
+  const int64_t row = NKV * (G + 2) * HS, cap = capacity_, len = length_;
+  const float* kc = k_cache_[size_t(layer)].data<float>();
+  const float* vc = v_cache_[size_t(layer)].data<float>();
+  const void* src = qkv.raw();
+  void* dst = out.raw();
+  const DType dt = qkv.dtype(), odt = out.dtype();
+  const float scale = attn_.softmax_scale;
+  const int64_t window = attn_.window;
+  const int64_t total = B_ * Tn * NH;
+#pragma omp parallel
+  {
+    std::vector<float> q(static_cast<size_t>(HS)), acc(static_cast<size_t>(HS)), scores(static_cast<size_t>(len + Tn));
+#pragma omp for schedule(static)
+    for (int64_t idx = 0; idx < total; ++idx) {
+      const int64_t h = idx % NH, t = (idx / NH) % Tn, b = idx / (NH * Tn);
+      const int64_t g = h / G, pos = len + t;
+      const int64_t lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+      const int64_t qoff = (b * Tn + t) * row + g * (G + 2) * HS + (h % G) * HS;
+      for (int64_t c = 0; c < HS; ++c) q[size_t(c)] = load_value(src, dt, qoff + c);
+      const float* kb = kc + (b * NKV + g) * cap * HS;
+      const float* vb = vc + (b * NKV + g) * cap * HS;
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t j = lo; j <= pos; ++j) {
+        float s = 0.0f;
+        const float* k = kb + j * HS;
+        for (int64_t c = 0; c < HS; ++c) s += q[size_t(c)] * k[c];
+        s *= scale;
+        scores[size_t(j)] = s;
+        mx = std::max(mx, s);
+      }
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      float sum = 0.0f;
+      for (int64_t j = lo; j <= pos; ++j) {
+        const float e = std::exp(scores[size_t(j)] - mx);
+        sum += e;
+        const float* v = vb + j * HS;
+        for (int64_t c = 0; c < HS; ++c) acc[size_t(c)] += e * v[c];
+      }
+      const float inv = 1.0f / sum;
+      const int64_t ooff = (b * Tn + t) * NH * HS + h * HS;
+      for (int64_t c = 0; c < HS; ++c) store_value(dst, odt, ooff + c, acc[size_t(c)] * inv);
+    }
+  }
+}
+
+TensorView InferenceSession::forward(TensorView tokens) {
+  LOOM_CHECK(tokens.ndim() == 2 && tokens.size(0) == B_ && tokens.dtype() == DType::kI32 && tokens.device().is_cpu(),
+             "[InferenceSession] tokens must be host i32 (", B_, ", Tn), got ", tokens.desc());
+  const int64_t Tn = tokens.size(1), N = B_ * Tn;
+  LOOM_CHECK(Tn >= 1 && length_ + Tn <= capacity_, "[InferenceSession] ", Tn, " new tokens do not fit: ", length_,
+             " of ", capacity_, " positions are used");
+  const int32_t* tp = tokens.data<int32_t>();
+  for (int64_t i = 0; i < N; ++i)
+    LOOM_CHECK(tp[i] >= 0 && tp[i] < cfg_.padded_vocab_size, "[InferenceSession] token id ", tp[i],
+               " is outside the vocabulary [0, ", cfg_.padded_vocab_size, ")");
+  ensure_step_buffers(Tn);
+  ctx_.copy(tokens_, tokens);
+  int32_t* pp = positions_.data<int32_t>();
+  for (int64_t b = 0; b < B_; ++b)
+    for (int64_t t = 0; t < Tn; ++t) pp[b * Tn + t] = int32_t(length_ + t);
+
+  const OpTable& ops = ctx_.ops();
+  const int64_t C = cfg_.hidden_size;
+  ops.embedding_forward(x_.reshape({B_, Tn, C}), tokens_, wte_->compute,
+                        wpe_ ? TensorView(wpe_->compute) : TensorView(), positions_);
+  for (int64_t l = 0; l < cfg_.num_layers; ++l) {
+    const LayerWeights& w = layers_[size_t(l)];
+    auto bias = [](const Parameter* p) { return p ? TensorView(p->compute) : TensorView(); };
+    norm(h_, x_, *w.ln1_w, w.ln1_b);
+    ops.matmul_forward(qkv_.reshape({N, cfg_.qkv_size()}), h_, w.qkv_w->compute, bias(w.qkv_b));
+    if (cfg_.qk_layernorm) qk_norm(qkv_, w, N);
+    if (rope_) rope_->forward(ctx_, qkv_, attn_, positions_);
+    append_kv(l, qkv_, Tn);
+    cached_attention(l, att_, qkv_, Tn);
+    ops.matmul_forward(branch_, att_, w.proj_w->compute, bias(w.proj_b));
+    norm_residual(res2_, h_, x_, branch_, *w.ln2_w, w.ln2_b);
+    ops.matmul_forward(fc_, h_, w.fc1_w->compute, bias(w.fc1_b));
+    switch (cfg_.activation) {
+      case MlpActivation::kGeLU: ops.gelu_forward(act_, fc_); break;
+      case MlpActivation::kSwiGLU: ops.glu_forward(act_, fc_, GluKind::kSwiGLU); break;
+      case MlpActivation::kGeGLU: ops.glu_forward(act_, fc_, GluKind::kGeGLU); break;
+      case MlpActivation::kReGLU: ops.glu_forward(act_, fc_, GluKind::kReGLU); break;
+    }
+    ops.matmul_forward(out_, act_, w.fc2_w->compute, bias(w.fc2_b));
+    ops.residual_forward(x_, out_, res2_);  // the next layer's input
+  }
+  length_ += Tn;
+  for (int64_t b = 0; b < B_; ++b)
+    ctx_.copy(last_.view().slice_flat(b * C, {C}), x_.view().slice_flat((b * Tn + Tn - 1) * C, {C}));
+  norm(lnf_, last_, *lnf_w_, lnf_b_);
+  ops.matmul_forward(logits_c_, lnf_, out_w_->compute, TensorView());
+  if (logits_c_.dtype() == DType::kF32) return logits_c_;
+  ops.cast(logits_, logits_c_);
+  return logits_;
+}
+
+}  // namespace loom
