@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "loom/ckpt/checkpoint.h"
+#include "train/checkpoint_format.h"
 #include "train/trainer_impl.h"
 
 namespace fs = std::filesystem;
@@ -26,8 +27,8 @@ namespace {
 using nlohmann::json;
 
 // The trainer's metadata.json format (trainer_checkpoint.cpp writes and reads the same keys).
-constexpr const char* kLoomFormat = "loom-checkpoint";
-constexpr int kLoomFormatVersion = 1;
+constexpr const char* kLoomFormat = kCheckpointFormat;
+constexpr int kLoomFormatVersion = kCheckpointFormatVersion;
 constexpr const char* kWordEmbedding = "embedding.word_embeddings.weight";
 
 // A float printed with the fewest digits that read back as the same float (1e-06, not 9.99999997e-07).
@@ -77,35 +78,6 @@ MlpActivation parse_activation(const std::string& s, const std::string& file) {
   user_error(file, ": model_config activation '", s, "' is not one of gelu, swiglu, geglu, reglu");
 }
 
-// The keys of the trainer's model_config (trainer_checkpoint.cpp); a test checks the two agree.
-json model_config_to_json(const GPTConfig& m) {
-  return {{"num_layers", m.num_layers},
-          {"hidden_size", m.hidden_size},
-          {"num_attention_heads", m.num_attention_heads},
-          {"max_position_embeddings", m.max_position_embeddings},
-          {"vocab_size", m.vocab_size},
-          {"padded_vocab_size", m.padded_vocab_size},
-          {"ffn_hidden_size", m.ffn_hidden_size()},
-          {"layernorm_epsilon", m.layernorm_epsilon},
-          {"init_method_std", m.init_method_std},
-          {"hidden_dropout", m.hidden_dropout},
-          {"attention_dropout", m.attention_dropout},
-          {"normalization", norm_kind_name(m.normalization)},
-          {"activation", mlp_activation_name(m.activation)},
-          {"kv_channels", m.head_dim()},
-          {"num_query_groups", m.num_kv_heads()},
-          {"add_bias_linear", m.add_bias_linear},
-          {"add_qkv_bias", m.add_qkv_bias},
-          {"untie_embeddings_and_output_weights", m.untie_embeddings_and_output_weights},
-          {"position_embedding_type", position_embedding_type_name(m.position_embedding_type)},
-          {"rotary_base", m.rotary_base},
-          {"rotary_percent", m.rotary_percent},
-          {"rotary_interleaved", m.rotary_interleaved},
-          {"use_rope_scaling", m.use_rope_scaling},
-          {"rope_scaling_factor", m.rope_scaling_factor},
-          {"window_size", m.window_size_left < 0 ? json(nullptr) : json::array({m.window_size_left, 0})},
-          {"qk_layernorm", m.qk_layernorm}};
-}
 
 // Checkpoints written before the architecture fields existed are GPT-2: a missing field keeps the default.
 GPTConfig model_config_from_json(const json& j, const std::string& file) {
@@ -583,7 +555,7 @@ void convert_hf_to_loom(const std::string& hf_dir, const std::string& loom_root,
   meta["consumed_train_samples"] = 0;
   meta["consumed_valid_samples"] = 0;
   meta["consumed_tokens"] = 0;
-  meta["model_config"] = model_config_to_json(cfg);
+  meta["model_config"] = model_config_json(cfg);
   meta["precision"] = "fp32";
   meta["files"] = {{"model", "model.safetensors"}};
   json src = {{"format", "huggingface"}, {"model_type", hf.config().model_type}, {"dir", hf_dir}};

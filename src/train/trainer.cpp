@@ -18,6 +18,7 @@
 #include <ctime>
 
 #include "loom/data/mock_dataset.h"
+#include "loom/train/model_io.h"
 #include "train/trainer_impl.h"
 
 namespace loom {
@@ -509,6 +510,10 @@ TrainResult Trainer::run() {
   B_ = cfg_.batch.micro_batch_size;
   T_ = cfg_.batch.seq_length;
   dropout_seed_ = cfg_.seed;
+  // Cheap checks of --load before any data or model is built.
+  if (!cfg_.checkpoint.load.empty() && is_hf_model_dir(cfg_.checkpoint.load) && !cfg_.checkpoint.finetune)
+    user_error("--load ", cfg_.checkpoint.load, " is a Hugging Face model directory (config.json), which holds "
+               "weights only; add --finetune to start from them at iteration 0");
 
   build_data();
   log_ << "using world size: " << ps_->world_size() << ", data-parallel size: " << dp_

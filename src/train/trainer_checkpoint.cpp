@@ -16,6 +16,7 @@
 
 #include "loom/ckpt/checkpoint.h"
 #include "loom/train/model_io.h"
+#include "train/checkpoint_format.h"
 #include "train/trainer_impl.h"
 
 namespace loom {
@@ -23,37 +24,9 @@ namespace loom {
 namespace {
 
 using nlohmann::json;
-constexpr const char* kFormat = "loom-checkpoint";
-constexpr int kFormatVersion = 1;
+constexpr const char* kFormat = kCheckpointFormat;
+constexpr int kFormatVersion = kCheckpointFormatVersion;
 
-json model_config_json(const GPTConfig& m) {
-  return {{"num_layers", m.num_layers},
-          {"hidden_size", m.hidden_size},
-          {"num_attention_heads", m.num_attention_heads},
-          {"max_position_embeddings", m.max_position_embeddings},
-          {"vocab_size", m.vocab_size},
-          {"padded_vocab_size", m.padded_vocab_size},
-          {"ffn_hidden_size", m.ffn_hidden_size()},
-          {"layernorm_epsilon", m.layernorm_epsilon},
-          {"init_method_std", m.init_method_std},
-          {"hidden_dropout", m.hidden_dropout},
-          {"attention_dropout", m.attention_dropout},
-          {"normalization", norm_kind_name(m.normalization)},
-          {"activation", mlp_activation_name(m.activation)},
-          {"kv_channels", m.head_dim()},
-          {"num_query_groups", m.num_kv_heads()},
-          {"add_bias_linear", m.add_bias_linear},
-          {"add_qkv_bias", m.add_qkv_bias},
-          {"untie_embeddings_and_output_weights", m.untie_embeddings_and_output_weights},
-          {"position_embedding_type", position_embedding_type_name(m.position_embedding_type)},
-          {"rotary_base", m.rotary_base},
-          {"rotary_percent", m.rotary_percent},
-          {"rotary_interleaved", m.rotary_interleaved},
-          {"use_rope_scaling", m.use_rope_scaling},
-          {"rope_scaling_factor", m.rope_scaling_factor},
-          {"window_size", m.window_size_left < 0 ? json(nullptr) : json::array({m.window_size_left, 0})},
-          {"qk_layernorm", m.qk_layernorm}};
-}
 
 // The checkpoint must hold the same architecture; the first difference names the flag that sets it.
 // Checkpoints written before a field existed lack it and were GPT-2 models: a missing architecture field

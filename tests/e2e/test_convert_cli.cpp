@@ -21,6 +21,8 @@
 #include "loom/train/args.h"
 #include "loom/train/trainer.h"
 
+#include "e2e_util.h"
+
 namespace fs = std::filesystem;
 using namespace loom;
 
@@ -30,49 +32,15 @@ const std::string kFixtures = LOOM_FIXTURE_DIR;
 const std::string kGpt2 = kFixtures + "/hf_gpt2";
 const std::string kLlama = kFixtures + "/hf_llama";
 
-class TempDir {
- public:
-  TempDir() {
-    static int counter = 0;
-    const fs::path base = fs::is_directory("/dev/shm") ? fs::path("/dev/shm") : fs::temp_directory_path();
-    path_ = base / ("loom_convert_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
+using e2e::CliResult;
+using e2e::run_loom;
+using e2e::TempDir;
 
- private:
-  fs::path path_;
-};
+std::string slurp(const std::string& path) { return e2e::read_file(path); }
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-struct CliRun {
-  int code = -1;
-  std::string out, err;
-};
-
-CliRun run_loom(const std::string& args) {
-  TempDir io;
-  const std::string cmd = std::string(LOOM_BINARY) + " " + args + " >" + (io / "out") + " 2>" + (io / "err");
-  const int status = std::system(cmd.c_str());
-  CliRun r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = slurp(io / "out");
-  r.err = slurp(io / "err");
-  return r;
-}
-
-void expect_one_line_error(const CliRun& r, const std::string& cmd, const std::string& needle) {
+// One error line from `loom <cmd>`: exit 2, the command's error prefix and `needle`. stdout may hold the
+// lines a run printed before the error (e.g. `train` reaching --load after building the model).
+void expect_one_line_error(const CliResult& r, const std::string& cmd, const std::string& needle) {
   EXPECT_EQ(r.code, 2) << r.out << r.err;
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   EXPECT_NE(r.err.find("loom " + cmd + ": error: "), std::string::npos) << r.err;
@@ -104,7 +72,7 @@ TrainResult train_in_process(const std::vector<std::string>& extra) {
 
 TEST(ConvertCli, Gpt2RoundTripIsByteIdentical) {
   TempDir tmp;
-  const CliRun a = run_loom("convert --from hf:" + kGpt2 + " --to loom:" + (tmp / "ck"));
+  const CliResult a = run_loom("convert --from hf:" + kGpt2 + " --to loom:" + (tmp / "ck"));
   ASSERT_EQ(a.code, 0) << a.err;
   EXPECT_TRUE(a.err.empty()) << a.err;
   EXPECT_NE(a.out.find("transformer.h.*.attn.c_attn.weight -> decoder.layers.*.self_attention.linear_qkv.weight "
@@ -116,7 +84,7 @@ TEST(ConvertCli, Gpt2RoundTripIsByteIdentical) {
       << a.out;
   EXPECT_TRUE(fs::is_regular_file(tmp / "ck/iter_0000000/model.safetensors"));
   EXPECT_EQ(slurp(tmp / "ck/latest_checkpointed_iteration.txt"), "0");
-  const CliRun b = run_loom("convert --from loom:" + (tmp / "ck") + " --to hf:" + (tmp / "hf"));
+  const CliResult b = run_loom("convert --from loom:" + (tmp / "ck") + " --to hf:" + (tmp / "hf"));
   ASSERT_EQ(b.code, 0) << b.err;
   EXPECT_EQ(slurp(tmp / "hf/model.safetensors"), slurp(kGpt2 + "/model.safetensors"));
   EXPECT_NE(slurp(tmp / "hf/config.json").find("\"model_type\": \"gpt2\""), std::string::npos);
@@ -125,7 +93,7 @@ TEST(ConvertCli, Gpt2RoundTripIsByteIdentical) {
 TEST(ConvertCli, LlamaShardedAndBf16) {
   TempDir tmp;
   ASSERT_EQ(run_loom("convert --from hf:" + kLlama + " --to loom:" + (tmp / "ck")).code, 0);
-  const CliRun sharded = run_loom("convert --from loom:" + (tmp / "ck/iter_0000000") + " --to hf:" + (tmp / "hf") +
+  const CliResult sharded = run_loom("convert --from loom:" + (tmp / "ck/iter_0000000") + " --to hf:" + (tmp / "hf") +
                            " --max-shard-size 40KB");
   ASSERT_EQ(sharded.code, 0) << sharded.err;
   EXPECT_TRUE(fs::is_regular_file(tmp / "hf/model.safetensors.index.json"));
@@ -142,7 +110,7 @@ TEST(ConvertCli, LlamaShardedAndBf16) {
         << n;
   }
 
-  const CliRun bf16 = run_loom("convert --from loom:" + (tmp / "ck") + " --to hf:" + (tmp / "bf16") + " --dtype bf16");
+  const CliResult bf16 = run_loom("convert --from loom:" + (tmp / "ck") + " --to hf:" + (tmp / "bf16") + " --dtype bf16");
   ASSERT_EQ(bf16.code, 0) << bf16.err;
   const HfCheckpoint c = HfCheckpoint::open(tmp / "bf16");
   EXPECT_EQ(c.config().torch_dtype, "bfloat16");
@@ -170,13 +138,13 @@ TEST(ConvertCli, BadInvocationsFailWithOneLine) {
                         "neither a Hugging Face model directory");
   expect_one_line_error(run_loom("convert --from hf:" + kGpt2 + " --to loom:" + (tmp / "w") + " --rotary-interleaved"),
                         "convert", "--rotary-interleaved needs a RoPE model");
-  const CliRun help = run_loom("convert --help");
+  const CliResult help = run_loom("convert --help");
   EXPECT_EQ(help.code, 0);
   EXPECT_NE(help.out.find("--max-shard-size"), std::string::npos) << help.out;
 }
 
 TEST(ConvertCli, TrainFinetunesFromAnHfDirectory) {
-  const CliRun r = run_loom("train " + join(kGpt2Train) + "--load " + kGpt2 + " --finetune");
+  const CliResult r = run_loom("train " + join(kGpt2Train) + "--load " + kGpt2 + " --finetune");
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("successfully loaded Hugging Face model from " + kGpt2), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("iteration        2/       2"), std::string::npos) << r.out;

@@ -16,45 +16,28 @@
 #include <string>
 #include <vector>
 
+#include "e2e_util.h"
+
 namespace fs = std::filesystem;
 
 namespace {
 
-struct CliResult {
-  int code = -1;
-  std::string out, err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using loom::e2e::CliResult;
+using loom::e2e::expect_one_line_error;
 
 fs::path work_dir() {
   static const fs::path dir = fs::temp_directory_path() / ("loom_e2e_generate_" + std::to_string(::getpid()));
   return dir;
 }
 
-CliResult loom(const std::string& args) {
-  const fs::path out = work_dir() / "stdout", err = work_dir() / "stderr";
-  const std::string cmd = "cd " + work_dir().string() + " && OMP_NUM_THREADS=1 " + LOOM_BINARY + " " + args + " >" +
-                          out.string() + " 2>" + err.string();
-  const int status = std::system(cmd.c_str());
-  CliResult r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
-}
+CliResult run(const std::string& args) { return loom::e2e::run_loom(args, work_dir().string()); }
 
 // Trains once per vocabulary; returns the checkpoint dir.
 std::string trained(int64_t vocab) {
   const fs::path ckpt = work_dir() / ("ckpt_v" + std::to_string(vocab));
   if (fs::exists(ckpt / "latest_checkpointed_iteration.txt")) return ckpt.string();
   fs::create_directories(work_dir());
-  const CliResult r = loom(
+  const CliResult r = run(
       "train --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --max-position-embeddings 32 "
       "--micro-batch-size 2 --train-iters 5 --lr 1e-3 --mock-data --vocab-size " +
       std::to_string(vocab) + " --save " + ckpt.string());
@@ -62,12 +45,6 @@ std::string trained(int64_t vocab) {
   return ckpt.string();
 }
 
-void expect_one_line_error(const CliResult& r, const std::string& needle) {
-  EXPECT_EQ(r.code, 2);
-  EXPECT_TRUE(r.out.empty()) << r.out;
-  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-  EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
-}
 
 class GenerateCli : public ::testing::Test {
  protected:
@@ -80,7 +57,7 @@ const std::string kNull = " --tokenizer-type NullTokenizer --vocab-size 99 ";
 
 TEST_F(GenerateCli, GeneratesFromATrainedCheckpoint) {
   const std::string ckpt = trained(100);
-  const CliResult r = loom("generate --load " + ckpt + kNull + "--prompt '5 6 7' --max-new-tokens 8 --seed 3");
+  const CliResult r = run("generate --load " + ckpt + kNull + "--prompt '5 6 7' --max-new-tokens 8 --seed 3");
   ASSERT_EQ(r.code, 0) << r.err;
   // "5 6 7" then up to 8 ids (fewer if EOD = 99 came first), one line.
   ASSERT_EQ(r.out.rfind("5 6 7 ", 0), 0u) << r.out;
@@ -96,10 +73,10 @@ TEST_F(GenerateCli, GeneratesFromATrainedCheckpoint) {
   EXPECT_LE(n, 3 + 8);
   EXPECT_NE(r.err.find("tokens/s"), std::string::npos) << r.err;
   // Same seed, same text; greedy is the same with and without the KV cache.
-  EXPECT_EQ(loom("generate --load " + ckpt + kNull + "--prompt '5 6 7' --max-new-tokens 8 --seed 3").out, r.out);
+  EXPECT_EQ(run("generate --load " + ckpt + kNull + "--prompt '5 6 7' --max-new-tokens 8 --seed 3").out, r.out);
   const std::string greedy =
       "generate --load " + ckpt + kNull + "--prompt '1 2 3 4' --max-new-tokens 12 --temperature 0";
-  const CliResult cached = loom(greedy), full = loom(greedy + " --no-kv-cache");
+  const CliResult cached = run(greedy), full = run(greedy + " --no-kv-cache");
   ASSERT_EQ(cached.code, 0) << cached.err;
   EXPECT_EQ(cached.out, full.out);
   EXPECT_NE(full.err.find("no KV cache"), std::string::npos) << full.err;
@@ -108,7 +85,7 @@ TEST_F(GenerateCli, GeneratesFromATrainedCheckpoint) {
 TEST_F(GenerateCli, PromptFileIsABatch) {
   const std::string ckpt = trained(100);
   std::ofstream(work_dir() / "prompts.txt") << "1 2 3\n\n40 41\n7\n";
-  const CliResult r = loom("generate --load " + ckpt + kNull +
+  const CliResult r = run("generate --load " + ckpt + kNull +
                            "--prompt-file prompts.txt --max-new-tokens 4 --temperature 0 --bf16");
   ASSERT_EQ(r.code, 0) << r.err;
   std::istringstream lines(r.out);
@@ -124,19 +101,19 @@ TEST_F(GenerateCli, PromptFileIsABatch) {
 
 TEST_F(GenerateCli, ErrorsBeforeAnyWork) {
   const std::string ckpt = trained(100);
-  expect_one_line_error(loom("generate" + kNull + "--prompt '1 2'"), "--load");
-  expect_one_line_error(loom("generate --load " + ckpt + kNull), "--prompt");
-  expect_one_line_error(loom("generate --load " + (work_dir() / "nope").string() + kNull + "--prompt '1'"),
+  expect_one_line_error(run("generate" + kNull + "--prompt '1 2'"), "--load");
+  expect_one_line_error(run("generate --load " + ckpt + kNull), "--prompt");
+  expect_one_line_error(run("generate --load " + (work_dir() / "nope").string() + kNull + "--prompt '1'"),
                         "not a directory");
   std::string long_prompt;
   for (int i = 0; i < 40; ++i) long_prompt += std::to_string(i) + " ";
-  expect_one_line_error(loom("generate --load " + ckpt + kNull + "--prompt '" + long_prompt + "'"),
+  expect_one_line_error(run("generate --load " + ckpt + kNull + "--prompt '" + long_prompt + "'"),
                         "--max-position-embeddings");
   expect_one_line_error(
-      loom("generate --load " + ckpt + " --tokenizer-type NullTokenizer --vocab-size 500 --prompt '1'"),
+      run("generate --load " + ckpt + " --tokenizer-type NullTokenizer --vocab-size 500 --prompt '1'"),
       "vocabulary of 100");
-  expect_one_line_error(loom("generate --load " + ckpt + kNull + "--prompt '1' --top-p 2"), "--top-p");
-  expect_one_line_error(loom("generate --load " + ckpt + kNull + "--prompt '1' --temprature 0"),
+  expect_one_line_error(run("generate --load " + ckpt + kNull + "--prompt '1' --top-p 2"), "--top-p");
+  expect_one_line_error(run("generate --load " + ckpt + kNull + "--prompt '1' --temprature 0"),
                         "did you mean --temperature");
 }
 
@@ -147,11 +124,11 @@ TEST_F(GenerateCli, Gpt2Tokenizer) {
   const std::string ckpt = trained(50257);
   const std::string tok = " --tokenizer-type GPT2BPETokenizer --vocab-file " + (data / "encoder.json").string() +
                           " --merge-file " + (data / "vocab.bpe").string() + " ";
-  const CliResult r = loom("generate --load " + ckpt + tok + "--prompt 'The state of the' --max-new-tokens 6");
+  const CliResult r = run("generate --load " + ckpt + tok + "--prompt 'The state of the' --max-new-tokens 6");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out.rfind("The state of the", 0), 0u) << r.out;
   EXPECT_GT(r.out.size(), std::string("The state of the\n").size());
   EXPECT_NE(r.err.find("tokens/s"), std::string::npos);
   // The 100-token mock model cannot take GPT-2's 50257 tokens.
-  expect_one_line_error(loom("generate --load " + trained(100) + tok + "--prompt 'hi'"), "vocabulary of 100");
+  expect_one_line_error(run("generate --load " + trained(100) + tok + "--prompt 'hi'"), "vocabulary of 100");
 }
