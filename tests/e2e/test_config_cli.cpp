@@ -40,6 +40,21 @@ TEST(ConfigCli, Gpt2PresetsGiveThePublishedParameterCounts) {
   }
 }
 
+// Published parameter counts of the Llama-family checkpoints (Hugging Face model cards / safetensors
+// metadata): the presets build exactly those architectures (vocabulary padding is a no-op for these
+// vocabularies, which are multiples of 128).
+TEST(ConfigCli, LlamaPresetsGiveThePublishedParameterCounts) {
+  const std::pair<const char*, const char*> expect[] = {
+      {"llama2-7b", "6,738,415,616"},      {"llama2-13b", "13,015,864,320"},   {"llama2-70b", "68,976,648,192"},
+      {"llama3-8b", "8,030,261,248"},      {"llama3.1-8b", "8,030,261,248"},   {"llama3-70b", "70,553,706,496"},
+      {"llama3.1-70b", "70,553,706,496"},  {"llama3.1-405b", "405,853,388,800"}, {"mistral-7b", "7,241,732,096"}};
+  for (const auto& [name, params] : expect) {
+    const CliResult r = run(std::string("calc --config configs/") + name + ".yaml");
+    EXPECT_EQ(r.code, 0) << name << ": " << r.err;
+    EXPECT_EQ(exact_params(r.out), params) << name << "\n" << r.out;
+  }
+}
+
 TEST(ConfigCli, ExplicitFlagsOverrideThePreset) {
   // gpt2-124m's file with gpt2-350m's shape on the command line is gpt2-350m.
   const CliResult r = run("calc --config=configs/gpt2-124m.yaml --num-layers 24 --hidden-size 1024 --num-attention-heads 16");
