@@ -317,6 +317,11 @@ TrainConfig parse_train_args(const std::vector<std::string>& args) {
   return cfg;
 }
 
-std::string train_help() { return specs_help("usage: loom train [flags]   (Megatron-LM flag names)", specs()); }
+std::string train_help() {
+  return specs_help("usage: loom train [--config FILE.yaml] [flags]   (Megatron-LM flag names)\n"
+                    "  --config FILE.yaml                       flags from a YAML file (keys are flag names, e.g.\n"
+                    "                                           configs/llama3-8b.yaml); command-line flags override it",
+                    specs());
+}
 
 }  // namespace loom
