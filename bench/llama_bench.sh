@@ -1,0 +1,227 @@
+#!/usr/bin/env bash
+# Llama training-speed benchmark on CPU (run by hand, not by `make bench`): `loom train --mock-data` with
+# Megatron's Llama flags against bench/pytorch_llama.py on the same shapes, one process after the other,
+# each under `/usr/bin/time -v` so peak RSS is measured the same way for both. Prints a markdown table
+# (ms/step, tokens/s, GFLOP/s, peak RSS, Loom/PyTorch ratios) and writes it to $LLAMA_BENCH_OUT.
+#
+# Runs (LLAMA_BENCH_RUNS, default "tiny-fp32 tiny-bf16 1b-bf16"):
+#   tiny-fp32, tiny-bf16  configs/llama-tiny.yaml (loom train --config; 2 layers, hidden 64, GQA 4/2, SwiGLU
+#                         176, vocab 512 unpadded, seq 128), micro-batch 4; 2 warm-up + 8 timed iterations
+#   1b-bf16               Llama-3.2-1B's layer shape (hidden 2048, 32 heads, 8 KV heads of 64, SwiGLU 8192,
+#                         vocab 128256, RoPE base 500000 with Llama 3.1 scaling factor 32, tied embeddings,
+#                         RMSNorm eps 1e-5, no biases) with LLAMA_1B_LAYERS layers, micro-batch 1, seq
+#                         LLAMA_1B_SEQ, bf16; 1 warm-up + 3 timed iterations
+# The published Llama-3.2-1B has 16 layers (1.24B parameters). On a 23 GiB machine Loom trains it
+# (peak RSS 20.9 GiB: fp32 master weights + bf16 copy + fp32 grads + AdamW m, v = 18 B/param), but
+# PyTorch's autocast run needs ~1 GiB more (18.2 B/param measured at 14 layers) and does not fit, so the
+# default keeps 14 of its layers (1.11B parameters; peak RSS Loom 18.0 GiB, PyTorch 18.8 GiB), the
+# largest depth both fit. Set LLAMA_1B_LAYERS=16 on a machine with >= 32 GiB.
+#
+# Both sides: OMP_NUM_THREADS=$BENCH_THREADS (2), random tokens, no dropout (Loom --hidden-dropout 0
+# --attention-dropout 0; the reference has none), no evaluation (--eval-iters 0), AdamW (betas 0.9/0.95,
+# weight decay 0.1 on matrices only), clip 1.0. PyTorch runs with the fastest OPENBLAS_CORETYPE for its
+# fp32 matmuls (a short probe, as bench/run_bench.sh does); its bf16 matmuls go through oneDNN.
+# ms/step = median over the timed iterations; tokens/s and GFLOP/s derive from it with one FLOP formula
+# (pytorch_llama.py's flops_per_step: forward matmuls x 3, causal attention counted halved).
+#
+# Environment: LOOM_BIN [build/loom] PYTHON [/usr/bin/python3] BENCH_THREADS [2] LLAMA_BENCH_RUNS
+#   LLAMA_1B_LAYERS [14] LLAMA_1B_SEQ [128] LLAMA_1B_STEPS [3] LLAMA_BENCH_OUT [out/llama_bench_latest.md]
+# Exit status 0 when every run finished, 1 otherwise.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PYTHON="${PYTHON:-/usr/bin/python3}"
+LOOM_BIN="${LOOM_BIN:-$ROOT/build/loom}"
+THREADS="${BENCH_THREADS:-2}"
+RUNS="${LLAMA_BENCH_RUNS:-tiny-fp32 tiny-bf16 1b-bf16}"
+L1B="${LLAMA_1B_LAYERS:-14}"
+T1B="${LLAMA_1B_SEQ:-128}"
+N1B="${LLAMA_1B_STEPS:-3}"
+MD_OUT="${LLAMA_BENCH_OUT:-$ROOT/out/llama_bench_latest.md}"
+
+[[ -x "$LOOM_BIN" ]] || { echo "[llama-bench] ERROR: Loom binary not found: $LOOM_BIN (set LOOM_BIN)" >&2; exit 1; }
+[[ -x /usr/bin/time ]] || { echo "[llama-bench] ERROR: /usr/bin/time missing (apt-get install time)" >&2; exit 1; }
+"$PYTHON" -c "import torch" 2>/dev/null ||
+  { echo "[llama-bench] ERROR: $PYTHON cannot import torch (apt-get install python3-torch)" >&2; exit 1; }
+
+read -r -d '' HELPER <<'PY' || true
+import json, re, statistics, sys
+sys.path.insert(0, sys.argv[1])
+from pytorch_llama import flops_per_step  # one FLOP formula for both sides
+
+ITER_RE = re.compile(r"iteration\s+(\d+)\s*/\s*(\d+)\s*\|.*?elapsed time per iteration \(ms\):\s*([0-9.eE+-]+)")
+PARAMS_RE = re.compile(r"number of parameters on .*?:\s*(\d+)")
+
+def rss_mb(path):
+    for line in open(path, errors="replace"):
+        if "Maximum resident set size" in line:
+            return round(int(line.rsplit(":", 1)[1]) / 1024, 1)
+    sys.exit(f"[llama-bench] no 'Maximum resident set size' in {path}")
+
+def loom(log, timefile, warmup, shape):
+    times, params = {}, None
+    for line in open(log, errors="replace"):
+        m = ITER_RE.search(line)
+        if m:
+            times[int(m.group(1))] = float(m.group(3))
+        m = PARAMS_RE.search(line)
+        if m:
+            params = int(m.group(1))
+    timed = [ms for it, ms in sorted(times.items()) if it > warmup]
+    if not timed:
+        sys.exit(f"[llama-bench] {log}: no timed 'elapsed time per iteration' lines after {warmup} warm-up")
+    ms = statistics.median(timed)
+    s = shape
+    fl = flops_per_step(s["B"], s["T"], s["L"], s["C"], s["NH"], s["NKV"], s["F"], s["Vp"])
+    return {"impl": "loom", "params": params, "steps": len(timed), "ms_per_step": ms,
+            "tokens_per_s": s["B"] * s["T"] / (ms / 1e3), "gflops": fl / (ms / 1e3) / 1e9,
+            "peak_rss_mb": rss_mb(timefile)}
+
+def pytorch(out, timefile):
+    last = [l for l in open(out, errors="replace") if l.startswith("{") and '"impl"' in l]
+    if not last:
+        sys.exit(f"[llama-bench] no JSON result line in {out}")
+    r = json.loads(last[-1])
+    r["peak_rss_mb"] = rss_mb(timefile)
+    return r
+
+def report(results, md_path, header):
+    rows = [json.loads(l) for l in open(results) if l.strip()]
+    f = lambda x, nd=1: "-" if x is None else f"{x:,.{nd}f}"
+    cols = ["run", "shape", "params", "impl", "ms/step", "tokens/s", "GFLOP/s", "peak RSS MB",
+            "speed (PyTorch ms / Loom ms)", "memory (Loom RSS / PyTorch RSS)"]
+    out = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    for run in dict.fromkeys(r["run"] for r in rows):
+        by = {r["impl"]: r for r in rows if r["run"] == run}
+        lo, pt = by.get("loom"), by.get("pytorch")
+        ok = lambda r: r is not None and not r.get("failed")
+        speed = f"{pt['ms_per_step'] / lo['ms_per_step']:.2f}x" if ok(lo) and ok(pt) else "-"
+        mem = f"{lo['peak_rss_mb'] / pt['peak_rss_mb']:.2f}" if ok(lo) and ok(pt) else "-"
+        for name, r in (("loom", lo), ("pytorch", pt)):
+            tail = [speed, mem] if name == "loom" else ["", ""]
+            if not ok(r):
+                out.append(f"| {run} | - | - | {name} | FAILED | - | - | - | " + " | ".join(tail) + " |")
+                continue
+            p = r.get("params")
+            out.append("| " + " | ".join([run, r["shape"], "-" if p is None else f"{p / 1e6:,.2f}M", name,
+                                          f(r["ms_per_step"]), f(r["tokens_per_s"]), f(r["gflops"]),
+                                          f(r["peak_rss_mb"])] + tail) + " |")
+    text = "\n".join("- " + h for h in header.splitlines()) + "\n\n" + "\n".join(out) + "\n"
+    print("\n" + text)
+    with open(md_path, "w") as fh:
+        fh.write("# Loom vs PyTorch, Llama training speed on CPU (latest run)\n\n" + text)
+    print(f"[llama-bench] markdown written to {md_path}")
+
+mode = sys.argv[2]
+if mode == "loom":        # LOG TIMEFILE WARMUP SHAPE_JSON RUN
+    shape = json.loads(sys.argv[6])
+    r = loom(sys.argv[3], sys.argv[4], int(sys.argv[5]), shape)
+elif mode == "pytorch":   # OUT TIMEFILE SHAPE_JSON RUN
+    shape = json.loads(sys.argv[5])
+    r = pytorch(sys.argv[3], sys.argv[4])
+    want = "bf16" if sys.argv[-1].endswith("bf16") else "fp32"
+    if r.get("precision") != want:  # the run's name promises a precision: hold the reference to it
+        sys.exit(f"[llama-bench] {sys.argv[3]}: PyTorch ran in {r.get('precision')}, run {sys.argv[-1]} wants {want}")
+elif mode == "report":    # RESULTS MD HEADER
+    report(sys.argv[3], sys.argv[4], sys.argv[5])
+    sys.exit(0)
+else:
+    sys.exit(f"[llama-bench] unknown helper mode {mode}")
+r["run"] = sys.argv[-1]
+r["shape"] = f"L{shape['L']} C{shape['C']} NH{shape['NH']}/{shape['NKV']} F{shape['F']} V{shape['Vp']}, {shape['B']}x{shape['T']}"
+print(json.dumps(r))
+PY
+helper() { "$PYTHON" -c "$HELPER" "$ROOT/bench" "$@"; }
+
+# PyTorch's fp32 matmuls use OpenBLAS, whose 0.3.21 falls back to generic kernels on CPUs it does not
+# know; pick the fastest kernel set so the reference is at its best (as run_bench.sh does).
+best_core=unset best_ms=""
+for core in unset SkylakeX Haswell; do
+  if [[ "$core" == unset ]]; then env_core=(env -u OPENBLAS_CORETYPE); else env_core=(env OPENBLAS_CORETYPE=$core); fi
+  ms="$("${env_core[@]}" OMP_NUM_THREADS="$THREADS" "$PYTHON" -c '
+import os, time, torch
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+a, b = torch.randn(2048, 768), torch.randn(768, 3072)
+a @ b
+t = time.perf_counter()
+for _ in range(5): a @ b
+print(f"{(time.perf_counter() - t) / 5 * 1e3:.2f}")' 2>/dev/null || echo "")"
+  echo "[llama-bench] probe: torch fp32 matmul 2048x768x3072, OPENBLAS_CORETYPE=$core: ${ms:-failed} ms"
+  if [[ -n "$ms" ]] && { [[ -z "$best_ms" ]] || awk -v a="$ms" -v b="$best_ms" 'BEGIN{exit !(a<b)}'; }; then
+    best_core=$core best_ms=$ms
+  fi
+done
+if [[ "$best_core" == unset ]]; then TORCH_ENV=(env -u OPENBLAS_CORETYPE); else TORCH_ENV=(env OPENBLAS_CORETYPE=$best_core); fi
+
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/llama_bench.XXXXXX")"
+trap 'rm -rf "$WORK"' EXIT
+RESULTS="$WORK/results.jsonl"
+: >"$RESULTS"
+failed=0
+COMMON_LOOM=(--mock-data --lr 6e-4 --min-lr 6e-5 --lr-warmup-iters 0 --lr-decay-style cosine
+  --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.95 --clip-grad 1.0 --log-interval 1
+  --hidden-dropout 0 --attention-dropout 0 --eval-iters 0 --seed 1234)
+
+run_pair() {  # RUN WARMUP STEPS SHAPE_JSON "LOOM ARGS" "PYTORCH ARGS"
+  local run="$1" w="$2" n="$3" shape="$4" log tf
+  local -a loom_args torch_args
+  # The argument strings span several lines: read every word, not just the first line.
+  read -r -d '' -a loom_args <<<"$5" || true
+  read -r -d '' -a torch_args <<<"$6" || true
+  echo "[llama-bench] $run: loom ($w warm-up + $n timed, $THREADS threads; MemAvailable $(awk '/MemAvailable/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo))"
+  log="$WORK/loom_$run.log" tf="$WORK/loom_$run.time"
+  echo "  $LOOM_BIN train ${COMMON_LOOM[*]} ${loom_args[*]} --train-iters $((w + n))"
+  if OMP_NUM_THREADS="$THREADS" /usr/bin/time -v -o "$tf" "$LOOM_BIN" train "${COMMON_LOOM[@]}" "${loom_args[@]}" \
+      --train-iters "$((w + n))" >"$log" 2>&1 && helper loom "$log" "$tf" "$w" "$shape" "$run" >>"$RESULTS"; then
+    tail -n 1 "$RESULTS"
+  else
+    echo "[llama-bench] ERROR: loom $run failed:" >&2; tail -n 15 "$log" >&2; grep -E "Command (exited|terminated)" "$tf" >&2 || true
+    echo "{\"run\": \"$run\", \"impl\": \"loom\", \"failed\": true}" >>"$RESULTS"; failed=1
+  fi
+  echo "[llama-bench] $run: pytorch ($w warm-up + $n timed)"
+  log="$WORK/pytorch_$run.log" tf="$WORK/pytorch_$run.time"
+  echo "  ${TORCH_ENV[*]} $PYTHON bench/pytorch_llama.py ${torch_args[*]} --warmup $w --steps $n --threads $THREADS"
+  if "${TORCH_ENV[@]}" OMP_NUM_THREADS="$THREADS" /usr/bin/time -v -o "$tf" "$PYTHON" "$ROOT/bench/pytorch_llama.py" \
+      "${torch_args[@]}" --warmup "$w" --steps "$n" --threads "$THREADS" >"$log" 2>&1 &&
+     helper pytorch "$log" "$tf" "$shape" "$run" >>"$RESULTS"; then
+    tail -n 1 "$RESULTS"
+  else
+    echo "[llama-bench] ERROR: pytorch $run failed:" >&2; tail -n 15 "$log" >&2; grep -E "Command (exited|terminated)" "$tf" >&2 || true
+    echo "{\"run\": \"$run\", \"impl\": \"pytorch\", \"failed\": true}" >>"$RESULTS"; failed=1
+  fi
+}
+
+# llama-tiny's shape, spelled out for the PyTorch side (Loom reads the YAML).
+TINY_TORCH="--num-layers 2 --hidden-size 64 --ffn-hidden-size 176 --num-attention-heads 4 --num-query-groups 2
+  --seq-length 128 --rotary-base 10000 --norm-epsilon 1e-5 --vocab-size 512 --make-vocab-size-divisible-by 1
+  --micro-batch-size 4"
+TINY_SHAPE='{"B": 4, "T": 128, "L": 2, "C": 64, "NH": 4, "NKV": 2, "F": 176, "Vp": 512}'
+ONEB_LOOM="--num-layers $L1B --hidden-size 2048 --ffn-hidden-size 8192 --num-attention-heads 32
+  --group-query-attention --num-query-groups 8 --position-embedding-type rope --rotary-base 500000
+  --use-rope-scaling --rope-scaling-factor 32 --normalization RMSNorm --norm-epsilon 1e-5 --swiglu
+  --disable-bias-linear --vocab-size 128256 --seq-length $T1B --max-position-embeddings $T1B
+  --micro-batch-size 1 --global-batch-size 1 --bf16"
+ONEB_TORCH="--num-layers $L1B --hidden-size 2048 --ffn-hidden-size 8192 --num-attention-heads 32
+  --num-query-groups 8 --rotary-base 500000 --use-rope-scaling --rope-scaling-factor 32 --norm-epsilon 1e-5
+  --vocab-size 128256 --seq-length $T1B --micro-batch-size 1 --tie-embeddings --bf16"
+ONEB_SHAPE="{\"B\": 1, \"T\": $T1B, \"L\": $L1B, \"C\": 2048, \"NH\": 32, \"NKV\": 8, \"F\": 8192, \"Vp\": 128256}"
+
+for run in $RUNS; do
+  case "$run" in
+    tiny-fp32) run_pair "$run" 2 8 "$TINY_SHAPE" \
+      "--config $ROOT/configs/llama-tiny.yaml --micro-batch-size 4 --global-batch-size 4" "$TINY_TORCH" ;;
+    tiny-bf16) run_pair "$run" 2 8 "$TINY_SHAPE" \
+      "--config $ROOT/configs/llama-tiny.yaml --micro-batch-size 4 --global-batch-size 4 --bf16" "$TINY_TORCH --bf16" ;;
+    1b-bf16) run_pair "$run" 1 "$N1B" "$ONEB_SHAPE" "$ONEB_LOOM" "$ONEB_TORCH" ;;
+    *) echo "[llama-bench] ERROR: unknown run '$run' (tiny-fp32 | tiny-bf16 | 1b-bf16)" >&2; exit 1 ;;
+  esac
+done
+
+cpu="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+header="Llama on CPU, random tokens, no dropout, $THREADS threads each, $(date -u '+%Y-%m-%d %H:%M UTC'); load average before the report: $(cut -d' ' -f1-3 /proc/loadavg)
+CPU: ${cpu:-unknown} ($(nproc) cores visible); ms/step = median over the timed iterations
+PyTorch $("$PYTHON" -c 'import torch; print(torch.__version__)') (fp32 matmuls on OpenBLAS, OPENBLAS_CORETYPE=$best_core; bf16 = torch.autocast cpu/bfloat16 via oneDNN); Loom $LOOM_BIN
+tiny = configs/llama-tiny.yaml; 1b = Llama-3.2-1B layer shape (meta-llama/Llama-3.2-1B config.json: hidden 2048, 32 heads, 8 KV heads, FFN 8192, vocab 128256, rope_theta 500000, llama3 rope scaling x32, tied embeddings) with $L1B of its 16 layers"
+mkdir -p "$(dirname "$MD_OUT")"
+helper report "$RESULTS" "$MD_OUT" "$header"
+exit "$failed"
