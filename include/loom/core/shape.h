@@ -17,8 +17,8 @@ class Shape {
   int ndim() const { return ndim_; }
   int64_t operator[](int i) const;
   int64_t numel() const;
-  // Product of all dimensions but the last (the "rows" of a 2-D view), and the last dimension.
-  // Product of the leading dims (well defined when the last dim is 0, e.g. a K = 0 matmul operand).
+  // Product of all dimensions but the last (the "rows" of a 2-D view; well defined when the last dim is
+  // 0, e.g. a K = 0 matmul operand), and the last dimension.
   int64_t rows() const {
     int64_t r = 1;
     for (int i = 0; i + 1 < ndim_; ++i) r *= dims_[i];

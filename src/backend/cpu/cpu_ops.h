@@ -1,7 +1,8 @@
 // The CPU op table (the reference backend). Definitions are split by op family:
 //   matmul.cpp (oneDNN), attention.cpp, norm.cpp, elementwise.cpp, embedding.cpp, cross_entropy.cpp,
-//   optimizer.cpp, dropout.cpp, rmsnorm.cpp, glu.cpp, rope.cpp. Parallel with OpenMP; reductions use fixed-size blocks summed in a fixed order so
-//   results do not depend on the number of threads.
+//   optimizer.cpp, dropout.cpp, rmsnorm.cpp (with norm.cpp's helpers in norm_common.h), glu.cpp, rope.cpp.
+//   Parallel with OpenMP; reductions use fixed-size blocks summed in a fixed order so results do not depend
+//   on the number of threads.
 #pragma once
 #include "loom/backend/ops.h"
 

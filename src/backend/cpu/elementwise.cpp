@@ -161,23 +161,11 @@ void lowp_map(L, uint16_t* out, std::array<const uint16_t*, NIn> in, int64_t n, 
   }
 }
 
-// GeLU, tanh form, rewritten with 0.5 (1 + tanh(u)) = sigmoid(2u): no cancellation for large |x|.
-constexpr float kGeluK0 = 0.7978845608028654f;  // sqrt(2 / pi)
-constexpr float kGeluK1 = 0.044715f;
-
-inline float gelu_value(float xi) {
-  const float u = kGeluK0 * (xi + kGeluK1 * xi * xi * xi);
-  return xi * fast_sigmoid(2.0f * u);
-}
-
-// d/dx [x s(2u)] = s + x * 2 s (1 - s) u'   with s = sigmoid(2u), 1 - s = e s, e = exp(-2u).
+// dL/dx of GeLU (the value fast_gelu_and_grad also yields is unused and optimised away).
 inline float gelu_grad(float xi, float dy) {
-  const float u = kGeluK0 * (xi + kGeluK1 * xi * xi * xi);
-  const float du = kGeluK0 * (1.0f + 3.0f * kGeluK1 * xi * xi);
-  const float e = fast_exp(-2.0f * u);
-  const float s = 1.0f / (1.0f + e);
-  const float one_minus_s = e < INFINITY ? e * s : 1.0f;  // e = inf: s = 0 and e * s would be NaN
-  return (s + 2.0f * xi * s * one_minus_s * du) * dy;
+  float a, da;
+  fast_gelu_and_grad(xi, a, da);
+  return da * dy;
 }
 
 // Column sums over a fixed split: rows in blocks of kReduceBlockRows (f32 partial sums in row order),
@@ -246,14 +234,14 @@ void CpuOps::gelu_forward(TensorView out, TensorView inp) const {
     float* o = out.data<float>();
     const float* x = inp.data<float>();
 #pragma omp parallel for simd schedule(static) if (n > kParallelMin / 8)
-    for (int64_t i = 0; i < n; ++i) o[i] = gelu_value(x[i]);
+    for (int64_t i = 0; i < n; ++i) o[i] = fast_gelu(x[i]);
     return;
   }
   with_lowp(dt, [&](auto L) {
     lowp_map(L, static_cast<uint16_t*>(out.raw()), std::array<const uint16_t*, 1>{u16(inp)},
              n, kParallelMin / 8, [](float* o, const float* x, int64_t len) {
 #pragma omp simd
-               for (int64_t i = 0; i < len; ++i) o[i] = gelu_value(x[i]);
+               for (int64_t i = 0; i < len; ++i) o[i] = fast_gelu(x[i]);
              });
   });
 }

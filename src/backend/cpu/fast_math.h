@@ -50,6 +50,36 @@ inline float fast_exp(float x) {
 // 1 / (1 + e^-x) without cancellation for either sign (e^-x -> inf gives 0, e^-x -> 0 gives 1).
 inline float fast_sigmoid(float x) { return 1.0f / (1.0f + fast_exp(-x)); }
 
+// sigmoid(x) and 1 - sigmoid(x) = e · sigmoid(x) with e = exp(-x): no cancellation when sigmoid(x) is close
+// to 1 (derivatives need the second).
+struct SigmoidPair {
+  float s, one_minus_s;
+};
+inline SigmoidPair fast_sigmoid_pair(float x) {
+  const float e = fast_exp(-x);
+  const float s = 1.0f / (1.0f + e);
+  return {s, e < INFINITY ? e * s : 1.0f};  // e = inf: s = 0 and e * s would be NaN
+}
+
+// GeLU, tanh form, rewritten with 0.5 (1 + tanh(u)) = sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x³): no
+// cancellation for large |x|. gelu_forward/gelu_backward and GeGLU use these, so they agree bit for bit.
+inline constexpr float kGeluK0 = 0.7978845608028654f;  // sqrt(2 / pi)
+inline constexpr float kGeluK1 = 0.044715f;
+
+inline float fast_gelu(float x) {
+  const float u = kGeluK0 * (x + kGeluK1 * x * x * x);
+  return x * fast_sigmoid(2.0f * u);
+}
+
+// gelu(x) and its derivative d/dx [x s(2u)] = s + 2 x s (1 - s) u', s = sigmoid(2u) (one exponential).
+inline void fast_gelu_and_grad(float x, float& a, float& da) {
+  const float u = kGeluK0 * (x + kGeluK1 * x * x * x);
+  const float du = kGeluK0 * (1.0f + 3.0f * kGeluK1 * x * x);
+  const SigmoidPair sg = fast_sigmoid_pair(2.0f * u);
+  a = x * sg.s;
+  da = sg.s + 2.0f * x * sg.s * sg.one_minus_s * du;
+}
+
 // Sum of f(i) over i in [0, n) in an order fixed by n alone: 16 lanes (lane l takes i = l mod 16 over the
 // full groups of 16, then the tail), combined by a fixed pairwise tree. The compiler maps the lanes onto
 // SIMD registers, and the result does not depend on alignment, vector width or thread count — so a

@@ -1,7 +1,7 @@
 // Gated MLP activations (SwiGLU, GeGLU, ReGLU): out = act(gate) · up over rows [gate (F) | up (F)] of the fc1
 // output, and the backward dinp = [dout · up · act'(gate) | dout · act(gate)] (overwrite).
 // The activations are the vectorisable forms of fast_math.h: silu(g) = g · sigmoid(g); GeLU is the tanh
-// approximation written exactly as gelu_forward/gelu_backward write it (elementwise.cpp), so GeGLU with up = 1
+// approximation of gelu_forward/gelu_backward (the same fast_gelu* functions), so GeGLU with up = 1
 // reproduces gelu_forward bit for bit; relu(g) = g < 0 ? 0 : g (NaN propagates, as in PyTorch), relu'(g) =
 // g > 0. Every output element depends on one (gate, up, dout) triple only, so dinp may alias inp (each
 // element's inputs are read before its outputs are written) and the results never depend on threads.
@@ -23,26 +23,12 @@ namespace {
 constexpr int64_t kParallelMin = int64_t(1) << 12;  // output elements; the activations cost ~20 flops each
 constexpr int64_t kChunk = 1024;                    // columns per task: 4 KB per f32 scratch buffer (L1)
 
-constexpr float kGeluK0 = 0.7978845608028654f;  // sqrt(2 / pi)
-constexpr float kGeluK1 = 0.044715f;
-
-// 1 - sigmoid(x) = e · sigmoid(x) with e = exp(-x): no cancellation when sigmoid(x) is close to 1.
-struct Sigmoid {
-  float s, one_minus_s;
-};
-inline Sigmoid sigmoid_pair(float x) {
-  const float e = fast_exp(-x);
-  const float s = 1.0f / (1.0f + e);
-  return {s, e < INFINITY ? e * s : 1.0f};  // e = inf: s = 0 and e * s would be NaN
-}
-
 template <GluKind K>
 inline float act(float g) {
   if constexpr (K == GluKind::kSwiGLU) {
     return g * fast_sigmoid(g);
   } else if constexpr (K == GluKind::kGeGLU) {
-    const float u = kGeluK0 * (g + kGeluK1 * g * g * g);
-    return g * fast_sigmoid(2.0f * u);  // 0.5 (1 + tanh(u)) = sigmoid(2u)
+    return fast_gelu(g);
   } else {
     return g < 0.0f ? 0.0f : g;
   }
@@ -52,15 +38,11 @@ inline float act(float g) {
 template <GluKind K>
 inline void act_and_grad(float g, float& a, float& da) {
   if constexpr (K == GluKind::kSwiGLU) {
-    const Sigmoid sg = sigmoid_pair(g);
+    const SigmoidPair sg = fast_sigmoid_pair(g);
     a = g * sg.s;
     da = sg.s + g * sg.s * sg.one_minus_s;
   } else if constexpr (K == GluKind::kGeGLU) {
-    const float u = kGeluK0 * (g + kGeluK1 * g * g * g);
-    const float du = kGeluK0 * (1.0f + 3.0f * kGeluK1 * g * g);
-    const Sigmoid sg = sigmoid_pair(2.0f * u);
-    a = g * sg.s;
-    da = sg.s + 2.0f * g * sg.s * sg.one_minus_s * du;
+    fast_gelu_and_grad(g, a, da);
   } else {
     a = g < 0.0f ? 0.0f : g;
     da = g > 0.0f ? 1.0f : 0.0f;

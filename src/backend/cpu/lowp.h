@@ -136,19 +136,21 @@ inline void f16x16_store_n(uint16_t* p, __m512 v, int n) {
 // Lowp<D> for D = kBF16 / kF16: storage type T (uint16_t), scalar dec/enc, and widen/narrow of n
 // contiguous elements. (f32 is handled by the callers' existing f32 code, never through Lowp.)
 template <DType D>
-struct Lowp;
-
-template <>
-struct Lowp<DType::kBF16> {
+struct Lowp {
+  static_assert(D == DType::kBF16 || D == DType::kF16, "Lowp is for bf16 and f16 only");
   using T = uint16_t;
-  static constexpr DType kDType = DType::kBF16;
-  static float dec(T x) { return bf16_decode(x); }
-  static T enc(float x) { return bf16_encode(x); }
+  static constexpr DType kDType = D;
+  static constexpr bool kBF16 = D == DType::kBF16;
+  static float dec(T x) { return kBF16 ? bf16_decode(x) : f16_decode(x); }
+  static T enc(float x) { return kBF16 ? bf16_encode(x) : f16_encode(x); }
   static void widen(float* dst, const T* src, int64_t n) {
     int64_t i = 0;
 #if defined(LOOM_LOWP_AVX512)
-    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, bf16x16_load(src + i));
-    if (i < n) _mm512_mask_storeu_ps(dst + i, lane_mask(int(n - i)), bf16x16_load_n(src + i, int(n - i)));
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, kBF16 ? bf16x16_load(src + i) : f16x16_load(src + i));
+    if (i < n) {
+      const int r = int(n - i);
+      _mm512_mask_storeu_ps(dst + i, lane_mask(r), kBF16 ? bf16x16_load_n(src + i, r) : f16x16_load_n(src + i, r));
+    }
 #else
     for (; i < n; ++i) dst[i] = dec(src[i]);
 #endif
@@ -156,34 +158,17 @@ struct Lowp<DType::kBF16> {
   static void narrow(T* dst, const float* src, int64_t n) {
     int64_t i = 0;
 #if defined(LOOM_LOWP_AVX512)
-    for (; i + 16 <= n; i += 16) bf16x16_store(dst + i, _mm512_loadu_ps(src + i));
-    if (i < n) bf16x16_store_n(dst + i, _mm512_maskz_loadu_ps(lane_mask(int(n - i)), src + i), int(n - i));
-#else
-    for (; i < n; ++i) dst[i] = enc(src[i]);
-#endif
-  }
-};
-
-template <>
-struct Lowp<DType::kF16> {
-  using T = uint16_t;
-  static constexpr DType kDType = DType::kF16;
-  static float dec(T x) { return f16_decode(x); }
-  static T enc(float x) { return f16_encode(x); }
-  static void widen(float* dst, const T* src, int64_t n) {
-    int64_t i = 0;
-#if defined(LOOM_LOWP_AVX512)
-    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, f16x16_load(src + i));
-    if (i < n) _mm512_mask_storeu_ps(dst + i, lane_mask(int(n - i)), f16x16_load_n(src + i, int(n - i)));
-#else
-    for (; i < n; ++i) dst[i] = dec(src[i]);
-#endif
-  }
-  static void narrow(T* dst, const float* src, int64_t n) {
-    int64_t i = 0;
-#if defined(LOOM_LOWP_AVX512)
-    for (; i + 16 <= n; i += 16) f16x16_store(dst + i, _mm512_loadu_ps(src + i));
-    if (i < n) f16x16_store_n(dst + i, _mm512_maskz_loadu_ps(lane_mask(int(n - i)), src + i), int(n - i));
+    for (; i + 16 <= n; i += 16) {
+      const __m512 v = _mm512_loadu_ps(src + i);
+      if constexpr (kBF16) bf16x16_store(dst + i, v);
+      else f16x16_store(dst + i, v);
+    }
+    if (i < n) {
+      const int r = int(n - i);
+      const __m512 v = _mm512_maskz_loadu_ps(lane_mask(r), src + i);
+      if constexpr (kBF16) bf16x16_store_n(dst + i, v, r);
+      else f16x16_store_n(dst + i, v, r);
+    }
 #else
     for (; i < n; ++i) dst[i] = enc(src[i]);
 #endif

@@ -130,15 +130,8 @@ class DnnlRuntime {
   std::map<GemmKey, Gemm> cache_;
 };
 
-// Product of all dims but the last, computed without dividing by the last dim (which may be 0 when K = 0).
-int64_t leading_rows(const Shape& s) {
-  int64_t r = 1;
-  for (int i = 0; i + 1 < s.ndim(); ++i) r *= s[i];
-  return r;
-}
-
 void check_2d(const char* op, TensorView t, int64_t rows, int64_t cols, const char* name) {
-  LOOM_CHECK(leading_rows(t.shape()) == rows && t.shape().cols() == cols, "[", op, "] ", name, " expected (", rows,
+  LOOM_CHECK(t.shape().rows() == rows && t.shape().cols() == cols, "[", op, "] ", name, " expected (", rows,
              ", ", cols, ") (leading dims flattened), got ", t.desc());
   LOOM_CHECK(t.device().is_cpu(), "[", op, "] ", name, " must be a CPU tensor, got ", t.desc());
 }
@@ -229,7 +222,7 @@ void gemm_widened(const GemmKey& k, const void* a, const void* b, void* c, const
 void CpuOps::matmul_forward(TensorView out, TensorView inp, TensorView weight, TensorView bias) const {
   const char* op = "matmul_forward";
   LOOM_CHECK(weight.ndim() == 2, "[matmul_forward] weight must be (N, K), got ", weight.desc());
-  const int64_t N = weight.size(0), K = weight.size(1), M = leading_rows(inp.shape());
+  const int64_t N = weight.size(0), K = weight.size(1), M = inp.shape().rows();
   check_2d(op, inp, M, K, "inp");
   check_2d(op, out, M, N, "out");
   const DType cd = compute_dtype(op, inp, "inp");
@@ -263,7 +256,7 @@ void CpuOps::matmul_backward(TensorView dinp, TensorView dweight, TensorView dbi
                              TensorView weight) const {
   const char* op = "matmul_backward";
   LOOM_CHECK(weight.ndim() == 2, "[matmul_backward] weight must be (N, K), got ", weight.desc());
-  const int64_t N = weight.size(0), K = weight.size(1), M = leading_rows(dout.shape());
+  const int64_t N = weight.size(0), K = weight.size(1), M = dout.shape().rows();
   check_2d(op, dout, M, N, "dout");
   const DType cd = compute_dtype(op, dout, "dout");
   check_dtype(op, weight, cd, false, "weight");

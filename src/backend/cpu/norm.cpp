@@ -18,30 +18,13 @@
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/fast_math.h"
 #include "backend/cpu/lowp.h"
+#include "backend/cpu/norm_common.h"
 
 namespace loom::cpu {
 
 namespace {
 
-constexpr int64_t kParallelMinElems = int64_t(1) << 14;
-
-void expect_f32(const TensorView& t, const char* op, const char* name) {
-  LOOM_CHECK(t.defined(), "[", op, "] ", name, " is required");
-  LOOM_CHECK(t.dtype() == DType::kF32 && t.device().is_cpu(), "[", op, "] expected host f32 ", name, ", got ",
-             t.desc());
-}
-
-void expect_numel(const TensorView& t, int64_t n, const char* op, const char* name) {
-  LOOM_CHECK(t.numel() == n, "[", op, "] expected ", name, " with ", n, " elements, got ", t.desc());
-}
-
-// Optional statistics buffer: absent, or host f32 with one value per row.
-float* stats_ptr(const TensorView& t, int64_t N, const char* op, const char* name) {
-  if (!t.defined()) return nullptr;
-  expect_f32(t, op, name);
-  expect_numel(t, N, op, name);
-  return t.data<float>();
-}
+using namespace norm_common;
 
 // One row of LayerNorm: two passes over x (mean, then centred variance) and one writing out.
 inline void layernorm_row(float* out, const float* x, const float* w, const float* b, int64_t C, float eps,
@@ -65,37 +48,6 @@ inline void layernorm_row(float* out, const float* x, const float* w, const floa
   if (rstd_out) *rstd_out = s;
 }
 
-// A host tensor of the given dtype (the call's compute dtype, or f32 for statistics).
-void expect_dtype(const TensorView& t, DType dt, const char* op, const char* name) {
-  LOOM_CHECK(t.defined(), "[", op, "] ", name, " is required");
-  LOOM_CHECK(t.device().is_cpu(), "[", op, "] expected a host tensor for ", name, ", got ", t.desc());
-  LOOM_CHECK(t.dtype() == dt, "[", op, "] ", name, " must be ", dtype_name(dt),
-             " (all activations and parameters of one call share the compute dtype), got ", t.desc());
-}
-
-// The compute dtype of a call, taken from its input activation.
-DType compute_dtype(const TensorView& inp, const char* op) {
-  LOOM_CHECK(inp.defined(), "[", op, "] inp is required");
-  LOOM_CHECK(is_compute_dtype(inp.dtype()), "[", op, "] expected f32, bf16 or f16 inp, got ", inp.desc());
-  return inp.dtype();
-}
-
-// A parameter gradient: f32 (main grads) or the compute dtype.
-void expect_grad_dtype(const TensorView& t, DType dt, const char* op, const char* name) {
-  LOOM_CHECK(t.device().is_cpu(), "[", op, "] expected a host tensor for ", name, ", got ", t.desc());
-  LOOM_CHECK(t.dtype() == DType::kF32 || t.dtype() == dt, "[", op, "] ", name, " must be f32 or the compute dtype ",
-             dtype_name(dt), ", got ", t.desc());
-}
-
-// Parameter vector (C) as f32: the tensor's own data when f32, else widened into `buf`.
-const float* params_f32(const TensorView& t, std::vector<float>& buf) {
-  if (!t.defined()) return nullptr;
-  if (t.dtype() == DType::kF32) return t.data<float>();
-  buf.resize(size_t(t.numel()));
-  widen(buf.data(), t.raw(), t.dtype(), t.numel());
-  return buf.data();
-}
-
 struct LnArgs {
   int64_t N = 0, C = 0;
   DType dt = DType::kF32;       // compute dtype
@@ -108,7 +60,7 @@ struct LnArgs {
 
 void check_forward(LnArgs& a, const char* op, TensorView out, TensorView mean, TensorView rstd, TensorView inp,
                    TensorView weight, TensorView bias) {
-  a.dt = compute_dtype(inp, op);
+  a.dt = compute_dtype(inp, op, "inp");
   expect_dtype(out, a.dt, op, "out");
   expect_dtype(inp, a.dt, op, "inp");
   expect_dtype(weight, a.dt, op, "weight");
@@ -125,14 +77,6 @@ void check_forward(LnArgs& a, const char* op, TensorView out, TensorView mean, T
   a.rstd = stats_ptr(rstd, a.N, op, "rstd");
   a.weight = params_f32(weight, a.weight_buf);
   a.bias = params_f32(bias, a.bias_buf);
-}
-
-// Scratch for the block partials of layernorm_backward, kept across calls so the steady state makes no
-// page faults (the buffer is O(N/64 * C), about 1.5 MB for GPT-2 124M with 8k rows).
-std::vector<float>& partial_scratch(size_t n) {
-  thread_local std::vector<float> buf;
-  if (buf.size() < n) buf.resize(n);
-  return buf;
 }
 
 // One row of the backward. dxr (accumulated into) may be null; pw/pb (parameter partials) may be null.
@@ -154,17 +98,6 @@ inline void layernorm_backward_row(float* dxr, float* pw, float* pb, const float
       pw[c] += dyr[c] * ((xr[c] - m) * s);
       pb[c] += dyr[c];
     }
-  }
-}
-
-// Adds the f64 total of channel c into a parameter gradient (f32, or bf16/f16 rounded once).
-inline void add_total(void* g, DType dt, int64_t c, double total) {
-  if (dt == DType::kF32) {
-    float* p = static_cast<float*>(g);
-    p[c] = float(double(p[c]) + total);
-  } else {
-    uint16_t* p = static_cast<uint16_t*>(g);
-    with_lowp(dt, [&](auto L) { p[c] = decltype(L)::enc(float(double(decltype(L)::dec(p[c])) + total)); });
   }
 }
 
@@ -253,7 +186,7 @@ void CpuOps::residual_layernorm_forward(TensorView residual, TensorView out, Ten
 void CpuOps::layernorm_backward(TensorView dinp, TensorView dweight, TensorView dbias, TensorView dout, TensorView inp,
                                 TensorView weight, TensorView mean, TensorView rstd) const {
   const char* op = "layernorm_backward";
-  const DType dt = compute_dtype(inp, op);
+  const DType dt = compute_dtype(inp, op, "inp");
   expect_dtype(dout, dt, op, "dout");
   expect_dtype(weight, dt, op, "weight");
   const int64_t C = inp.shape().cols();
@@ -282,20 +215,13 @@ void CpuOps::layernorm_backward(TensorView dinp, TensorView dweight, TensorView 
   std::vector<float> weight_buf;
   const float* w = params_f32(weight, weight_buf);
   const bool params = dweight.defined() || dbias.defined();
-  const int64_t nblocks = (N + kReduceBlockRows - 1) / kReduceBlockRows;
-  float* partial = params ? partial_scratch(size_t(nblocks * 2 * C)).data() : nullptr;  // (nblocks, 2, C)
+  const int64_t nblocks = num_blocks(N);
+  float* partial = params ? partial_scratch(size_t(nblocks * 2 * C)) : nullptr;  // (nblocks, 2, C)
   const float inv_c = 1.0f / float(C);
 
-  // Per block of rows: row(r, pw, pb) runs one row, accumulating into the block's partials.
+  // row(r, pw, pb) runs one row, accumulating into its block's dweight/dbias partials (null without params).
   auto blocks = [&](auto&& row) {
-#pragma omp parallel for schedule(static) if (N * C > kParallelMinElems)
-    for (int64_t blk = 0; blk < nblocks; ++blk) {
-      float* pw = params ? partial + blk * 2 * C : nullptr;
-      float* pb = params ? pw + C : nullptr;
-      if (params) std::fill(pw, pw + 2 * C, 0.0f);
-      const int64_t r1 = std::min(N, (blk + 1) * kReduceBlockRows);
-      for (int64_t r = blk * kReduceBlockRows; r < r1; ++r) row(r, pw, pb);
-    }
+    for_row_blocks(N, C, partial, 2 * C, [&](int64_t r, float* p) { row(r, p, p ? p + C : nullptr); });
   };
   if (dt == DType::kF32) {
     const float* dy = dout.data<float>();
@@ -322,30 +248,7 @@ void CpuOps::layernorm_backward(TensorView dinp, TensorView dweight, TensorView 
       });
     });
   }
-  if (!params) return;
-  void* dw = dweight.defined() ? dweight.raw() : nullptr;
-  void* db = dbias.defined() ? dbias.raw() : nullptr;
-  const DType dw_dt = dweight.defined() ? dweight.dtype() : DType::kF32;
-  const DType db_dt = dbias.defined() ? dbias.dtype() : DType::kF32;
-  constexpr int64_t kChunk = 64;  // channels per task, contiguous in every block's partial
-  const int64_t nchunks = (C + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) if (nblocks * C > kParallelMinElems)
-  for (int64_t ch = 0; ch < nchunks; ++ch) {
-    const int64_t c0 = ch * kChunk, width = std::min(kChunk, C - c0);
-    double sw[kChunk] = {}, sb[kChunk] = {};
-    for (int64_t blk = 0; blk < nblocks; ++blk) {
-      const float* pw = partial + blk * 2 * C + c0;
-      const float* pb = pw + C;
-      for (int64_t c = 0; c < width; ++c) {
-        sw[c] += double(pw[c]);
-        sb[c] += double(pb[c]);
-      }
-    }
-    for (int64_t c = 0; c < width; ++c) {
-      if (dw) add_total(dw, dw_dt, c0 + c, sw[c]);
-      if (db) add_total(db, db_dt, c0 + c, sb[c]);
-    }
-  }
+  if (params) add_block_partials<2>(partial, nblocks, C, {grad_out(dweight), grad_out(dbias)});
 }
 
 }  // namespace loom::cpu

@@ -19,46 +19,13 @@
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/fast_math.h"
 #include "backend/cpu/lowp.h"
+#include "backend/cpu/norm_common.h"
 
 namespace loom::cpu {
 
 namespace {
 
-constexpr int64_t kParallelMinElems = int64_t(1) << 14;
-
-void expect_numel(const TensorView& t, int64_t n, const char* op, const char* name) {
-  LOOM_CHECK(t.numel() == n, "[", op, "] expected ", name, " with ", n, " elements, got ", t.desc());
-}
-
-// A host tensor of the call's compute dtype.
-void expect_dtype(const TensorView& t, DType dt, const char* op, const char* name) {
-  LOOM_CHECK(t.defined(), "[", op, "] ", name, " is required");
-  LOOM_CHECK(t.device().is_cpu(), "[", op, "] expected a host tensor for ", name, ", got ", t.desc());
-  LOOM_CHECK(t.dtype() == dt, "[", op, "] ", name, " must be ", dtype_name(dt),
-             " (all activations and parameters of one call share the compute dtype), got ", t.desc());
-}
-
-DType compute_dtype(const TensorView& inp, const char* op, const char* name) {
-  LOOM_CHECK(inp.defined(), "[", op, "] ", name, " is required");
-  LOOM_CHECK(is_compute_dtype(inp.dtype()), "[", op, "] expected f32, bf16 or f16 ", name, ", got ", inp.desc());
-  return inp.dtype();
-}
-
-// The per-row statistics buffer: absent (forward only), or host f32 with N elements.
-float* rstd_ptr(const TensorView& t, int64_t N, const char* op) {
-  if (!t.defined()) return nullptr;
-  LOOM_CHECK(t.dtype() == DType::kF32 && t.device().is_cpu(), "[", op, "] expected host f32 rstd, got ", t.desc());
-  expect_numel(t, N, op, "rstd");
-  return t.data<float>();
-}
-
-// The weight (C) as f32: its own data when f32, else widened into `buf`.
-const float* weight_f32(const TensorView& t, std::vector<float>& buf) {
-  if (t.dtype() == DType::kF32) return t.data<float>();
-  buf.resize(size_t(t.numel()));
-  widen(buf.data(), t.raw(), t.dtype(), t.numel());
-  return buf.data();
-}
+using namespace norm_common;
 
 inline void rmsnorm_row(float* out, const float* x, const float* w, int64_t C, float eps, float* rstd_out) {
   const float ms = lane_sum<float>(C, [&](int64_t i) { return x[i] * x[i]; }) / float(C);
@@ -87,14 +54,8 @@ void check_forward(RmsArgs& a, const char* op, const char* x_name, TensorView ou
   a.N = x.numel() / a.C;
   expect_numel(out, x.numel(), op, "out");
   expect_numel(weight, a.C, op, "weight");
-  a.rstd = rstd_ptr(rstd, a.N, op);
-  a.weight = weight_f32(weight, a.weight_buf);
-}
-
-std::vector<float>& partial_scratch(size_t n) {
-  thread_local std::vector<float> buf;
-  if (buf.size() < n) buf.resize(n);
-  return buf;
+  a.rstd = stats_ptr(rstd, a.N, op, "rstd");
+  a.weight = params_f32(weight, a.weight_buf);
 }
 
 // One row of the backward; dxr (accumulated into) and pw (this block's dweight partial) may be null.
@@ -108,17 +69,6 @@ inline void rmsnorm_backward_row(float* dxr, float* pw, const float* xr, const f
   if (pw) {
 #pragma omp simd
     for (int64_t c = 0; c < C; ++c) pw[c] += dyr[c] * (xr[c] * s);
-  }
-}
-
-// Adds an f64 total into channel c of a parameter gradient (f32, or bf16/f16 rounded once).
-inline void add_total(void* g, DType dt, int64_t c, double total) {
-  if (dt == DType::kF32) {
-    float* p = static_cast<float*>(g);
-    p[c] = float(double(p[c]) + total);
-  } else {
-    uint16_t* p = static_cast<uint16_t*>(g);
-    with_lowp(dt, [&](auto L) { p[c] = decltype(L)::enc(float(double(decltype(L)::dec(p[c])) + total)); });
   }
 }
 
@@ -211,36 +161,26 @@ void CpuOps::rmsnorm_backward(TensorView dinp, TensorView dweight, TensorView do
   expect_numel(dout, N * C, op, "dout");
   expect_numel(weight, C, op, "weight");
   LOOM_CHECK(rstd.defined(), "[", op, "] rstd saved by the forward is required");
-  const float* rs = rstd_ptr(rstd, N, op);
+  const float* rs = stats_ptr(rstd, N, op, "rstd");
   if (dinp.defined()) {
     expect_dtype(dinp, dt, op, "dinp");
     expect_numel(dinp, N * C, op, "dinp");
   }
   if (dweight.defined()) {
-    LOOM_CHECK(dweight.device().is_cpu(), "[", op, "] expected a host tensor for dweight, got ", dweight.desc());
-    LOOM_CHECK(dweight.dtype() == DType::kF32 || dweight.dtype() == dt, "[", op,
-               "] dweight must be f32 or the compute dtype ", dtype_name(dt), ", got ", dweight.desc());
+    expect_grad_dtype(dweight, dt, op, "dweight");
     expect_numel(dweight, C, op, "dweight");
   }
   const bool has_dx = dinp.defined(), has_dw = dweight.defined();
   if (N == 0 || (!has_dx && !has_dw)) return;
 
   std::vector<float> weight_buf;
-  const float* w = weight_f32(weight, weight_buf);
-  const int64_t nblocks = (N + kReduceBlockRows - 1) / kReduceBlockRows;
-  float* partial = has_dw ? partial_scratch(size_t(nblocks * C)).data() : nullptr;  // (nblocks, C)
+  const float* w = params_f32(weight, weight_buf);
+  const int64_t nblocks = num_blocks(N);
+  float* partial = has_dw ? partial_scratch(size_t(nblocks * C)) : nullptr;  // (nblocks, C)
   const float inv_c = 1.0f / float(C);
 
-  // Per block of rows: row(r, pw) runs one row, accumulating into the block's dweight partial.
-  auto blocks = [&](auto&& row) {
-#pragma omp parallel for schedule(static) if (N * C > kParallelMinElems)
-    for (int64_t blk = 0; blk < nblocks; ++blk) {
-      float* pw = has_dw ? partial + blk * C : nullptr;
-      if (pw) std::fill(pw, pw + C, 0.0f);
-      const int64_t r1 = std::min(N, (blk + 1) * kReduceBlockRows);
-      for (int64_t r = blk * kReduceBlockRows; r < r1; ++r) row(r, pw);
-    }
-  };
+  // row(r, pw) runs one row, accumulating into its block's dweight partial (null without dweight).
+  auto blocks = [&](auto&& row) { for_row_blocks(N, C, partial, C, row); };
   if (dt == DType::kF32) {
     const float* dy = dout.data<float>();
     const float* x = inp.data<float>();
@@ -266,21 +206,7 @@ void CpuOps::rmsnorm_backward(TensorView dinp, TensorView dweight, TensorView do
       });
     });
   }
-  if (!has_dw) return;
-  void* dw = dweight.raw();
-  const DType dw_dt = dweight.dtype();
-  constexpr int64_t kChunk = 64;  // channels per task, contiguous in every block's partial
-  const int64_t nchunks = (C + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) if (nblocks * C > kParallelMinElems)
-  for (int64_t ch = 0; ch < nchunks; ++ch) {
-    const int64_t c0 = ch * kChunk, width = std::min(kChunk, C - c0);
-    double sw[kChunk] = {};
-    for (int64_t blk = 0; blk < nblocks; ++blk) {
-      const float* pw = partial + blk * C + c0;
-      for (int64_t c = 0; c < width; ++c) sw[c] += double(pw[c]);
-    }
-    for (int64_t c = 0; c < width; ++c) add_total(dw, dw_dt, c0 + c, sw[c]);
-  }
+  if (has_dw) add_block_partials<1>(partial, nblocks, C, {grad_out(dweight)});
 }
 
 }  // namespace loom::cpu
