@@ -16,6 +16,8 @@
 #include <set>
 #include <sstream>
 
+#include "atomic_file.h"
+
 namespace loom {
 
 namespace {
@@ -30,45 +32,12 @@ std::string errno_text() { return std::strerror(errno); }
 
 std::string join(const std::string& dir, const std::string& name) { return (fs::path(dir) / name).string(); }
 
-// Makes the directory's entries (files created, renamed or removed in it) durable.
-void fsync_dir(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) user_error("cannot open checkpoint directory '", dir, "' to sync it: ", errno_text());
-  // EINVAL: the filesystem does not sync directories (some FUSE/network mounts); nothing more can be done.
-  if (::fsync(fd) != 0 && errno != EINVAL) {
-    const std::string why = errno_text();
-    ::close(fd);
-    user_error("syncing checkpoint directory '", dir, "' failed: ", why);
-  }
-  ::close(fd);
-}
-
-bool write_all(int fd, const char* p, size_t n) {
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    p += w;
-    n -= size_t(w);
-  }
-  return true;
-}
+using ckpt_io::fsync_dir;
 
 // <dir>/<name> via <name>.tmp + fsync + rename + fsync dir, so readers see the old file or the new one.
 void write_text_atomic(const std::string& dir, const std::string& name, const std::string& text) {
-  const std::string path = join(dir, name);
-  const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) user_error("cannot create '", tmp, "': ", errno_text());
-  bool ok = write_all(fd, text.data(), text.size()) && ::fsync(fd) == 0;
-  const std::string why = ok ? "" : errno_text();
-  ok = (::close(fd) == 0) && ok;
-  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string reason = why.empty() ? errno_text() : why;
-    ::unlink(tmp.c_str());
-    user_error("writing '", path, "' failed: ", reason);
-  }
-  fsync_dir(dir);
+  ckpt_io::write_file_atomic(join(dir, name),
+                             [&](int fd) { return ckpt_io::write_all(fd, text.data(), text.size()); });
 }
 
 void rename_or_fail(const std::string& from, const std::string& to) {

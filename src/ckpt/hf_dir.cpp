@@ -5,9 +5,6 @@
 // weight_map that lists a tensor twice is exactly the inconsistency this reader exists to catch.
 #include "loom/ckpt/hf_dir.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -19,6 +16,8 @@
 #include <set>
 #include <sstream>
 
+#include "atomic_file.h"
+#include "json_no_duplicates.h"
 #include "loom/ckpt/checkpoint.h"
 
 namespace loom {
@@ -39,22 +38,10 @@ std::string join(const std::string& dir, const std::string& name) { return (fs::
 
 // Parses JSON text, rejecting a key repeated within one object. `where` prefixes every error.
 Json parse_json_strict(const std::string& text, const std::string& where) {
-  std::vector<std::set<std::string>> open_objects;
   std::string duplicate;
-  auto on_event = [&](int, Json::parse_event_t ev, Json& parsed) {
-    if (ev == Json::parse_event_t::object_start) {
-      open_objects.emplace_back();
-    } else if (ev == Json::parse_event_t::object_end && !open_objects.empty()) {
-      open_objects.pop_back();
-    } else if (ev == Json::parse_event_t::key && !open_objects.empty() && duplicate.empty()) {
-      std::string k = parsed.get<std::string>();
-      if (!open_objects.back().insert(k).second) duplicate = k;
-    }
-    return true;
-  };
   Json j;
   try {
-    j = Json::parse(text, on_event);
+    j = ckpt_io::parse_json_noting_duplicates(text, &duplicate);
   } catch (const Json::exception& e) {
     user_error(where, ": not valid JSON: ", e.what());
   }
@@ -396,18 +383,6 @@ void HfCheckpoint::read_into(const std::string& name, TensorView dst) const { fi
 
 namespace {
 
-void fsync_path(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) user_error("cannot open directory '", dir, "' to sync it: ", std::strerror(errno));
-  // EINVAL: the filesystem cannot sync directories; there is nothing more to do there.
-  if (::fsync(fd) != 0 && errno != EINVAL) {
-    const std::string why = std::strerror(errno);
-    ::close(fd);
-    user_error("syncing directory '", dir, "' failed: ", why);
-  }
-  ::close(fd);
-}
-
 std::string shard_name(size_t i, size_t n) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "model-%05zu-of-%05zu.safetensors", i + 1, n);
@@ -492,12 +467,12 @@ void write_hf_dir(const std::string& dir_in, const std::string& config_json, con
     }
     write_checkpoint_text(staging, kConfigFile, config_json);
     for (const auto& [name, bytes] : extra_files) write_checkpoint_text(staging, name, bytes);
-    fsync_path(staging);
+    ckpt_io::fsync_dir(staging);
     // rename(2) replaces an empty directory atomically and fails on a non-empty one, so a directory
     // that appeared since the check above is never clobbered.
     if (::rename(staging.c_str(), dir.c_str()) != 0)
       user_error("renaming '", staging, "' to '", dir, "' failed: ", std::strerror(errno));
-    fsync_path(parent.empty() ? "." : parent.string());
+    ckpt_io::fsync_dir(parent.empty() ? "." : parent.string());
   } catch (...) {
     fs::remove_all(staging, ec);
     throw;

@@ -18,6 +18,9 @@
 #include <set>
 #include <unordered_map>
 
+#include "atomic_file.h"
+#include "json_no_duplicates.h"
+
 namespace loom {
 
 namespace {
@@ -78,18 +81,6 @@ bool pread_all(int fd, void* dst, size_t n, int64_t offset) {
     p += r;
     n -= size_t(r);
     offset += r;
-  }
-  return true;
-}
-
-bool write_all(int fd, const void* src, size_t n) {
-  const char* p = static_cast<const char*>(src);
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    p += w;
-    n -= size_t(w);
   }
   return true;
 }
@@ -240,21 +231,10 @@ void SafetensorsFile::Impl::check_tiling(int64_t data_size) {
 
 void SafetensorsFile::Impl::parse_header(const std::string& text, int64_t data_size) {
   if (text.empty() || text[0] != '{') fail("header does not start with '{' (not a safetensors file?)");
-  // Duplicate keys would silently keep one of two values; one key set per open object catches them.
-  std::vector<std::set<std::string>> open_objects;
   std::string duplicate;
-  auto on_event = [&](int, Json::parse_event_t ev, Json& parsed) {
-    if (ev == Json::parse_event_t::object_start) open_objects.emplace_back();
-    else if (ev == Json::parse_event_t::object_end && !open_objects.empty()) open_objects.pop_back();
-    else if (ev == Json::parse_event_t::key && !open_objects.empty() && duplicate.empty()) {
-      std::string k = parsed.get<std::string>();
-      if (!open_objects.back().insert(k).second) duplicate = k;
-    }
-    return true;
-  };
   Json j;
   try {
-    j = Json::parse(text, on_event);
+    j = ckpt_io::parse_json_noting_duplicates(text, &duplicate);
   } catch (const Json::exception& e) {
     fail("header is not valid JSON: ", e.what());
   }
@@ -494,30 +474,14 @@ void write_safetensors(const std::string& path, const NamedTensors& tensors,
   unsigned char len_bytes[8];
   for (int i = 0; i < 8; ++i) len_bytes[i] = uint8_t(uint64_t(text.size()) >> (8 * i));
 
-  const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) user_error("cannot create '", tmp, "': ", errno_text());
-  bool ok = write_all(fd, len_bytes, 8) && write_all(fd, text.data(), text.size());
-  for (size_t k = 0; ok && k < order.size(); ++k) {
-    const TensorView& t = tensors[order[k]].second;
-    ok = write_all(fd, t.raw(), size_t(t.nbytes()));
-  }
-  ok = ok && ::fsync(fd) == 0;
-  const std::string why = ok ? "" : errno_text();
-  ok = (::close(fd) == 0) && ok;
-  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string reason = why.empty() ? errno_text() : why;
-    ::unlink(tmp.c_str());
-    user_error("writing safetensors file '", path, "' failed: ", reason);
-  }
-  // The rename itself is durable only once the directory entry is synced.
-  const size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  ckpt_io::write_file_atomic(path, [&](int fd) {
+    bool ok = ckpt_io::write_all(fd, len_bytes, 8) && ckpt_io::write_all(fd, text.data(), text.size());
+    for (size_t k = 0; ok && k < order.size(); ++k) {
+      const TensorView& t = tensors[order[k]].second;
+      ok = ckpt_io::write_all(fd, t.raw(), size_t(t.nbytes()));
+    }
+    return ok;
+  });
 }
 
 }  // namespace loom

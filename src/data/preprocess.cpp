@@ -134,7 +134,7 @@ class WorkerPool {
     {
       std::lock_guard<std::mutex> lock(m_);
       closing_ = true;
-      todo_.clear();
+      pending_.clear();
     }
     cv_work_.notify_all();
     for (auto& t : threads_) t.join();
@@ -142,7 +142,7 @@ class WorkerPool {
   void submit(Chunk* c) {
     {
       std::lock_guard<std::mutex> lock(m_);
-      todo_.push_back(c);
+      pending_.push_back(c);
     }
     cv_work_.notify_one();
   }
@@ -157,10 +157,10 @@ class WorkerPool {
       Chunk* c = nullptr;
       {
         std::unique_lock<std::mutex> lock(m_);
-        cv_work_.wait(lock, [&] { return closing_ || !todo_.empty(); });
-        if (todo_.empty()) return;
-        c = todo_.front();
-        todo_.pop_front();
+        cv_work_.wait(lock, [&] { return closing_ || !pending_.empty(); });
+        if (pending_.empty()) return;
+        c = pending_.front();
+        pending_.pop_front();
       }
       try {
         enc_.encode_chunk(*c);
@@ -178,7 +178,7 @@ class WorkerPool {
   const LineEncoder& enc_;
   std::mutex m_;
   std::condition_variable cv_work_, cv_done_;
-  std::deque<Chunk*> todo_;
+  std::deque<Chunk*> pending_;
   bool closing_ = false;
   std::vector<std::thread> threads_;
 };

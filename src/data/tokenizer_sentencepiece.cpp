@@ -116,19 +116,19 @@ std::string charsmap_problem(std::string_view blob) {
     return d;
   };
   std::vector<uint8_t> seen(units, 0);
-  std::vector<size_t> todo;
+  std::vector<size_t> stack;
   auto visit = [&](size_t state) -> bool {
     if ((state | 0xFF) >= units) return false;  // state ^ byte could leave the array
     if (!seen[state]) {
       seen[state] = 1;
-      todo.push_back(state);
+      stack.push_back(state);
     }
     return true;
   };
   if (!visit(unit(0).offset())) return "charsmap trie root points outside the trie";
-  while (!todo.empty()) {
-    const size_t state = todo.back();
-    todo.pop_back();
+  while (!stack.empty()) {
+    const size_t state = stack.back();
+    stack.pop_back();
     for (uint32_t c = 0; c < 256; ++c) {
       const DartsUnit d = unit(state ^ c);
       if (d.label() != c) continue;

@@ -15,25 +15,15 @@
 
 #include "loom/core/check.h"
 #include "loom/data/tokenizer.h"
+#include "fuzz_util.h"
 
 namespace {
 
+using fuzz_util::require;
+using fuzz_util::write_file;
+
 std::string temp_path(const char* what) {
   return "/tmp/loom_fuzz_gpt2_" + std::to_string(::getpid()) + "_" + what;
-}
-
-void write_file(const std::string& path, std::string_view bytes) {
-  FILE* f = std::fopen(path.c_str(), "wb");
-  if (!f) std::abort();
-  if (!bytes.empty() && std::fwrite(bytes.data(), 1, bytes.size(), f) != bytes.size()) std::abort();
-  std::fclose(f);
-}
-
-void require(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "invariant violated: %s\n", what);
-    std::abort();
-  }
 }
 
 }  // namespace

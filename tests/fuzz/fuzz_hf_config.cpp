@@ -21,10 +21,13 @@
 
 #include "loom/ckpt/hf_dir.h"
 #include "loom/core/check.h"
+#include "fuzz_util.h"
 
 namespace fs = std::filesystem;
 
 namespace {
+
+using fuzz_util::require;
 
 const char* kConfig =
     R"({"model_type": "gpt2", "vocab_size": 8, "n_positions": 4, "n_embd": 4, "n_layer": 1, "n_head": 2})";
@@ -47,13 +50,6 @@ struct ScratchDir {
     fs::remove_all(dir(), ec);
   }
 };
-
-void require(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "invariant violated: %s\n", what);
-    std::abort();
-  }
-}
 
 void put(const fs::path& p, const uint8_t* data, size_t n) {
   std::ofstream f(p, std::ios::binary | std::ios::trunc);

@@ -13,28 +13,21 @@
 
 #include "loom/core/check.h"
 #include "loom/data/indexed_dataset.h"
+#include "fuzz_util.h"
 
 namespace {
+
+using fuzz_util::require;
+
+void write_file(const std::string& path, const uint8_t* data, size_t n) {
+  fuzz_util::write_file(path, std::string_view(reinterpret_cast<const char*>(data), n));
+}
 
 // tmpfs when there is one: rewriting a just-mapped file on a disk filesystem waits for writeback.
 const std::string& prefix() {
   static const std::string p = std::string(::access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp") +
                                "/loom_fuzz_idx_" + std::to_string(::getpid());
   return p;
-}
-
-void write_file(const std::string& path, const uint8_t* data, size_t n) {
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (!f) std::abort();
-  if (n && std::fwrite(data, 1, n, f) != n) std::abort();
-  std::fclose(f);
-}
-
-void require(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "invariant violated: %s\n", what);
-    std::abort();
-  }
 }
 
 }  // namespace

@@ -18,10 +18,13 @@
 #include "loom/data/indexed_dataset.h"
 #include "loom/data/preprocess.h"
 #include "loom/data/tokenizer.h"
+#include "fuzz_util.h"
 
 namespace fs = std::filesystem;
 
 namespace {
+
+using fuzz_util::require;
 
 // A fresh directory per input, removed afterwards (libFuzzer does not run atexit handlers). On tmpfs
 // when there is one: rewriting files on a disk filesystem waits for writeback.
@@ -39,13 +42,6 @@ struct ScratchDir {
     fs::remove_all(dir(), ec);
   }
 };
-
-void require(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "invariant violated: %s\n", what);
-    std::abort();
-  }
-}
 
 std::string slurp(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);

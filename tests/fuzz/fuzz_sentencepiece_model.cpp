@@ -15,19 +15,15 @@
 
 #include "loom/core/check.h"
 #include "loom/data/tokenizer.h"
+#include "fuzz_util.h"
 
 namespace {
+
+using fuzz_util::require;
 
 const std::string& model_path() {
   static const std::string path = "/tmp/loom_fuzz_spm_" + std::to_string(::getpid()) + ".model";
   return path;
-}
-
-void require(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "invariant violated: %s\n", what);
-    std::abort();
-  }
 }
 
 void exercise(const loom::Tokenizer& tok, std::string_view extra_text) {
@@ -50,10 +46,7 @@ void exercise(const loom::Tokenizer& tok, std::string_view extra_text) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  FILE* f = std::fopen(model_path().c_str(), "wb");
-  if (!f) std::abort();
-  if (size && std::fwrite(data, 1, size, f) != size) std::abort();
-  std::fclose(f);
+  fuzz_util::write_file(model_path(), std::string_view(reinterpret_cast<const char*>(data), size));
   const std::string_view tail(reinterpret_cast<const char*>(data) + (size > 64 ? size - 64 : 0),
                               size > 64 ? 64 : size);
   for (const char* type : {"SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer"}) {

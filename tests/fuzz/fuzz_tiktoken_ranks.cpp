@@ -15,25 +15,18 @@
 
 #include "loom/core/check.h"
 #include "loom/data/tokenizer.h"
+#include "fuzz_util.h"
 
 namespace {
 
-void require(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "invariant violated: %s\n", what);
-    std::abort();
-  }
-}
+using fuzz_util::require;
 
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view in(reinterpret_cast<const char*>(data), size);
   const std::string path = "/tmp/loom_fuzz_tiktoken_" + std::to_string(::getpid()) + ".tiktoken";
-  FILE* f = std::fopen(path.c_str(), "wb");
-  if (!f) std::abort();
-  if (size && std::fwrite(data, 1, size, f) != size) std::abort();
-  std::fclose(f);
+  fuzz_util::write_file(path, in);
   const std::string_view tail = in.substr(size > 256 ? size - 256 : 0);
   for (const char* pattern : {"v1", "v2", "gpt2", "cl100k"}) {
     loom::TokenizerConfig cfg;
