@@ -405,7 +405,7 @@ GPTMemoryPlan GPTModel::memory_plan(const GPTConfig& cfg, const ModelOptions& op
   const int64_t n = cfg.num_parameters();
   plan.parameters.push_back({"params.values", {n}, DType::kF32});
   if (opts.compute_dtype != DType::kF32) plan.parameters.push_back({"params.compute", {n}, opts.compute_dtype});
-  plan.parameters.push_back({"params.grads", {n}, opts.grad_dtype});
+  if (opts.with_grads) plan.parameters.push_back({"params.grads", {n}, opts.grad_dtype});
   if (cfg.position_embedding_type == PositionEmbeddingType::kRope) {
     const Shape table{cfg.max_position_embeddings, cfg.rotary_dim() / 2};
     plan.parameters.push_back({"rope.cos", table, DType::kF32});
@@ -429,7 +429,7 @@ GPTModel::GPTModel(const GPTConfig& cfg, const DeviceContext& ctx, const ModelOp
   if (cfg.untie_embeddings_and_output_weights)
     output_layer_ = std::make_unique<Linear>(params_, "output_layer", cfg.hidden_size, cfg.padded_vocab_size, false,
                                              cfg.init_method_std);
-  params_.allocate(ctx, opts_.compute_dtype, opts_.grad_dtype);
+  params_.allocate(ctx, opts_.compute_dtype, opts_.grad_dtype, opts_.with_grads);
   if (cfg.position_embedding_type == PositionEmbeddingType::kRope)
     rope_ = std::make_unique<RotaryEmbedding>(ctx, cfg.rotary_options(), cfg.max_position_embeddings);
   roles_ = layer_roles(cfg_, opts_);
@@ -615,6 +615,7 @@ float GPTModel::forward(const GPTBatch& batch, float dloss_scale, const ForwardO
 }
 
 void GPTModel::backward(const GPTBatch& batch) {
+  LOOM_CHECK(opts_.with_grads, "[GPTModel] backward() on a model built without gradients (ModelOptions::with_grads)");
   LOOM_CHECK(backward_ready_, "[GPTModel] backward() needs a preceding forward() with dloss_scale != 0");
   LOOM_CHECK(batch.tokens.ndim() == 2 && batch.tokens.size(0) == B_ && batch.tokens.size(1) == T_,
              "[GPTModel] backward() batch must be the forward's (", B_, ", ", T_, "), got ", batch.tokens.desc());

@@ -54,14 +54,8 @@ struct InferenceSession::LayerWeights {
   const Parameter* fc2_b = nullptr;
 };
 
-const Parameter* InferenceSession::find_param(const std::string& name) const {
-  for (const Parameter& p : model_.params().all())
-    if (p.name == name) return &p;
-  return nullptr;
-}
-
 const Parameter& InferenceSession::param(const std::string& name) const {
-  const Parameter* p = find_param(name);
+  const Parameter* p = model_.params().find(name);
   LOOM_CHECK(p != nullptr, "[InferenceSession] the model has no parameter ", name);
   return *p;
 }
@@ -106,8 +100,7 @@ InferenceSession::InferenceSession(const GPTModel& model, const DeviceContext& c
   lnf_w_ = &param("decoder.final_layernorm.weight");
   lnf_b_ = bias("decoder.final_layernorm.bias", layernorm);
   out_w_ = cfg_.untie_embeddings_and_output_weights ? &param("output_layer.weight") : wte_;
-  if (cfg_.position_embedding_type == PositionEmbeddingType::kRope)
-    rope_ = std::make_unique<RotaryEmbedding>(ctx, cfg_.rotary_options(), cfg_.max_position_embeddings);
+  rope_ = model.rotary();
 
   const int64_t NKV = cfg_.num_kv_heads(), HS = cfg_.head_dim();
   for (int64_t l = 0; l < cfg_.num_layers; ++l) {

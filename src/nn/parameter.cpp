@@ -2,6 +2,7 @@
 #include "loom/nn/parameter.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "loom/core/rng.h"
 
@@ -27,13 +28,7 @@ Parameter& ParameterSet::add(std::string name, Shape shape, InitKind init, float
   return p;
 }
 
-int64_t ParameterSet::allocation_bytes(int64_t numel, DType compute_dtype, DType grad_dtype) {
-  int64_t bytes = numel * int64_t(dtype_size(DType::kF32)) + numel * int64_t(dtype_size(grad_dtype));
-  if (compute_dtype != DType::kF32) bytes += numel * int64_t(dtype_size(compute_dtype));
-  return bytes;
-}
-
-void ParameterSet::allocate(const DeviceContext& ctx, DType compute_dtype, DType grad_dtype) {
+void ParameterSet::allocate(const DeviceContext& ctx, DType compute_dtype, DType grad_dtype, bool with_grads) {
   LOOM_CHECK(!values_.defined(), "[ParameterSet] allocate() called twice");
   LOOM_CHECK(is_compute_dtype(compute_dtype), "[ParameterSet] compute dtype must be f32, bf16 or f16, got ",
              dtype_name(compute_dtype));
@@ -43,11 +38,11 @@ void ParameterSet::allocate(const DeviceContext& ctx, DType compute_dtype, DType
   ctx_ = &ctx;
   values_ = ctx.empty({numel_}, DType::kF32);
   compute_ = compute_dtype == DType::kF32 ? values_ : ctx.empty({numel_}, compute_dtype);
-  grads_ = ctx.zeros({numel_}, grad_dtype);
+  if (with_grads) grads_ = ctx.zeros({numel_}, grad_dtype);
   for (Parameter& p : params_) {
     p.value = values_.slice_flat(p.offset, p.shape);
     p.compute = compute_.slice_flat(p.offset, p.shape);
-    p.grad = grads_.slice_flat(p.offset, p.shape);
+    if (with_grads) p.grad = grads_.slice_flat(p.offset, p.shape);
   }
 }
 
@@ -72,12 +67,19 @@ void ParameterSet::sync_compute(const DeviceContext& ctx) const {
   ctx.ops().cast(compute_, values_);
 }
 
-Parameter* ParameterSet::find(const std::string& name) {
-  for (Parameter& p : params_)
+const Parameter* ParameterSet::find(const std::string& name) const {
+  for (const Parameter& p : params_)
     if (p.name == name) return &p;
   return nullptr;
 }
 
-void ParameterSet::zero_grads(const DeviceContext& ctx) const { ctx.ops().fill_(grads_, 0.0f); }
+Parameter* ParameterSet::find(const std::string& name) {
+  return const_cast<Parameter*>(std::as_const(*this).find(name));
+}
+
+void ParameterSet::zero_grads(const DeviceContext& ctx) const {
+  LOOM_CHECK(grads_.defined(), "[ParameterSet] zero_grads() on a set allocated without gradients");
+  ctx.ops().fill_(grads_, 0.0f);
+}
 
 }  // namespace loom

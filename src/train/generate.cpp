@@ -216,6 +216,7 @@ std::unique_ptr<GPTModel> load_model_for_inference(const std::string& dir, const
   check_load_dir(dir);
   ModelOptions mo;
   mo.compute_dtype = compute_dtype;
+  mo.with_grads = false;  // generation never runs backward
   auto model = std::make_unique<GPTModel>(read_model_config(dir), ctx, mo);
   HfImportOptions io;
   io.ctx = &ctx;

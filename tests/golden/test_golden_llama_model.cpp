@@ -12,21 +12,13 @@
 #include <string>
 #include <vector>
 
+#include "golden_util.h"
 #include "loom/ckpt/safetensors.h"
 #include "loom/model/gpt.h"
 
 using namespace loom;
 
 namespace {
-
-double max_rel_err(const float* got, const float* ref, int64_t n) {
-  double maxref = 0, maxdiff = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    maxref = std::max(maxref, std::fabs(double(ref[i])));
-    maxdiff = std::max(maxdiff, std::fabs(double(got[i]) - double(ref[i])));
-  }
-  return maxdiff / std::max(maxref, 1e-30);
-}
 
 const SafetensorsFile& fixture() {
   static const SafetensorsFile f = SafetensorsFile::open(std::string(LOOM_FIXTURE_DIR) + "/llama_tiny.safetensors");
@@ -119,8 +111,7 @@ TEST_P(GoldenLlama, LogitsLossAndGradients) {
   const Tensor tokens = f.read(c + ".tokens"), targets = f.read(c + ".targets");
   const float loss = model.forward(tokens, targets, 0.0f);
   const Tensor ref_logits = f.read(c + ".ref.logits");
-  ASSERT_EQ(model.logits().numel(), ref_logits.numel());
-  EXPECT_LT(max_rel_err(model.logits().data<float>(), ref_logits.data<float>(), ref_logits.numel()), 1e-5);
+  golden::expect_close(c + ": logits", model.logits(), ref_logits, 1e-5);
   const float ref_loss = f.read(c + ".ref.loss").data<float>()[0];
   EXPECT_NEAR(loss, ref_loss, 1e-5 * ref_loss);
 
@@ -129,8 +120,7 @@ TEST_P(GoldenLlama, LogitsLossAndGradients) {
   model.backward(tokens);
   for (const Parameter& p : model.params().all()) {
     const Tensor ref = f.read(c + ".ref.grad." + p.name);
-    ASSERT_EQ(ref.numel(), p.grad.numel()) << p.name;
-    EXPECT_LT(max_rel_err(p.grad.data<float>(), ref.data<float>(), ref.numel()), 1e-5) << c << ": " << p.name;
+    golden::expect_close(c + ": grad " + p.name, p.grad, ref, 1e-5);
   }
 }
 

@@ -141,6 +141,8 @@ struct ModelOptions {
   // --recompute-num-layers: group size (uniform) or number of recomputed layers (block); in
   // [1, num_layers] for kFull, 0 (unset) otherwise. Ignored with kNone, as Megatron ignores it.
   int64_t recompute_num_layers = 0;
+  // false: an inference-only model (`loom generate`): no gradient buffer, backward() is refused.
+  bool with_grads = true;
   void validate(const GPTConfig& cfg) const;  // throws UserError naming the Megatron flags
 };
 
@@ -165,8 +167,8 @@ struct PlannedBuffer {
 // Every buffer of a model for micro-batches of shape (B, T). Optimizer state (AdamW's m, v) is not the
 // model's and is not included.
 struct GPTMemoryPlan {
-  // f32 master values, compute copy (bf16/f16 only), grads, and the RoPE cos/sin tables (constants built
-  // with the model).
+  // f32 master values, compute copy (bf16/f16 only), grads (unless ModelOptions::with_grads is false), and
+  // the RoPE cos/sin tables (constants built with the model).
   std::vector<PlannedBuffer> parameters;
   std::vector<PlannedBuffer> activations;  // everything forward/backward allocate (saved, scratch, logits)
   int64_t parameter_bytes() const;
@@ -217,6 +219,8 @@ class GPTModel {
   void backward(TensorView tokens) { backward(GPTBatch{tokens, {}, {}, {}, {}}); }
   TensorView logits() const { return logits_; }  // (B, T, Vp), compute dtype
   TensorView losses() const { return losses_; }  // (B, T) f32 per-token losses of the last forward
+  // The RoPE tables (null without RoPE); constants, shared with InferenceSession.
+  const RotaryEmbedding* rotary() const { return rope_.get(); }
 
   // Every buffer a model built with (cfg, opts) allocates for (B, T) micro-batches; validates both.
   static GPTMemoryPlan memory_plan(const GPTConfig& cfg, const ModelOptions& opts, int64_t B, int64_t T);

@@ -46,7 +46,6 @@ class InferenceSession {
  private:
   struct LayerWeights;
   const Parameter& param(const std::string& name) const;
-  const Parameter* find_param(const std::string& name) const;
   void norm(TensorView out, TensorView inp, const Parameter& w, const Parameter* b) const;
   void norm_residual(TensorView residual, TensorView out, TensorView a, TensorView b, const Parameter& w,
                      const Parameter* bias) const;
@@ -60,7 +59,7 @@ class InferenceSession {
   const DeviceContext& ctx_;
   int64_t B_, capacity_, length_ = 0;
   AttentionParams attn_;
-  std::unique_ptr<RotaryEmbedding> rope_;  // own tables: identical to the model's (same options, same math)
+  const RotaryEmbedding* rope_ = nullptr;  // the model's tables (null without RoPE)
   const Parameter* wte_ = nullptr;
   const Parameter* wpe_ = nullptr;
   const Parameter* lnf_w_ = nullptr;

@@ -40,8 +40,10 @@ class ParameterSet {
   Parameter& add(std::string name, Shape shape, InitKind init, float init_std, bool no_weight_decay,
                  int partition_dim = -1);
   // Lays out master values, the compute copy and gradients contiguously in declaration order (gradients
-  // zeroed). compute_dtype: f32, bf16 or f16; grad_dtype: f32 or compute_dtype.
-  void allocate(const DeviceContext& ctx, DType compute_dtype = DType::kF32, DType grad_dtype = DType::kF32);
+  // zeroed). compute_dtype: f32, bf16 or f16; grad_dtype: f32 or compute_dtype. with_grads = false
+  // (inference) allocates no gradient buffer: grads() and every Parameter::grad stay undefined.
+  void allocate(const DeviceContext& ctx, DType compute_dtype = DType::kF32, DType grad_dtype = DType::kF32,
+                bool with_grads = true);
   // Fills every master value from its init rule and syncs the compute copy. Normal values come from
   // Philox with the stream keyed by the parameter's name and the index of the element, so a value never
   // depends on declaration order, thread count or (later) how the tensor is sharded.
@@ -49,7 +51,8 @@ class ParameterSet {
   // compute_values() = cast(values()) with round to nearest even; nothing to do when the compute dtype is f32.
   void sync_compute(const DeviceContext& ctx) const;
 
-  Parameter* find(const std::string& name);
+  Parameter* find(const std::string& name);  // null when there is no such parameter
+  const Parameter* find(const std::string& name) const;
   const std::deque<Parameter>& all() const { return params_; }
   std::deque<Parameter>& all() { return params_; }
   int64_t numel() const { return numel_; }
@@ -59,8 +62,6 @@ class ParameterSet {
   const Tensor& compute_values() const { return compute_; }
   const Tensor& grads() const { return grads_; }
   void zero_grads(const DeviceContext& ctx) const;
-  // Bytes allocate() takes: master values + compute copy (when not f32) + grads.
-  static int64_t allocation_bytes(int64_t numel, DType compute_dtype, DType grad_dtype);
 
  private:
   std::deque<Parameter> params_;  // deque: references stay valid while modules add parameters

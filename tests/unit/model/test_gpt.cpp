@@ -230,6 +230,35 @@ TEST_P(GPTMemory, PlanEqualsAllocatedBytes) {
   }
 }
 
+// An inference-only model (with_grads = false) allocates no gradient buffer (the plan drops params.grads
+// and still equals the allocation), computes the same loss and logits, and refuses backward.
+TEST(GPTInferenceModel, AllocatesNoGradients) {
+  auto ctx = make_cpu_context();
+  const GPTConfig cfg = small_config();
+  ModelOptions inference;
+  inference.compute_dtype = DType::kBF16;
+  inference.with_grads = false;
+  ModelOptions training = inference;
+  training.with_grads = true;
+  const GPTMemoryPlan plan = GPTModel::memory_plan(cfg, inference, kB, kT);
+  const GPTMemoryPlan full = GPTModel::memory_plan(cfg, training, kB, kT);
+  for (const PlannedBuffer& b : plan.parameters) EXPECT_NE(b.name, "params.grads");
+  EXPECT_EQ(full.parameter_bytes() - plan.parameter_bytes(), cfg.num_parameters() * 4);  // f32 main grads
+  const MicroBatch mb = make_batch(0, cfg.vocab_size, false);
+  const int64_t before = ctx->memory_stats().current_bytes;
+  GPTModel m(cfg, *ctx, inference);
+  EXPECT_EQ(ctx->memory_stats().current_bytes - before, plan.parameter_bytes());
+  EXPECT_FALSE(m.params().grads().defined());
+  GPTModel ref(cfg, *ctx, training);
+  m.initialize(4);
+  ref.initialize(4);
+  EXPECT_EQ(m.forward(mb.batch(), 0.0f, ForwardOptions{false, 0, 0}),
+            ref.forward(mb.batch(), 0.0f, ForwardOptions{false, 0, 0}));
+  EXPECT_EQ(0, std::memcmp(m.logits().raw(), ref.logits().raw(), size_t(m.logits().nbytes())));
+  m.forward(mb.batch(), 1.0f);
+  EXPECT_THROW(m.backward(mb.batch()), Error);
+}
+
 // Planned activation bytes and the measured peak of a forward + backward both fall strictly from no
 // recomputation to selective to full; recomputed layers own no buffers. (Full block with N = 1 saves
 // nothing: the one recomputed layer's activations move into a scratch of the same size.)

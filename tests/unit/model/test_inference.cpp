@@ -14,35 +14,19 @@
 #include "loom/ckpt/safetensors.h"
 #include "loom/core/rng.h"
 #include "loom/model/inference.h"
+#include "model_test_util.h"
 
 using namespace loom;
 
 namespace {
 
 GPTConfig gpt2_config() {
-  GPTConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.num_attention_heads = 4;
-  c.max_position_embeddings = 24;
-  c.vocab_size = 50;
-  c.padded_vocab_size = 64;
+  GPTConfig c = test::tiny_gpt2_config(24, 50, 64);
   c.init_method_std = 0.3f;  // larger than GPT-2's so logits and attention are far from uniform
   return c;
 }
 
-GPTConfig llama_config() {
-  GPTConfig c = gpt2_config();
-  c.normalization = NormKind::kRMSNorm;
-  c.activation = MlpActivation::kSwiGLU;
-  c.ffn_hidden = 48;
-  c.group_query_attention = true;
-  c.num_query_groups = 2;
-  c.add_bias_linear = false;
-  c.untie_embeddings_and_output_weights = true;
-  c.position_embedding_type = PositionEmbeddingType::kRope;
-  return c;
-}
+GPTConfig llama_config() { return test::llama_variant(gpt2_config()); }
 
 GPTConfig window_config() {
   GPTConfig c = llama_config();

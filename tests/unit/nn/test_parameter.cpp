@@ -71,7 +71,7 @@ TEST(ParameterSet, ComputeCopyAndGradDtypes) {
     EXPECT_EQ(ps.compute_values().raw(), ps.values().raw());
     EXPECT_EQ(ps.find("fc.weight")->compute.raw(), ps.find("fc.weight")->value.raw());
     EXPECT_EQ(ps.compute_dtype(), DType::kF32);
-    EXPECT_EQ(ParameterSet::allocation_bytes(ps.numel(), DType::kF32, DType::kF32), 8 * ps.numel());
+    EXPECT_EQ(ps.values().nbytes() + ps.grads().nbytes(), 8 * ps.numel());  // no separate compute copy
   }
   ParameterSet ps;
   Linear lin(ps, "fc", 4, 3, true, 0.5f);
@@ -80,7 +80,7 @@ TEST(ParameterSet, ComputeCopyAndGradDtypes) {
   EXPECT_EQ(ps.values().dtype(), DType::kF32);
   EXPECT_EQ(ps.compute_values().dtype(), DType::kF16);
   EXPECT_EQ(ps.grads().dtype(), DType::kF16);
-  EXPECT_EQ(ParameterSet::allocation_bytes(ps.numel(), DType::kF16, DType::kF16), 8 * ps.numel());
+  EXPECT_EQ(ps.values().nbytes() + ps.compute_values().nbytes() + ps.grads().nbytes(), 8 * ps.numel());
   const Parameter& b = *ps.find("fc.bias");
   EXPECT_EQ(b.compute.raw(), static_cast<uint16_t*>(ps.compute_values().raw()) + b.offset);
   EXPECT_EQ(b.grad.raw(), static_cast<uint16_t*>(ps.grads().raw()) + b.offset);
@@ -92,6 +92,24 @@ TEST(ParameterSet, ComputeCopyAndGradDtypes) {
   ps.sync_compute(*ctx);
   EXPECT_EQ(c[0], f32_to_f16(1.0f));
   EXPECT_THROW(ParameterSet().allocate(*ctx, DType::kBF16, DType::kF16), Error);
+}
+
+// Inference sets allocate no gradient buffer; values and the compute copy are laid out as usual.
+TEST(ParameterSet, WithoutGrads) {
+  auto ctx = make_cpu_context();
+  ParameterSet ps;
+  Linear lin(ps, "fc", 4, 3, true, 0.02f);
+  ps.allocate(*ctx, DType::kBF16, DType::kF32, /*with_grads=*/false);
+  EXPECT_FALSE(ps.grads().defined());
+  EXPECT_FALSE(ps.find("fc.weight")->grad.defined());
+  EXPECT_EQ(ps.compute_values().dtype(), DType::kBF16);
+  ps.initialize(5);
+  const ParameterSet& cps = ps;
+  const Parameter* b = cps.find("fc.bias");
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(b->compute.raw(), static_cast<const uint16_t*>(ps.compute_values().raw()) + b->offset);
+  EXPECT_EQ(cps.find("fc.nothing"), nullptr);
+  EXPECT_THROW(ps.zero_grads(*ctx), Error);
 }
 
 // Modules read the compute copy: a bf16 linear layer computes with the rounded weights, not the masters.

@@ -13,6 +13,7 @@
 
 #include "loom/ckpt/checkpoint.h"
 #include "loom/train/generate.h"
+#include "model_test_util.h"
 
 using namespace loom;
 
@@ -136,23 +137,10 @@ TEST(Sampling, ValidateNamesTheFlag) {
 namespace {
 
 GPTConfig tiny(bool llama) {
-  GPTConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.num_attention_heads = 4;
-  c.max_position_embeddings = 24;
-  c.vocab_size = 50;
-  c.padded_vocab_size = 64;
+  GPTConfig c = test::tiny_gpt2_config(24, 50, 64);
   c.init_method_std = 0.3f;
   if (llama) {
-    c.normalization = NormKind::kRMSNorm;
-    c.activation = MlpActivation::kSwiGLU;
-    c.ffn_hidden = 48;
-    c.group_query_attention = true;
-    c.num_query_groups = 2;
-    c.add_bias_linear = false;
-    c.untie_embeddings_and_output_weights = true;
-    c.position_embedding_type = PositionEmbeddingType::kRope;
+    c = test::llama_variant(c);
     c.window_size_left = 4;
   }
   return c;

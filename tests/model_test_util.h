@@ -1,0 +1,36 @@
+// Tiny model configurations shared by the model and train unit tests (KV-cached inference, generation,
+// Hugging Face model I/O): two layers, hidden size 32, four heads, so a forward takes microseconds.
+#pragma once
+#include <cstdint>
+
+#include "loom/model/gpt.h"
+
+namespace loom::test {
+
+// GPT-2's architecture (LayerNorm, GeLU, learned positions, linear biases, output tied to the embedding).
+inline GPTConfig tiny_gpt2_config(int64_t max_positions, int64_t vocab, int64_t padded_vocab) {
+  GPTConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 32;
+  c.num_attention_heads = 4;
+  c.max_position_embeddings = max_positions;
+  c.vocab_size = vocab;
+  c.padded_vocab_size = padded_vocab;
+  return c;
+}
+
+// `c` with Llama's architecture: RMSNorm, SwiGLU (F = 48), grouped-query attention with two groups, no
+// linear biases, an untied output layer and RoPE.
+inline GPTConfig llama_variant(GPTConfig c) {
+  c.normalization = NormKind::kRMSNorm;
+  c.activation = MlpActivation::kSwiGLU;
+  c.ffn_hidden = 48;
+  c.group_query_attention = true;
+  c.num_query_groups = 2;
+  c.add_bias_linear = false;
+  c.untie_embeddings_and_output_weights = true;
+  c.position_embedding_type = PositionEmbeddingType::kRope;
+  return c;
+}
+
+}  // namespace loom::test
