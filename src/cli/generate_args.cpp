@@ -13,26 +13,14 @@ using Flag = FlagSpec<GenerateConfig>;
 const std::vector<Flag>& flags() {
   using C = GenerateConfig;
   using V = const std::vector<std::string>&;
-  static const std::vector<Flag> table = {
+  static const std::vector<Flag> table = [] {
+    std::vector<Flag> t = {
       {{"--load", Arity::kOne, "DIR",
         "model to generate from: a `loom train --save` dir (or one iter_* dir in it), or a Hugging Face model dir"},
        [](C& c, V v) { c.load = v[0]; }},
-      {{"--tokenizer-type", Arity::kOne, "NAME",
-        "GPT2BPETokenizer | TikTokenizer | SentencePieceTokenizer | GPTSentencePieceTokenizer | Llama2Tokenizer | "
-        "NullTokenizer: the tokenizer the model was trained with"},
-       [](C& c, V v) { c.tokenizer.type = v[0]; }},
-      {{"--vocab-file", Arity::kOne, "FILE", "GPT-2 encoder.json / vocab.json"},
-       [](C& c, V v) { c.tokenizer.vocab_file = v[0]; }},
-      {{"--merge-file", Arity::kOne, "FILE", "GPT-2 vocab.bpe / merges.txt"},
-       [](C& c, V v) { c.tokenizer.merge_file = v[0]; }},
-      {{"--tokenizer-model", Arity::kOne, "FILE", "tiktoken rank file or SentencePiece .model"},
-       [](C& c, V v) { c.tokenizer.tokenizer_model = v[0]; }},
-      {{"--tiktoken-pattern", Arity::kOne, "v1|v2", "TikTokenizer split pattern: v1 | v2 | gpt2 | cl100k (default v2)"},
-       [](C& c, V v) { c.tokenizer.tiktoken_pattern = v[0]; }},
-      {{"--tiktoken-num-special-tokens", Arity::kOne, "N", "TikTokenizer special tokens (default 1000)"},
-       [](C& c, V v) {
-         c.tokenizer.tiktoken_num_special_tokens = parse_int_flag("--tiktoken-num-special-tokens", v[0]);
-       }},
+    };
+    for (Flag& f : tokenizer_flag_specs<C>([](C& c) -> TokenizerConfig& { return c.tokenizer; })) t.push_back(std::move(f));
+    t.insert(t.end(), {
       {{"--vocab-size", Arity::kOne, "V", "NullTokenizer vocabulary (ids 0..V-1, EOD = V)"},
        [](C& c, V v) { c.tokenizer.vocab_size = parse_int_flag("--vocab-size", v[0]); }},
       {{"--prompt", Arity::kOne, "TEXT", "the text to continue"},
@@ -62,7 +50,9 @@ const std::vector<Flag>& flags() {
        [](C& c, V) { c.generation.use_kv_cache = false; }},
       {{"--bf16", Arity::kSwitch, "", "compute in bf16 (a bf16 copy of the f32 weights)"},
        [](C& c, V) { c.bf16 = true; }},
-  };
+    });
+    return t;
+  }();
   return table;
 }
 

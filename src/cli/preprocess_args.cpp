@@ -3,7 +3,6 @@
 // that say so.
 #include "cli/preprocess_args.h"
 
-
 #include "loom/core/check.h"
 #include "loom/train/flags.h"
 
@@ -18,27 +17,17 @@ int64_t to_int(const std::string& flag, const std::string& v) { return parse_int
 const std::vector<Flag>& flags() {
   using C = PreprocessConfig;
   using V = const std::vector<std::string>&;
-  static const std::vector<Flag> table = {
+  static const std::vector<Flag> table = [] {
+    std::vector<Flag> t = {
       {{"--input", Arity::kOne, "FILE", "JSONL input, one JSON object (document) per line"},
        [](C& c, V v) { c.input = v[0]; }},
       {{"--json-keys", Arity::kOneOrMore, "KEY [KEY ...]", "keys to extract (default: text); one output pair per key"},
        [](C& c, V v) { c.json_keys = v; }},
       {{"--output-prefix", Arity::kOne, "PREFIX", "writes PREFIX_<key>_document.bin/.idx"},
        [](C& c, V v) { c.output_prefix = v[0]; }},
-      {{"--tokenizer-type", Arity::kOne, "NAME",
-        "GPT2BPETokenizer | TikTokenizer | SentencePieceTokenizer | GPTSentencePieceTokenizer | "
-        "Llama2Tokenizer | NullTokenizer"},
-       [](C& c, V v) { c.tokenizer.type = v[0]; }},
-      {{"--vocab-file", Arity::kOne, "FILE", "GPT-2 encoder.json / vocab.json"},
-       [](C& c, V v) { c.tokenizer.vocab_file = v[0]; }},
-      {{"--merge-file", Arity::kOne, "FILE", "GPT-2 vocab.bpe / merges.txt"},
-       [](C& c, V v) { c.tokenizer.merge_file = v[0]; }},
-      {{"--tokenizer-model", Arity::kOne, "FILE", "tiktoken rank file or SentencePiece .model"},
-       [](C& c, V v) { c.tokenizer.tokenizer_model = v[0]; }},
-      {{"--tiktoken-pattern", Arity::kOne, "v1|v2", "TikTokenizer split pattern: v1 | v2 (Megatron's) | gpt2 | cl100k (default v2)"},
-       [](C& c, V v) { c.tokenizer.tiktoken_pattern = v[0]; }},
-      {{"--tiktoken-num-special-tokens", Arity::kOne, "N", "TikTokenizer special tokens (default 1000)"},
-       [](C& c, V v) { c.tokenizer.tiktoken_num_special_tokens = to_int("--tiktoken-num-special-tokens", v[0]); }},
+    };
+    for (Flag& f : tokenizer_flag_specs<C>([](C& c) -> TokenizerConfig& { return c.tokenizer; })) t.push_back(std::move(f));
+    t.insert(t.end(), {
       {{"--vocab-size", Arity::kOne, "V", "vocabulary size (NullTokenizer)"},
        [](C& c, V v) { c.tokenizer.vocab_size = to_int("--vocab-size", v[0]); }},
       {{"--append-eod", Arity::kSwitch, "", "append the end-of-document token to each non-empty document"},
@@ -57,7 +46,9 @@ const std::vector<Flag>& flags() {
        [](C&, V v) {
          if (v[0] != "mmap") user_error("--dataset-impl: only 'mmap' is supported, got '", v[0], "'");
        }},
-  };
+    });
+    return t;
+  }();
   return table;
 }
 

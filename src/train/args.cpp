@@ -5,6 +5,8 @@
 
 #include <functional>
 
+#include "loom/core/check.h"
+
 namespace loom {
 
 namespace {
@@ -212,18 +214,7 @@ const std::vector<Flag>& flags() {
        [](C& c, S v) { c.data.split = v; }},
       {"--data-cache-path", "DIR", "where dataset index caches go (default <data dir>/cache/GPTDataset_indices)",
        [](C& c, S v) { c.data.data_cache_path = v; }},
-      {"--tokenizer-type", "T",
-       "GPT2BPETokenizer | TikTokenizer | SentencePieceTokenizer | GPTSentencePieceTokenizer | Llama2Tokenizer | "
-       "NullTokenizer",
-       [](C& c, S v) { c.data.tokenizer.type = v; }},
-      {"--vocab-file", "FILE", "GPT-2 encoder.json / vocab.json", [](C& c, S v) { c.data.tokenizer.vocab_file = v; }},
-      {"--merge-file", "FILE", "GPT-2 vocab.bpe / merges.txt", [](C& c, S v) { c.data.tokenizer.merge_file = v; }},
-      {"--tokenizer-model", "FILE", "tiktoken rank file or SentencePiece model",
-       [](C& c, S v) { c.data.tokenizer.tokenizer_model = v; }},
-      {"--tiktoken-pattern", "v1|v2", "TikTokenizer split pattern: v1 | v2 (Megatron's) | gpt2 | cl100k (default v2)",
-       [](C& c, S v) { c.data.tokenizer.tiktoken_pattern = v; }},
-      {"--tiktoken-num-special-tokens", "N", "TikTokenizer special ids before the ranks (default 1000)",
-       [](C& c, S v) { c.data.tokenizer.tiktoken_num_special_tokens = parse_int("--tiktoken-num-special-tokens", v); }},
+      // the tokenizer flags come from tokenizer_flag_specs(), spliced in after --data-cache-path by specs()
       {"--reset-position-ids", "", "restart position ids after each end-of-document token",
        [](C& c, S) { c.data.reset_position_ids = true; }},
       {"--reset-attention-mask", "", "documents in one sequence do not attend to each other",
@@ -283,7 +274,11 @@ std::vector<FlagSpec<TrainConfig>> specs() {
                      if (v.empty()) set(c, "");
                      for (const std::string& x : v) set(c, x);
                    }});
+    if (f.name == "--data-cache-path")  // the tokenizer flags, shared with generate and preprocess
+      for (auto& t : tokenizer_flag_specs<TrainConfig>([](TrainConfig& c) -> TokenizerConfig& { return c.data.tokenizer; }))
+        out.push_back(std::move(t));
   }
+  LOOM_CHECK(out.size() > flags().size(), "the tokenizer flags were not spliced into the train flag table");
   return out;
 }
 

@@ -1,5 +1,10 @@
 #include "train/checkpoint_format.h"
 
+#include <fstream>
+#include <sstream>
+
+#include "loom/core/check.h"
+
 namespace loom {
 
 using nlohmann::json;
@@ -31,6 +36,18 @@ json model_config_json(const GPTConfig& m) {
           {"rope_scaling_factor", m.rope_scaling_factor},
           {"window_size", m.window_size_left < 0 ? json(nullptr) : json::array({m.window_size_left, 0})},
           {"qk_layernorm", m.qk_layernorm}};
+}
+
+json read_json_file(const std::string& path, const char* what) {
+  std::ifstream f(path);
+  if (!f) user_error("cannot read ", what, " ", path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  try {
+    return json::parse(ss.str());
+  } catch (const json::exception& e) {
+    user_error(what, " ", path, " is not valid JSON: ", e.what());
+  }
 }
 
 }  // namespace loom

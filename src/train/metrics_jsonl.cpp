@@ -1,6 +1,6 @@
-// JSON Lines metrics file. Lines are formatted by hand (keys escaped per RFC 8259, numbers by
-// std::to_chars' shortest round-trip form, which is valid JSON for every finite double) and flushed one
-// by one: a crash can lose at most the line being written, never an earlier one.
+// JSON Lines metrics file. Keys are escaped by nlohmann::json; numbers are written in std::to_chars'
+// shortest round-trip form ("5", not nlohmann's "5.0"; valid JSON for every finite double). Lines are
+// flushed one by one: a crash can lose at most the line being written, never an earlier one.
 #include "loom/train/metrics_jsonl.h"
 
 #include <cerrno>
@@ -8,37 +8,11 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "loom/core/check.h"
 
 namespace loom {
-
-namespace {
-
-void append_json_string(std::string& out, const std::string& s) {
-  out.push_back('"');
-  for (const char ch : s) {
-    const auto c = static_cast<unsigned char>(ch);
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out.push_back(ch);  // UTF-8 bytes pass through unchanged
-        }
-    }
-  }
-  out.push_back('"');
-}
-
-}  // namespace
 
 std::string json_number(double v) {
   if (!std::isfinite(v)) return "null";
@@ -70,7 +44,7 @@ void MetricsJsonlWriter::write(const std::vector<std::pair<std::string, double>>
   std::string line = "{";
   for (size_t i = 0; i < fields.size(); ++i) {
     if (i) line.push_back(',');
-    append_json_string(line, fields[i].first);
+    line += nlohmann::json(fields[i].first).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     line.push_back(':');
     line += json_number(fields[i].second);
   }

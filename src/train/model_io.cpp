@@ -49,14 +49,6 @@ std::string read_text(const std::string& path, const char* what) {
   return ss.str();
 }
 
-json parse_json_file(const std::string& path, const char* what) {
-  try {
-    return json::parse(read_text(path, what));
-  } catch (const json::exception& e) {
-    user_error(what, " ", path, " is not valid JSON: ", e.what());
-  }
-}
-
 template <typename T>
 T field(const json& j, const char* key, const std::string& file) {
   if (!j.contains(key)) user_error(file, ": model_config has no \"", key, "\"");
@@ -134,9 +126,14 @@ std::string loom_checkpoint_dir(const std::string& dir) {
 
 json read_loom_metadata(const std::string& ckpt_dir) {
   const std::string path = ckpt_dir + "/metadata.json";
-  const json meta = parse_json_file(path, "checkpoint metadata");
+  const json meta = read_json_file(path, "checkpoint metadata");
   if (!meta.is_object() || !meta.contains("format") || meta["format"] != kLoomFormat)
     user_error(path, " is not a Loom checkpoint (format ", meta.is_object() && meta.contains("format") ? meta["format"].dump() : "missing", ")");
+  // The trainer refuses a newer format on resume; generate and convert must not misread one either.
+  if (meta.contains("format_version") &&
+      (!meta["format_version"].is_number_integer() || meta["format_version"].get<int64_t>() > kLoomFormatVersion))
+    user_error(path, " has format_version ", meta["format_version"].dump(), "; this Loom reads up to ",
+               kLoomFormatVersion);
   if (!meta.contains("model_config")) user_error(path, " has no \"model_config\"");
   return meta;
 }

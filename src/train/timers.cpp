@@ -22,7 +22,7 @@ void Timers::start(const std::string& name, int level) {
   if (level > log_level_) return;
   Timer* t = find(name);
   if (!t) {
-    timers_.push_back({name, level, false, {}, 0.0});
+    timers_.push_back({name, false, {}, 0.0});
     t = &timers_.back();
   }
   LOOM_CHECK(!t->running, "[Timers] timer ", name, " started twice");

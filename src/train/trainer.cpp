@@ -248,6 +248,17 @@ void Trainer::build_model() {
   scaler_ = make_grad_scaler(cfg_.precision.fp16, cfg_.precision.bf16, cfg_.precision.loss_scale.value_or(0.0), gs);
 }
 
+LoaderConfig Trainer::loader_config(int64_t consumed_samples) const {
+  LoaderConfig lc;
+  lc.global_batch_size = gbs_;
+  lc.micro_batch_size = B_;
+  lc.dp_rank = ps_->dp_rank();
+  lc.dp_size = dp_;
+  lc.consumed_samples = consumed_samples;
+  lc.batch = batch_opts_;
+  return lc;
+}
+
 GPTBatch Trainer::to_model_batch(const Batch& b) const {
   GPTBatch gb{b.tokens, b.labels, {}, {}, {}};
   if (batch_opts_.eod_mask_loss) gb.loss_mask = b.loss_mask;
@@ -303,26 +314,21 @@ Trainer::StepOutcome Trainer::train_step() {
     main = main_grads_;
     timers_.stop("optimizer-copy-to-main-grad");
   }
-  bool found_inf = false;
   if (scaler_) {
     timers_.start("optimizer-unscale-and-check-inf", 1);
     ops.scale_(main, scaler_->inv_scale());
-    found_inf = ops.has_inf_or_nan(main);
-    scaler_->update(found_inf);
     timers_.stop("optimizer-unscale-and-check-inf");
   }
-  double norm = NAN;
-  if (!found_inf) {
-    timers_.start("optimizer-clip-main-grad", 1);
-    norm = global_grad_norm(*ctx_, main, ps_->model_and_dp());
-    timers_.stop("optimizer-clip-main-grad");
-    // Without a loss scaler (fp32, bf16) a non-finite norm also skips the update instead of writing
-    // NaN into the weights.
-    found_inf = !std::isfinite(norm);
-  }
+  timers_.start("optimizer-clip-main-grad", 1);
+  const double norm = global_grad_norm(*ctx_, main, ps_->model_and_dp());
+  timers_.stop("optimizer-clip-main-grad");
+  // The norm is the inf/NaN check: any inf or NaN gradient makes the f64 sum of squares non-finite, and
+  // finite f32 values cannot overflow it. Without a loss scaler (fp32, bf16) a non-finite norm also
+  // skips the update instead of writing NaN into the weights.
+  const bool found_inf = !std::isfinite(norm);
+  if (scaler_) scaler_->update(found_inf);
   if (found_inf) {
-    ops.fill_(main, 0.0f);
-    if (main_grads_.defined()) params.zero_grads(*ctx_);
+    ops.fill_(main, 0.0f);  // the f16 model grads were already zeroed when copied to main_grads_
     out.skipped = true;
     out.grad_norm = NAN;
   } else {
@@ -341,13 +347,7 @@ Trainer::StepOutcome Trainer::train_step() {
 }
 
 double Trainer::evaluate(const std::shared_ptr<const SampleDataset>& ds, int64_t& consumed_samples) {
-  LoaderConfig lc;
-  lc.global_batch_size = gbs_;
-  lc.micro_batch_size = B_;
-  lc.dp_rank = ps_->dp_rank();
-  lc.dp_size = dp_;
-  lc.consumed_samples = consumed_samples;
-  lc.batch = batch_opts_;
+  LoaderConfig lc = loader_config(consumed_samples);
   lc.prefetch_depth = 0;
   Loader loader(ds, lc);
   double total = 0;
@@ -527,13 +527,7 @@ TrainResult Trainer::run() {
   if (!cfg_.logging.metrics_jsonl.empty())
     jsonl_ = std::make_unique<MetricsJsonlWriter>(cfg_.logging.metrics_jsonl, /*append=*/iteration_ > 0);
 
-  LoaderConfig lcfg;
-  lcfg.global_batch_size = gbs_;
-  lcfg.micro_batch_size = B_;
-  lcfg.dp_rank = ps_->dp_rank();
-  lcfg.dp_size = dp_;
-  lcfg.consumed_samples = consumed_train_;
-  lcfg.batch = batch_opts_;
+  const LoaderConfig lcfg = loader_config(consumed_train_);
   if (iteration_ < cfg_.batch.train_iters) train_loader_ = std::make_unique<Loader>(train_ds_, lcfg);
 
   SignalGuard signals(cfg_.exit.exit_signal_handler);

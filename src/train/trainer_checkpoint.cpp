@@ -92,18 +92,6 @@ void check_model_config(const json& saved, const GPTConfig& m, const std::string
   }
 }
 
-json read_json_file(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) user_error("cannot read checkpoint metadata ", path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  try {
-    return json::parse(ss.str());
-  } catch (const json::exception& e) {
-    user_error("checkpoint metadata ", path, " is not valid JSON: ", e.what());
-  }
-}
-
 template <typename T>
 T get_field(const json& j, const char* key, const std::string& file) {
   if (!j.contains(key)) user_error("checkpoint metadata ", file, " has no \"", key, "\"");
@@ -205,7 +193,7 @@ void Trainer::load_checkpoint() {
   const std::string dir = latest->dir;
   log_ << " loading checkpoint from " << cfg_.checkpoint.load << " at iteration " << latest->iteration << "\n";
   const std::string meta_path = dir + "/metadata.json";
-  const json meta = read_json_file(meta_path);
+  const json meta = read_json_file(meta_path, "checkpoint metadata");
   if (get_field<std::string>(meta, "format", meta_path) != kFormat)
     user_error(meta_path, " is not a Loom checkpoint (format ", meta["format"].dump(), ")");
   const int version = get_field<int>(meta, "format_version", meta_path);

@@ -50,6 +50,7 @@ class Trainer {
 
   ModelOptions model_options() const;
   GPTBatch to_model_batch(const Batch& b) const;
+  LoaderConfig loader_config(int64_t consumed_samples) const;  // this rank's micro-batches from there on
   double elapsed_minutes() const;
 
   TrainConfig cfg_;

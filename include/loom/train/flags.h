@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "loom/data/tokenizer.h"
+
 namespace loom {
 
 enum class Arity { kSwitch, kOne, kOneOrMore };
@@ -48,6 +50,32 @@ void apply_flags(const std::vector<FlagSpec<Config>>& specs, const std::vector<s
   std::vector<FlagInfo> infos;
   for (const auto& s : specs) infos.push_back(s.info);
   for (const ParsedFlag& p : parse_flags(infos, args, unsupported, tool)) specs[p.index].set(cfg, p.values);
+}
+
+// The tokenizer flags of every command that tokenizes (Megatron's names), setting the TokenizerConfig that
+// `tok` picks out of Config. --vocab-size is not here: each command gives it its own meaning.
+template <typename Config>
+std::vector<FlagSpec<Config>> tokenizer_flag_specs(TokenizerConfig& (*tok)(Config&)) {
+  using V = const std::vector<std::string>&;
+  return {
+      {{"--tokenizer-type", Arity::kOne, "NAME",
+        "GPT2BPETokenizer | TikTokenizer | SentencePieceTokenizer | GPTSentencePieceTokenizer | Llama2Tokenizer | "
+        "NullTokenizer"},
+       [tok](Config& c, V v) { tok(c).type = v[0]; }},
+      {{"--vocab-file", Arity::kOne, "FILE", "GPT-2 encoder.json / vocab.json"},
+       [tok](Config& c, V v) { tok(c).vocab_file = v[0]; }},
+      {{"--merge-file", Arity::kOne, "FILE", "GPT-2 vocab.bpe / merges.txt"},
+       [tok](Config& c, V v) { tok(c).merge_file = v[0]; }},
+      {{"--tokenizer-model", Arity::kOne, "FILE", "tiktoken rank file or SentencePiece .model"},
+       [tok](Config& c, V v) { tok(c).tokenizer_model = v[0]; }},
+      {{"--tiktoken-pattern", Arity::kOne, "v1|v2",
+        "TikTokenizer split pattern: v1 | v2 (Megatron's) | gpt2 | cl100k (default v2)"},
+       [tok](Config& c, V v) { tok(c).tiktoken_pattern = v[0]; }},
+      {{"--tiktoken-num-special-tokens", Arity::kOne, "N", "TikTokenizer special ids before the ranks (default 1000)"},
+       [tok](Config& c, V v) {
+         tok(c).tiktoken_num_special_tokens = parse_int_flag("--tiktoken-num-special-tokens", v[0]);
+       }},
+  };
 }
 
 template <typename Config>

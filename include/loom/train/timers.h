@@ -33,7 +33,6 @@ class Timers {
  private:
   struct Timer {
     std::string name;
-    int level = 0;
     bool running = false;
     std::chrono::steady_clock::time_point started;
     double elapsed_s = 0;

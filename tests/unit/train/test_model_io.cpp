@@ -26,6 +26,7 @@
 #include "loom/train/args.h"
 #include "loom/train/model_io.h"
 #include "loom/train/trainer.h"
+#include "model_test_util.h"
 
 using namespace loom;
 namespace fs = std::filesystem;
@@ -144,35 +145,9 @@ void expect_same_weights(const ParameterSet& a, ParameterSet& b, int64_t vocab) 
   }
 }
 
-GPTConfig llama_like() {
-  GPTConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.num_attention_heads = 4;
-  c.max_position_embeddings = 16;
-  c.vocab_size = 101;
-  c.padded_vocab_size = 128;
-  c.normalization = NormKind::kRMSNorm;
-  c.activation = MlpActivation::kSwiGLU;
-  c.ffn_hidden = 48;
-  c.group_query_attention = true;
-  c.num_query_groups = 2;
-  c.add_bias_linear = false;
-  c.untie_embeddings_and_output_weights = true;
-  c.position_embedding_type = PositionEmbeddingType::kRope;
-  return c;
-}
+GPTConfig gpt2_like() { return test::tiny_gpt2_config(16, 101, 128); }
 
-GPTConfig gpt2_like() {
-  GPTConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.num_attention_heads = 4;
-  c.max_position_embeddings = 16;
-  c.vocab_size = 101;
-  c.padded_vocab_size = 128;
-  return c;
-}
+GPTConfig llama_like() { return test::llama_variant(gpt2_like()); }
 
 }  // namespace
 
@@ -672,4 +647,16 @@ TEST(ModelIo, ReadsTrainerCheckpoints) {
   // Read as non-interleaved, the q/k rows differ (the permutation is real), the rest is the same.
   const Parameter* qkv = reloaded.params().find("decoder.layers.0.self_attention.linear_qkv.weight");
   EXPECT_NE(std::memcmp(qkv->value.raw(), model.params().find(qkv->name)->value.raw(), size_t(qkv->value.nbytes())), 0);
+}
+
+// A checkpoint of a newer format is refused by generate and convert too, as the trainer refuses it on resume.
+TEST(ModelIo, NewerCheckpointFormatVersionIsRefused) {
+  TempDir tmp;
+  const std::string dir = tmp / "iter_0000001";
+  fs::create_directories(dir);
+  std::ofstream(dir + "/metadata.json")
+      << R"({"format": "loom-checkpoint", "format_version": 99, "model_config": {"num_layers": 1}})";
+  const std::string err = what_of([&] { read_model_config(dir); });
+  EXPECT_NE(err.find("format_version 99"), std::string::npos) << err;
+  EXPECT_NE(err.find("metadata.json"), std::string::npos) << err;
 }
