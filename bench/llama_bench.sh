@@ -26,6 +26,7 @@
 #
 # Environment: LOOM_BIN [build/loom] PYTHON [/usr/bin/python3] BENCH_THREADS [2] LLAMA_BENCH_RUNS
 #   LLAMA_1B_LAYERS [14] LLAMA_1B_SEQ [128] LLAMA_1B_STEPS [3] LLAMA_BENCH_OUT [out/llama_bench_latest.md]
+#   BENCH_TORCH_CORETYPE [auto] (see bench/torch_coretype.sh)
 # Exit status 0 when every run finished, 1 otherwise.
 set -euo pipefail
 
@@ -133,25 +134,10 @@ print(json.dumps(r))
 PY
 helper() { "$PYTHON" -c "$HELPER" "$ROOT/bench" "$@"; }
 
-# PyTorch's fp32 matmuls use OpenBLAS, whose 0.3.21 falls back to generic kernels on CPUs it does not
-# know; pick the fastest kernel set so the reference is at its best (as run_bench.sh does).
-best_core=unset best_ms=""
-for core in unset SkylakeX Haswell; do
-  if [[ "$core" == unset ]]; then env_core=(env -u OPENBLAS_CORETYPE); else env_core=(env OPENBLAS_CORETYPE=$core); fi
-  ms="$("${env_core[@]}" OMP_NUM_THREADS="$THREADS" "$PYTHON" -c '
-import os, time, torch
-torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-a, b = torch.randn(2048, 768), torch.randn(768, 3072)
-a @ b
-t = time.perf_counter()
-for _ in range(5): a @ b
-print(f"{(time.perf_counter() - t) / 5 * 1e3:.2f}")' 2>/dev/null || echo "")"
-  echo "[llama-bench] probe: torch fp32 matmul 2048x768x3072, OPENBLAS_CORETYPE=$core: ${ms:-failed} ms"
-  if [[ -n "$ms" ]] && { [[ -z "$best_ms" ]] || awk -v a="$ms" -v b="$best_ms" 'BEGIN{exit !(a<b)}'; }; then
-    best_core=$core best_ms=$ms
-  fi
-done
-if [[ "$best_core" == unset ]]; then TORCH_ENV=(env -u OPENBLAS_CORETYPE); else TORCH_ENV=(env OPENBLAS_CORETYPE=$best_core); fi
+# PyTorch's fp32 matmuls use OpenBLAS: run them on the fastest kernel set, or $BENCH_TORCH_CORETYPE
+# (bench/torch_coretype.sh, shared with run_bench.sh).
+source "$ROOT/bench/torch_coretype.sh"
+pick_torch_coretype llama-bench
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/llama_bench.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
@@ -220,7 +206,7 @@ done
 cpu="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
 header="Llama on CPU, random tokens, no dropout, $THREADS threads each, $(date -u '+%Y-%m-%d %H:%M UTC'); load average before the report: $(cut -d' ' -f1-3 /proc/loadavg)
 CPU: ${cpu:-unknown} ($(nproc) cores visible); ms/step = median over the timed iterations
-PyTorch $("$PYTHON" -c 'import torch; print(torch.__version__)') (fp32 matmuls on OpenBLAS, OPENBLAS_CORETYPE=$best_core; bf16 = torch.autocast cpu/bfloat16 via oneDNN); Loom $LOOM_BIN
+PyTorch $("$PYTHON" -c 'import torch; print(torch.__version__)') (fp32 matmuls on OpenBLAS, OPENBLAS_CORETYPE=$BENCH_TORCH_CORETYPE; bf16 = torch.autocast cpu/bfloat16 via oneDNN); Loom $LOOM_BIN
 tiny = configs/llama-tiny.yaml; 1b = Llama-3.2-1B layer shape (meta-llama/Llama-3.2-1B config.json: hidden 2048, 32 heads, 8 KV heads, FFN 8192, vocab 128256, rope_theta 500000, llama3 rope scaling x32, tied embeddings) with $L1B of its 16 layers"
 mkdir -p "$(dirname "$MD_OUT")"
 helper report "$RESULTS" "$MD_OUT" "$header"

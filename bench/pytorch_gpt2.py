@@ -15,21 +15,14 @@
 # Prints one JSON line on stdout at the end; per-step progress goes to stderr.
 
 import argparse
-import json
 import math
-import resource
-import statistics
 import sys
-import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-def padded_vocab(V, multiple=128):
-    # Megatron's --make-vocab-size-divisible-by default (128, TP=1): 50257 -> 50304, as in Loom.
-    return ((V + multiple - 1) // multiple) * multiple
+from pytorch_bench_common import add_run_args, check_run_args, padded_vocab, print_result, train_and_time
 
 
 class CausalSelfAttention(nn.Module):
@@ -129,17 +122,9 @@ def parse_args(argv):
     p.add_argument("--max-position-embeddings", type=int, default=1024)
     p.add_argument("--micro-batch-size", type=int, default=4)
     p.add_argument("--vocab-size", type=int, default=50257)
-    p.add_argument("--steps", type=int, default=5, help="timed steps")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps before the timed ones")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--bf16", action="store_true",
-                   help="forward + loss under torch.autocast('cpu', torch.bfloat16); fp32 params and AdamW")
+    add_run_args(p)
     args = p.parse_args(argv)
-    if args.steps < 1:
-        p.error(f"--steps must be >= 1, got {args.steps}")
-    if args.warmup < 0:
-        p.error(f"--warmup must be >= 0, got {args.warmup}")
+    check_run_args(p, args)
     if args.seq_length > args.max_position_embeddings:
         p.error(f"--seq-length {args.seq_length} exceeds --max-position-embeddings "
                 f"{args.max_position_embeddings}")
@@ -154,83 +139,11 @@ def main(argv):
     L, C, NH, V = args.num_layers, args.hidden_size, args.num_attention_heads, args.vocab_size
 
     model = GPT(L, C, NH, V, args.max_position_embeddings)
-    model.train()
     Vp = model.Vp
-    params = list(model.parameters())  # tied weight appears once
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=6e-4, betas=(0.9, 0.95), eps=1e-8)
-
-    precision = "bf16" if args.bf16 else "fp32"
-    # Autocast on CPU only covers ops on its lower-precision list, and a torch build may lack the BF16
-    # GEMM path; so the first step checks that the model's first linear really ran in BF16 (and in
-    # fp32 mode that nothing did) rather than trusting the flag.
-    seen_dtype = {}
-
-    def record_dtype(module, inputs, output):  # a forward hook that returns None keeps the output
-        seen_dtype.setdefault("out", output.dtype)
-
     probe = model.blocks[0].attn.qkv if L > 0 else model.lm_head
-    hook = probe.register_forward_hook(record_dtype)
-
-    gen = torch.Generator().manual_seed(args.seed)
-    times_ms = []
-    total = args.warmup + args.steps
-    for step in range(total):
-        # Mock data: T+1 random tokens per sample, shifted for targets (as --mock-data does).
-        tokens = torch.randint(0, V, (B, T + 1), generator=gen)
-        idx, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-        t0 = time.perf_counter()
-        with torch.autocast(device_type="cpu", dtype=torch.bfloat16, enabled=args.bf16):
-            loss = model(idx, targets)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        loss_v = loss.item()
-        ms = (time.perf_counter() - t0) * 1e3
-        if step == 0:
-            hook.remove()
-            want = torch.bfloat16 if args.bf16 else torch.float32
-            got = seen_dtype.get("out")
-            print(f"precision {precision}: first linear output dtype {got}, loss dtype {loss.dtype}, "
-                  f"params {params[0].dtype}, AdamW exp_avg {opt.state[params[0]]['exp_avg'].dtype}",
-                  file=sys.stderr, flush=True)
-            if got != want:
-                sys.exit(f"pytorch_gpt2.py: expected {want} matmul outputs in {precision} mode, got {got}")
-        tag = "warmup" if step < args.warmup else "timed"
-        print(f"step {step + 1}/{total} ({tag}) loss {loss_v:.4f} grad_norm {float(grad_norm):.4f} "
-              f"ms {ms:.1f}", file=sys.stderr, flush=True)
-        if step >= args.warmup:
-            times_ms.append(ms)
-
-    ms_per_step = statistics.median(times_ms)
-    flops = flops_per_step(B, T, L, C, Vp)
-    n_params = sum(p.numel() for p in params)
-    result = {
-        "impl": "pytorch",
-        "B": B,
-        "T": T,
-        "L": L,
-        "C": C,
-        "NH": NH,
-        "V": V,
-        "Vp": Vp,
-        "params": n_params,
-        "threads": args.threads,
-        "precision": precision,
-        "warmup": args.warmup,
-        "steps": args.steps,
-        "ms_per_step": round(ms_per_step, 3),
-        "tokens_per_s": round(B * T / (ms_per_step / 1e3), 3),
-        "gflops": round(flops / (ms_per_step / 1e3) / 1e9, 3),
-        # ru_maxrss is KiB on Linux; run_bench.sh uses /usr/bin/time -v for both sides instead.
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "torch": torch.__version__,
-    }
-    print(json.dumps(result), flush=True)
+    ms_per_step, params = train_and_time(model, probe, args, B, T, V, "pytorch_gpt2.py")
+    shape = {"B": B, "T": T, "L": L, "C": C, "NH": NH, "V": V, "Vp": Vp}
+    print_result(shape, args, B, T, ms_per_step, flops_per_step(B, T, L, C, Vp), params)
 
 
 if __name__ == "__main__":

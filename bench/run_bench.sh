@@ -212,32 +212,9 @@ fi
 "$PYTHON" -c "import torch" 2>/dev/null ||
   { echo "[bench] ERROR: $PYTHON cannot import torch (apt-get install python3-torch)" >&2; exit 1; }
 
-# PyTorch's environment: Loom is compared with PyTorch at its best. OpenBLAS 0.3.21 (Debian 12) does not
-# recognise every recent CPU and then falls back to generic kernels when OPENBLAS_CORETYPE is unset, so
-# by default ("auto") a short fp32 matmul probe times each candidate kernel set and the fastest is used.
-# BENCH_TORCH_CORETYPE=unset|SkylakeX|Haswell|... forces one.
-torch_env_for() {
-  if [[ "$1" == unset ]]; then echo "env -u OPENBLAS_CORETYPE"; else echo "env OPENBLAS_CORETYPE=$1"; fi
-}
-if [[ "${BENCH_TORCH_CORETYPE:-auto}" == auto ]]; then
-  best_core=unset best_ms=""
-  for core in unset SkylakeX Haswell; do
-    ms="$($(torch_env_for "$core") OMP_NUM_THREADS="$THREADS" "$PYTHON" -c '
-import time, torch
-torch.set_num_threads(int(__import__("os").environ.get("OMP_NUM_THREADS", "2")))
-a, b = torch.randn(2048, 768), torch.randn(768, 3072)
-a @ b
-t = time.perf_counter()
-for _ in range(5): a @ b
-print(f"{(time.perf_counter() - t) / 5 * 1e3:.2f}")' 2>/dev/null || echo "")"
-    echo "[bench] probe: torch fp32 matmul 2048x768x3072 with OPENBLAS_CORETYPE=$core: ${ms:-failed} ms"
-    if [[ -n "$ms" ]] && { [[ -z "$best_ms" ]] || awk -v a="$ms" -v b="$best_ms" 'BEGIN{exit !(a<b)}'; }; then
-      best_core=$core best_ms=$ms
-    fi
-  done
-  BENCH_TORCH_CORETYPE=$best_core
-fi
-read -r -a TORCH_ENV <<<"$(torch_env_for "$BENCH_TORCH_CORETYPE")"
+# PyTorch's environment: the fastest OPENBLAS_CORETYPE, or $BENCH_TORCH_CORETYPE (bench/torch_coretype.sh).
+source "$ROOT/bench/torch_coretype.sh"
+pick_torch_coretype bench
 
 # Which BLAS does torch run on here? Debian's torch uses whatever libblas.so.3 the alternatives
 # system points at: the netlib reference BLAS is ~40x slower than OpenBLAS, and OpenBLAS falls back to

@@ -4,8 +4,8 @@ each step (no cache), so the C++ KV-cached decoder must reproduce the same token
 
 Run:  /usr/bin/python3 tests/golden/gen_generate_reference.py      (torch 1.13, no transformers; ~1 s)
 Writes tests/golden/fixtures/generate_tiny.safetensors (~60 KB), read by tests/unit/model/test_inference.cpp.
-The building blocks (RMSNorm/LayerNorm, rotate_half RoPE with float32-rounded tables, SwiGLU) come from
-gen_llama_model.py; parameter names and the grouped qkv layout are Loom's (see that file's docstring).
+The model (parameter names and shapes, init, forward) is gen_llama_model.py's, whose optional config keys
+(learned positions, ungated GeLU MLP, emb_std/w_std) exist for these cases; see that file's docstring.
 
 Common shapes: L=2 layers, C=16, NH=4 query heads (HS=4), vocab V=53 padded to Vp=64,
 max_position_embeddings P=32, norm eps 1e-5, 12 new tokens per case.
@@ -27,20 +27,18 @@ The script checks that every step's best logit beats the runner-up by more than 
 in the C++ model cannot flip a choice, and that the continuation holds at least 6 distinct tokens (a model
 stuck repeating one token would test little); otherwise it tries the next seed. Deterministic: fixed seeds, single thread.
 """
-import math
 import os
 import sys
 import zlib
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gen_llama_model as lm  # noqa: E402
 import safetensors_py as st  # noqa: E402
 
-f64 = torch.float64
-L, C, NH, V, Vp, P, STEPS = 2, 16, 4, 53, 64, 32, 12
+L, C, NH, V, Vp = lm.L, lm.C, lm.NH, lm.V, lm.Vp  # the shapes are gen_llama_model.py's
+P, STEPS = 32, 12
 MARGIN = 1e-3
 
 CASES = {
@@ -55,106 +53,9 @@ CASES = {
 }
 
 
-def param_shapes(cfg):
-    HS, NKV, FF = cfg["kv_channels"], cfg["num_query_groups"], cfg["ffn_hidden_size"]
-    ln = cfg["normalization"] == "LayerNorm"
-    bias = cfg["add_bias_linear"]
-    gated = cfg["activation"] != "gelu"
-    shapes = {"embedding.word_embeddings.weight": (Vp, C)}
-    if cfg["position_embedding_type"] == "learned_absolute":
-        shapes["embedding.position_embeddings.weight"] = (P, C)
-
-    def norm(prefix, n):
-        shapes[prefix + ".weight"] = (n,)
-        if ln:
-            shapes[prefix + ".bias"] = (n,)
-
-    for i in range(L):
-        p = f"decoder.layers.{i}."
-        norm(p + "input_layernorm", C)
-        norm(p + "pre_mlp_layernorm", C)
-        shapes[p + "self_attention.linear_qkv.weight"] = ((NH + 2 * NKV) * HS, C)
-        if bias:
-            shapes[p + "self_attention.linear_qkv.bias"] = ((NH + 2 * NKV) * HS,)
-        shapes[p + "self_attention.linear_proj.weight"] = (C, NH * HS)
-        if bias:
-            shapes[p + "self_attention.linear_proj.bias"] = (C,)
-        shapes[p + "mlp.linear_fc1.weight"] = ((2 if gated else 1) * FF, C)
-        shapes[p + "mlp.linear_fc2.weight"] = (C, FF)
-        if bias:
-            shapes[p + "mlp.linear_fc1.bias"] = ((2 if gated else 1) * FF,)
-            shapes[p + "mlp.linear_fc2.bias"] = (C,)
-    norm("decoder.final_layernorm", C)
-    if cfg["untie"]:
-        shapes["output_layer.weight"] = (Vp, C)
-    return shapes
-
-
-def init_params(cfg, g):
-    params = {}
-    for name, shape in param_shapes(cfg).items():
-        if "layernorm" in name and name.endswith(".weight"):
-            t = 1.0 + 0.1 * torch.randn(shape, generator=g, dtype=f64)
-        elif name.endswith(".bias"):
-            t = 0.05 * torch.randn(shape, generator=g, dtype=f64)
-        elif "word_embeddings" in name:
-            t = cfg["emb_std"] * torch.randn(shape, generator=g, dtype=f64)
-        elif "position_embeddings" in name:
-            t = 0.5 * torch.randn(shape, generator=g, dtype=f64)
-        elif "linear_qkv" in name:
-            t = 0.3 * torch.randn(shape, generator=g, dtype=f64)
-        else:
-            t = cfg["w_std"] * torch.randn(shape, generator=g, dtype=f64)
-        params[name] = t.to(torch.float32).to(f64)
-    return params
-
-
 def forward(cfg, Pm, tokens):
-    """Logits (T, Vp) of one sequence, the full causal forward."""
-    T = len(tokens)
-    HS, NKV = cfg["kv_channels"], cfg["num_query_groups"]
-    G = NH // NKV
-    ids = torch.tensor(tokens, dtype=torch.int64)
-    x = Pm["embedding.word_embeddings.weight"][ids]
-    rope = cfg["position_embedding_type"] == "rope"
-    if rope:
-        rd = int(HS * cfg["rotary_percent"])
-        angles = torch.arange(T, dtype=f64)[:, None] * lm.inv_freq(cfg, rd)[None, :]
-        cos, sin = angles.cos().to(torch.float32).to(f64), angles.sin().to(torch.float32).to(f64)
-    else:
-        x = x + Pm["embedding.position_embeddings.weight"][:T]
-    i = torch.arange(T)[:, None]
-    j = torch.arange(T)[None, :]
-    visible = j <= i
-    if cfg["window_left"] >= 0:
-        visible = visible & (j > i - (cfg["window_left"] + 1))
-    for layer in range(L):
-        p = f"decoder.layers.{layer}."
-        h = lm.norm(cfg, Pm, p + "input_layernorm", x)
-        qkv = lm.linear(Pm, p + "self_attention.linear_qkv", h).view(T, NKV, G + 2, HS)
-        q = qkv[:, :, :G].reshape(T, NH, HS).transpose(0, 1)  # (NH, T, HS), head g*G + j
-        k = qkv[:, :, G].transpose(0, 1)  # (NKV, T, HS)
-        v = qkv[:, :, G + 1].transpose(0, 1)
-        if rope:
-            q = lm.apply_rope(q, cos, sin, rd, cfg["rotary_interleaved"])
-            k = lm.apply_rope(k, cos, sin, rd, cfg["rotary_interleaved"])
-        k = k.repeat_interleave(G, dim=0)
-        v = v.repeat_interleave(G, dim=0)
-        s = (q @ k.transpose(-1, -2)) / math.sqrt(HS)
-        s = s.masked_fill(~visible, float("-inf"))
-        y = (torch.softmax(s, dim=-1) @ v).transpose(0, 1).reshape(T, NH * HS)
-        x = x + lm.linear(Pm, p + "self_attention.linear_proj", y)
-        h = lm.norm(cfg, Pm, p + "pre_mlp_layernorm", x)
-        f = lm.linear(Pm, p + "mlp.linear_fc1", h)
-        if cfg["activation"] == "gelu":
-            m = F.gelu(f, approximate="tanh")
-        else:
-            gate, up = f.chunk(2, dim=-1)
-            m = lm.act(cfg, gate) * up
-        x = x + lm.linear(Pm, p + "mlp.linear_fc2", m)
-    x = lm.norm(cfg, Pm, "decoder.final_layernorm", x)
-    head = Pm["output_layer.weight"] if cfg["untie"] else Pm["embedding.word_embeddings.weight"]
-    return x @ head.t()
+    """Logits (T, Vp) of one sequence, the full causal forward (gen_llama_model.py's, batch of one)."""
+    return lm.logits_of(cfg, Pm, torch.tensor([tokens], dtype=torch.int64))[0]
 
 
 def greedy(cfg, Pm, prompt):
@@ -177,7 +78,7 @@ def main():
     for name, cfg in CASES.items():
         for attempt in range(100):
             g = torch.Generator().manual_seed(zlib.crc32(f"generate/{name}/{attempt}".encode()))
-            Pm = init_params(cfg, g)
+            Pm = lm.init_params(dict(cfg, max_positions=P), g)
             prompt = torch.randint(0, V, (cfg["prompt_len"],), generator=g, dtype=torch.int64).tolist()
             out = greedy(cfg, Pm, prompt)
             if out is not None and len(set(out[0])) >= 6:  # no near ties, and not stuck repeating a token

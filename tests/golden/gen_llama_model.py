@@ -92,11 +92,18 @@ def layernorm_kind(cfg):
 
 
 def param_shapes(cfg):
-    HS, NKV = cfg["kv_channels"], cfg["num_query_groups"]
+    """Loom's parameter names and shapes, in the order init_params draws them. Keys a config may leave
+    out (gen_generate_reference.py's): ffn_hidden_size (FFN), add_qkv_bias, qk_layernorm (0),
+    position_embedding_type ("rope"; "learned_absolute" adds position_embeddings of max_positions rows),
+    activation "gelu" (an ungated MLP, fc1 F rows)."""
+    HS, NKV, FF = cfg["kv_channels"], cfg["num_query_groups"], cfg.get("ffn_hidden_size", FFN)
     ln = layernorm_kind(cfg)
-    qkv_bias = cfg["add_bias_linear"] or cfg["add_qkv_bias"]
+    qkv_bias = cfg["add_bias_linear"] or cfg.get("add_qkv_bias", 0)
     bias = cfg["add_bias_linear"]
+    fc1_rows = FF if cfg["activation"] == "gelu" else 2 * FF
     shapes = {"embedding.word_embeddings.weight": (Vp, C)}
+    if cfg.get("position_embedding_type", "rope") == "learned_absolute":
+        shapes["embedding.position_embeddings.weight"] = (cfg["max_positions"], C)
 
     def norm(prefix, n):
         shapes[prefix + ".weight"] = (n,)
@@ -113,13 +120,13 @@ def param_shapes(cfg):
         shapes[p + "self_attention.linear_proj.weight"] = (C, NH * HS)
         if bias:
             shapes[p + "self_attention.linear_proj.bias"] = (C,)
-        if cfg["qk_layernorm"]:
+        if cfg.get("qk_layernorm", 0):
             norm(p + "self_attention.q_layernorm", HS)
             norm(p + "self_attention.k_layernorm", HS)
-        shapes[p + "mlp.linear_fc1.weight"] = (2 * FFN, C)
-        shapes[p + "mlp.linear_fc2.weight"] = (C, FFN)
+        shapes[p + "mlp.linear_fc1.weight"] = (fc1_rows, C)
+        shapes[p + "mlp.linear_fc2.weight"] = (C, FF)
         if bias:
-            shapes[p + "mlp.linear_fc1.bias"] = (2 * FFN,)
+            shapes[p + "mlp.linear_fc1.bias"] = (fc1_rows,)
             shapes[p + "mlp.linear_fc2.bias"] = (C,)
     norm("decoder.final_layernorm", C)
     if cfg["untie"]:
@@ -128,18 +135,22 @@ def param_shapes(cfg):
 
 
 def init_params(cfg, g):
+    """The init of the docstring; a config may override the word-embedding and other-weight stds with
+    emb_std (1) and w_std (0.15). Learned positions are N(0, 0.5)."""
     params = {}
     for name, shape in param_shapes(cfg).items():
         if "layernorm" in name and name.endswith(".weight"):
             t = 1.0 + 0.1 * torch.randn(shape, generator=g, dtype=f64)
         elif name.endswith(".bias"):
             t = 0.05 * torch.randn(shape, generator=g, dtype=f64)
-        elif "embeddings" in name:
-            t = torch.randn(shape, generator=g, dtype=f64)
+        elif "word_embeddings" in name:
+            t = cfg.get("emb_std", 1.0) * torch.randn(shape, generator=g, dtype=f64)
+        elif "position_embeddings" in name:
+            t = 0.5 * torch.randn(shape, generator=g, dtype=f64)
         elif "linear_qkv" in name:
             t = 0.3 * torch.randn(shape, generator=g, dtype=f64)
         else:
-            t = 0.15 * torch.randn(shape, generator=g, dtype=f64)
+            t = cfg.get("w_std", 0.15) * torch.randn(shape, generator=g, dtype=f64)
         params[name] = t.to(torch.float32).to(f64)
     return params
 
@@ -160,8 +171,8 @@ def inv_freq(cfg, rd):
     return inv
 
 
-def rope_tables(cfg, rd):
-    angles = torch.arange(T, dtype=f64)[:, None] * inv_freq(cfg, rd)[None, :]  # (T, rd/2)
+def rope_tables(cfg, rd, n_pos=T):
+    angles = torch.arange(n_pos, dtype=f64)[:, None] * inv_freq(cfg, rd)[None, :]  # (n_pos, rd/2)
     # Loom's tables are float32: the reference rotates with exactly those values.
     return angles.cos().to(torch.float32).to(f64), angles.sin().to(torch.float32).to(f64)
 
@@ -177,7 +188,9 @@ def rotate_every_two(x):
 
 
 def apply_rope(x, cos, sin, rd, interleaved):
-    """x (B, heads, T, HS); cos/sin (T, rd/2). HF apply_rotary_pos_emb on the first rd channels."""
+    """x (..., HS); cos/sin (..., rd/2) broadcastable. HF apply_rotary_pos_emb on the first rd channels
+    (the rest pass through); interleaved: GPT-J / Megatron --rotary-interleaved pairs. gen_llama_ops.py
+    uses it too."""
     x_rot, x_pass = x[..., :rd], x[..., rd:]
     if interleaved:
         c, s = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
@@ -204,17 +217,31 @@ def act(cfg, gate):
     return F.gelu(gate, approximate="tanh")
 
 
-def forward(cfg, P, tokens, targets):
+def mlp(cfg, fc1_out):
+    """fc1 output -> fc2 input: act(gate) * up for the gated kinds, GeLU (tanh) for "gelu"."""
+    if cfg["activation"] == "gelu":
+        return F.gelu(fc1_out, approximate="tanh")
+    gate, up = fc1_out.chunk(2, dim=-1)
+    return act(cfg, gate) * up
+
+
+def logits_of(cfg, P, tokens):
+    """Logits (B, T, Vp) of the full causal forward over tokens (B, T); T may differ from the global T."""
+    B, T = tokens.shape
     HS, NKV = cfg["kv_channels"], cfg["num_query_groups"]
     G = NH // NKV
-    rd = int(HS * cfg["rotary_percent"])
-    cos, sin = rope_tables(cfg, rd)
+    rope = cfg.get("position_embedding_type", "rope") == "rope"
+    x = P["embedding.word_embeddings.weight"][tokens]
+    if rope:
+        rd = int(HS * cfg["rotary_percent"])
+        cos, sin = rope_tables(cfg, rd, T)
+    else:
+        x = x + P["embedding.position_embeddings.weight"][:T]
     i = torch.arange(T)[:, None]
     j = torch.arange(T)[None, :]
     visible = j <= i
     if cfg["window_left"] >= 0:
         visible = visible & (j > i - (cfg["window_left"] + 1))
-    x = P["embedding.word_embeddings.weight"][tokens]
     for layer in range(L):
         p = f"decoder.layers.{layer}."
         h = norm(cfg, P, p + "input_layernorm", x)
@@ -222,11 +249,12 @@ def forward(cfg, P, tokens, targets):
         q = qkv[:, :, :, :G].reshape(B, T, NH, HS).transpose(1, 2)  # head g*G + j
         k = qkv[:, :, :, G].transpose(1, 2)  # (B, NKV, T, HS)
         v = qkv[:, :, :, G + 1].transpose(1, 2)
-        if cfg["qk_layernorm"]:
+        if cfg.get("qk_layernorm", 0):
             q = norm(cfg, P, p + "self_attention.q_layernorm", q)
             k = norm(cfg, P, p + "self_attention.k_layernorm", k)
-        q = apply_rope(q, cos, sin, rd, cfg["rotary_interleaved"])
-        k = apply_rope(k, cos, sin, rd, cfg["rotary_interleaved"])
+        if rope:
+            q = apply_rope(q, cos, sin, rd, cfg["rotary_interleaved"])
+            k = apply_rope(k, cos, sin, rd, cfg["rotary_interleaved"])
         k = k.repeat_interleave(G, dim=1)  # repeat_kv: head h reads key/value head h // G
         v = v.repeat_interleave(G, dim=1)
         s = (q @ k.transpose(-1, -2)) / math.sqrt(HS)
@@ -234,11 +262,14 @@ def forward(cfg, P, tokens, targets):
         y = (torch.softmax(s, dim=-1) @ v).transpose(1, 2).reshape(B, T, NH * HS)
         x = x + linear(P, p + "self_attention.linear_proj", y)
         h = norm(cfg, P, p + "pre_mlp_layernorm", x)
-        gate, up = linear(P, p + "mlp.linear_fc1", h).chunk(2, dim=-1)
-        x = x + linear(P, p + "mlp.linear_fc2", act(cfg, gate) * up)
+        x = x + linear(P, p + "mlp.linear_fc2", mlp(cfg, linear(P, p + "mlp.linear_fc1", h)))
     x = norm(cfg, P, "decoder.final_layernorm", x)
     head = P["output_layer.weight"] if cfg["untie"] else P["embedding.word_embeddings.weight"]
-    logits = x @ head.t()
+    return x @ head.t()
+
+
+def forward(cfg, P, tokens, targets):
+    logits = logits_of(cfg, P, tokens)
     loss = F.cross_entropy(logits[..., :V].reshape(B * T, V), targets.reshape(B * T))
     return logits, loss
 

@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gen_ops  # noqa: E402
 import safetensors_py as st  # noqa: E402
 from gen_ops import f64, leaf, randn  # noqa: E402
+from gen_llama_model import apply_rope  # noqa: E402  (HF rotate_half / GPT-J rotate_every_two, partial)
 
 
 class Writer(gen_ops.Writer):
@@ -109,37 +110,13 @@ def rope_tables(max_pos, rotary_dim, base):
     return freqs.cos().to(torch.float32).to(f64), freqs.sin().to(torch.float32).to(f64)
 
 
-def rotate_half(x):
-    """Hugging Face Llama: (x1, x2) -> (-x2, x1) on the two halves of the last dim."""
-    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def rotate_every_two(x):
-    """Interleaved pairs (2c, 2c+1): (x1, x2) -> (-x2, x1) per pair."""
-    x1, x2 = x[..., ::2], x[..., 1::2]
-    return torch.stack((-x2, x1), dim=-1).flatten(-2)
-
-
-def apply_rotary(x, cos, sin, rotary_dim, interleaved):
-    """x (..., HS); cos/sin (..., rotary_dim/2) broadcastable. Partial rotary: the tail passes through."""
-    x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
-    if interleaved:
-        c, s = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
-        y = x_rot * c + rotate_every_two(x_rot) * s
-    else:
-        c, s = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
-        y = x_rot * c + rotate_half(x_rot) * s
-    return torch.cat((y, x_pass), dim=-1)
-
-
 def rope_reference(qkv, cos_t, sin_t, pos, B, T, NH, NKV, HS, rotary_dim, interleaved):
     """qkv (B, T, NKV*(G+2)*HS) in the grouped layout; pos (B, T) int64 indexes the tables."""
     G = NH // NKV
     v5 = qkv.view(B, T, NKV, G + 2, HS)
     cos = cos_t[pos].view(B, T, 1, 1, -1)
     sin = sin_t[pos].view(B, T, 1, 1, -1)
-    qk = apply_rotary(v5[:, :, :, : G + 1], cos, sin, rotary_dim, interleaved)  # the G q heads and the k head
+    qk = apply_rope(v5[:, :, :, : G + 1], cos, sin, rotary_dim, interleaved)  # the G q heads and the k head
     return torch.cat((qk, v5[:, :, :, G + 1:]), dim=3).reshape(B, T, -1)
 
 
