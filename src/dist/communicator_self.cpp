@@ -7,12 +7,19 @@ namespace loom {
 
 namespace {
 
+class DoneWork final : public Work {
+ public:
+  void wait() override {}
+  bool done() override { return true; }
+};
+
 class SelfCommunicator final : public Communicator {
  public:
   explicit SelfCommunicator(std::string name) : name_(std::move(name)) {}
   int rank() const override { return 0; }
   int size() const override { return 1; }
   std::string name() const override { return name_; }
+  std::vector<int> global_ranks() const override { return {0}; }
   void all_reduce(TensorView, ReduceOp) const override {}
   double all_reduce_scalar(double v, ReduceOp) const override { return v; }
   void broadcast(TensorView, int root) const override {
@@ -21,8 +28,29 @@ class SelfCommunicator final : public Communicator {
   void all_gather(TensorView out, TensorView inp) const override { copy(out, inp, "all_gather"); }
   void reduce_scatter(TensorView out, TensorView inp) const override { copy(out, inp, "reduce_scatter"); }
   void barrier() const override {}
+  void send(TensorView, int peer) const override { no_peer("send", peer); }
+  void recv(TensorView, int peer) const override { no_peer("recv", peer); }
+  std::unique_ptr<Work> all_reduce_async(TensorView, ReduceOp) const override { return std::make_unique<DoneWork>(); }
+  std::unique_ptr<Work> all_gather_async(TensorView out, TensorView inp) const override {
+    all_gather(out, inp);
+    return std::make_unique<DoneWork>();
+  }
+  std::unique_ptr<Work> reduce_scatter_async(TensorView out, TensorView inp) const override {
+    reduce_scatter(out, inp);
+    return std::make_unique<DoneWork>();
+  }
+  std::unique_ptr<Work> send_async(TensorView, int peer) const override { no_peer("send", peer); }
+  std::unique_ptr<Work> recv_async(TensorView, int peer) const override { no_peer("recv", peer); }
+  std::unique_ptr<Communicator> split(int color, int, std::string name) const override {
+    if (color < 0) return nullptr;
+    return std::make_unique<SelfCommunicator>(std::move(name));
+  }
 
  private:
+  [[noreturn]] void no_peer(const char* what, int peer) const {
+    LOOM_CHECK(false, "[", what, "] peer ", peer, " does not exist in the single-rank group ", name_);
+    throw;  // unreachable
+  }
   void copy(TensorView out, TensorView inp, const char* what) const {
     LOOM_CHECK(out.numel() == inp.numel() && out.dtype() == inp.dtype(), "[", what, "] on group ", name_,
                ": out ", out.desc(), " vs inp ", inp.desc());

@@ -1,9 +1,19 @@
-// Communicator: collectives over one process group. Implementations: self (one process, the only one
-// in this build stage), MPI and NCCL (the distributed-training issue). Collectives take tensors and work
-// out counts themselves; in-place where the signature has a single tensor.
+// Communicator: collectives and point-to-point messages over one process group. Implementations: self
+// (one process), MPI (CPU tensors; OpenMPI from Debian) and NCCL (GPU tensors, bootstrapped through MPI:
+// rank 0 of the group creates the unique id and broadcasts it). Collectives take tensors and work out
+// counts themselves; in-place where the signature has a single tensor. Every rank of the group must call
+// the same collectives in the same order with the same shapes and dtypes.
+//
+// Timeouts (--distributed-timeout-minutes): an MPI or NCCL operation that has not completed within the
+// timeout (a dead peer, or ranks that called different collectives) aborts the whole job with a message
+// naming the operation, the group and its global ranks; no rank hangs silently.
+//
+// Reductions of bf16/f16 tensors accumulate in f32 and round once (MPI has no 16-bit float types).
 #pragma once
+#include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "loom/core/tensor.h"
 
@@ -11,12 +21,23 @@ namespace loom {
 
 enum class ReduceOp { kSum, kMax, kMin };
 
+// An operation started asynchronously (for overlapping communication with compute). wait() blocks until
+// it completed (or aborts the job on timeout); destroying an unfinished Work waits for it first.
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void wait() = 0;
+  virtual bool done() = 0;  // non-blocking test
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string name() const = 0;  // the group's name in error messages, e.g. "data-parallel"
+  // Global (world) ranks of the members in group-rank order (for messages and for building layouts).
+  virtual std::vector<int> global_ranks() const = 0;
 
   virtual void all_reduce(TensorView x, ReduceOp op = ReduceOp::kSum) const = 0;
   // Reduces a host scalar (used for loss sums, norms and overflow flags).
@@ -27,9 +48,83 @@ class Communicator {
   // out (n / size) = this rank's slice of the sum over ranks of inp (n).
   virtual void reduce_scatter(TensorView out, TensorView inp) const = 0;
   virtual void barrier() const = 0;
+
+  // Point-to-point within the group (peer is a group rank). Blocking send/recv of a whole tensor; the
+  // receiver's tensor must have the sender's numel and dtype. Messages between a pair arrive in order.
+  virtual void send(TensorView x, int peer) const = 0;
+  virtual void recv(TensorView x, int peer) const = 0;
+
+  // Asynchronous twins. The tensors must stay alive and untouched until wait() returns.
+  virtual std::unique_ptr<Work> all_reduce_async(TensorView x, ReduceOp op = ReduceOp::kSum) const = 0;
+  virtual std::unique_ptr<Work> all_gather_async(TensorView out, TensorView inp) const = 0;
+  virtual std::unique_ptr<Work> reduce_scatter_async(TensorView out, TensorView inp) const = 0;
+  virtual std::unique_ptr<Work> send_async(TensorView x, int peer) const = 0;
+  virtual std::unique_ptr<Work> recv_async(TensorView x, int peer) const = 0;
+  // Sends `send` to `send_peer` and receives `recv` from `recv_peer` as one operation; either tensor
+  // may be undefined to skip that half. Two ranks exchanging with each other cannot deadlock (NCCL
+  // groups the pair; a send and a recv queued one after the other on a GPU stream would wait for each
+  // other forever). The default posts recv_async, then send_async (non-blocking posts in MPI).
+  virtual std::unique_ptr<Work> send_recv_async(TensorView send, int send_peer, TensorView recv,
+                                                int recv_peer) const;
+
+  // A sub-group of the ranks that pass the same color (MPI_Comm_split semantics; ranks ordered by key).
+  // Collective over this group. color < 0: this rank joins no group and gets null.
+  virtual std::unique_ptr<Communicator> split(int color, int key, std::string name) const = 0;
 };
 
-// The single-process group: every collective is the identity (a copy where out and inp differ).
+inline std::unique_ptr<Work> Communicator::send_recv_async(TensorView send, int send_peer, TensorView recv,
+                                                          int recv_peer) const {
+  struct Both final : Work {
+    std::unique_ptr<Work> recv, send;
+    void wait() override {
+      if (recv) recv->wait();
+      if (send) send->wait();
+    }
+    bool done() override { return (!recv || recv->done()) && (!send || send->done()); }
+  };
+  auto w = std::make_unique<Both>();
+  if (recv) w->recv = recv_async(recv, recv_peer);
+  if (send) w->send = send_async(send, send_peer);
+  return w;
+}
+
+// The single-process group: every collective is the identity (a copy where out and inp differ);
+// send/recv to itself are an error.
 std::unique_ptr<Communicator> make_self_communicator(std::string name);
+
+// ---- process-level runtime (communicator_mpi.cpp, or the stub without MPI) ---------------------------
+
+// True when this build has MPI. Without it only world size 1 exists.
+bool mpi_compiled_in();
+// Initialises MPI once per process (MPI_THREAD_FUNNELED or better) when the process was started by
+// mpirun/srun (OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK set) and returns the world communicator
+// (named "world"); without a launcher (or without MPI) returns the self communicator. Finalises at exit.
+// timeout: how long any operation may take before the job is aborted (--distributed-timeout-minutes).
+std::unique_ptr<Communicator> init_world(std::chrono::milliseconds timeout);
+// Ends every rank of the job with `exit_code` after printing `message` on this rank (MPI_Abort); a plain
+// exit without MPI.
+[[noreturn]] void abort_job(const std::string& message, int exit_code = 1);
+
+// The NCCL communicator over the same ranks as `group` (device tensors; bootstrapped through `group`).
+// Throws UserError naming the reason when NCCL or CUDA is not compiled in.
+std::unique_ptr<Communicator> make_nccl_communicator(const Communicator& group);
+
+}  // namespace loom
+
+namespace loom {
+
+// ---- additions: NCCL stream choice, availability and an MPI testing hook ---------------------------
+
+// True when this build has NCCL (CUDA backend on and nccl.h / libnccl found at configure time).
+bool nccl_compiled_in();
+// The NCCL communicator whose operations run on `cuda_stream` (a cudaStream_t; nullptr = the legacy
+// default stream, which the one-argument make_nccl_communicator uses). Blocking operations enqueue on
+// the stream and wait until the stream reached them (with the timeout); async ones return a Work that
+// waits on a CUDA event.
+std::unique_ptr<Communicator> make_nccl_communicator(const Communicator& group, void* cuda_stream);
+// The largest element count a single MPI call carries (default: 1 GiB of elements, well below the
+// INT_MAX count limit of MPI 3); larger tensors go as several calls. Tests lower it to exercise the
+// chunked paths on small tensors. n >= 1; 0 restores the default.
+void set_mpi_max_message_elements(int64_t n);
 
 }  // namespace loom
