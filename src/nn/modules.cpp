@@ -14,6 +14,22 @@ Linear::Linear(ParameterSet& ps, const std::string& prefix, int64_t in_features,
   if (bias) bias_ = &ps.add(prefix + ".bias", {out_features}, InitKind::kZeros, 0.0f, true, 0);
 }
 
+Linear::Linear(ParameterSet& ps, const std::string& prefix, int64_t in_features, int64_t out_features, bool bias,
+               float init_std, int partition_dim, std::vector<ShardRange> shard) {
+  LOOM_CHECK(partition_dim == 0 || partition_dim == 1, "[Linear] ", prefix, ": partition dim must be 0 or 1, got ",
+             partition_dim);
+  int64_t local = 0;
+  for (const ShardRange& r : shard) local += r.size;
+  in_ = partition_dim == 1 ? local : in_features;
+  out_ = partition_dim == 0 ? local : out_features;
+  weight_ = &ps.add_sharded(prefix + ".weight", {out_features, in_features}, partition_dim, shard, InitKind::kNormal,
+                            init_std, false);
+  if (!bias) return;
+  bias_ = partition_dim == 0
+              ? &ps.add_sharded(prefix + ".bias", {out_features}, 0, std::move(shard), InitKind::kZeros, 0.0f, true)
+              : &ps.add(prefix + ".bias", {out_features}, InitKind::kZeros, 0.0f, true);
+}
+
 void Linear::forward(const DeviceContext& ctx, TensorView out, TensorView inp) const {
   ctx.ops().matmul_forward(out, inp, weight_->compute, bias_ ? bias_->compute.view() : TensorView());
 }
@@ -79,6 +95,15 @@ void Norm::backward(const DeviceContext& ctx, TensorView dinp, TensorView dout, 
 
 Embedding::Embedding(ParameterSet& ps, int64_t padded_vocab, int64_t C, int64_t max_positions, float init_std) {
   word_ = &ps.add("embedding.word_embeddings.weight", {padded_vocab, C}, InitKind::kNormal, init_std, false, 0);
+  if (max_positions > 0)
+    position_ = &ps.add("embedding.position_embeddings.weight", {max_positions, C}, InitKind::kNormal, init_std,
+                        false);
+}
+
+Embedding::Embedding(ParameterSet& ps, int64_t padded_vocab, int64_t C, int64_t max_positions, float init_std,
+                     ShardRange vocab_shard) {
+  word_ = &ps.add_sharded("embedding.word_embeddings.weight", {padded_vocab, C}, 0, {vocab_shard}, InitKind::kNormal,
+                          init_std, false);
   if (max_positions > 0)
     position_ = &ps.add("embedding.position_embeddings.weight", {max_positions, C}, InitKind::kNormal, init_std,
                         false);

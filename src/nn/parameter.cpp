@@ -10,11 +10,40 @@ namespace loom {
 
 namespace {
 bool is_compute_dtype(DType dt) { return dt == DType::kF32 || dt == DType::kBF16 || dt == DType::kF16; }
+
+// N(0, std²) values of local elements [begin, end) of p (row-major over its local shape), written to
+// v[0, end - begin). The global tensor is viewed as (outer, D, inner) around the partition dim D; each
+// shard range is a (outer, size, inner) box whose rows of `size · inner` elements are contiguous both
+// locally and in the global flat index, so every row is one Philox run at its global offset.
+void init_normal(const Parameter& p, float* v, uint64_t seed, int64_t begin, int64_t end) {
+  const uint64_t stream = hash_stream(p.name);
+  if (p.shard.empty()) {
+    philox_fill_normal(v, end - begin, seed, stream, uint64_t(begin), 0.0f, p.init_std);
+    return;
+  }
+  const Shape& g = p.global_shape;
+  const int d = p.partition_dim;
+  int64_t outer = 1, inner = 1;
+  for (int i = 0; i < d; ++i) outer *= g[i];
+  for (int i = d + 1; i < g.ndim(); ++i) inner *= g[i];
+  const int64_t local_d = p.shape[d];
+  int64_t local_start = 0;  // along the local partition dim
+  for (const ShardRange& r : p.shard) {
+    for (int64_t o = 0; o < outer; ++o) {
+      const int64_t row_begin = (o * local_d + local_start) * inner, row_end = row_begin + r.size * inner;
+      const int64_t lo = std::max(row_begin, begin), hi = std::min(row_end, end);
+      if (lo >= hi) continue;
+      const uint64_t global = uint64_t((o * g[d] + r.start) * inner + (lo - row_begin));
+      philox_fill_normal(v + (lo - begin), hi - lo, seed, stream, global, 0.0f, p.init_std);
+    }
+    local_start += r.size;
+  }
+}
 }  // namespace
 
 Parameter& ParameterSet::add(std::string name, Shape shape, InitKind init, float init_std, bool no_weight_decay,
                              int partition_dim) {
-  LOOM_CHECK(!values_.defined(), "[ParameterSet] cannot add ", name, " after allocate()");
+  LOOM_CHECK(!allocated_, "[ParameterSet] cannot add ", name, " after allocate()");
   LOOM_CHECK(find(name) == nullptr, "[ParameterSet] duplicate parameter name ", name);
   Parameter& p = params_.emplace_back();
   p.name = std::move(name);
@@ -23,19 +52,48 @@ Parameter& ParameterSet::add(std::string name, Shape shape, InitKind init, float
   p.init_std = init_std;
   p.no_weight_decay = no_weight_decay;
   p.partition_dim = partition_dim;
+  p.global_shape = shape;
   p.offset = numel_;
   numel_ += shape.numel();
   return p;
 }
 
-void ParameterSet::allocate(const DeviceContext& ctx, DType compute_dtype, DType grad_dtype, bool with_grads) {
-  LOOM_CHECK(!values_.defined(), "[ParameterSet] allocate() called twice");
+Parameter& ParameterSet::add_sharded(std::string name, Shape global_shape, int partition_dim,
+                                     std::vector<ShardRange> shard, InitKind init, float init_std,
+                                     bool no_weight_decay) {
+  LOOM_CHECK(partition_dim >= 0 && partition_dim < global_shape.ndim(), "[ParameterSet] ", name,
+             ": partition dim ", partition_dim, " out of range for ", global_shape.str());
+  LOOM_CHECK(!shard.empty(), "[ParameterSet] ", name, ": a sharded parameter needs at least one range");
+  int64_t local = 0;
+  for (const ShardRange& r : shard) {
+    LOOM_CHECK(r.start >= 0 && r.size > 0 && r.start + r.size <= global_shape[partition_dim], "[ParameterSet] ",
+               name, ": shard range [", r.start, ", ", r.start + r.size, ") outside dim ", partition_dim, " of ",
+               global_shape.str());
+    local += r.size;
+  }
+  std::vector<int64_t> dims(global_shape.begin(), global_shape.end());
+  dims[size_t(partition_dim)] = local;
+  Parameter& p = add(std::move(name), Shape(std::span<const int64_t>(dims)), init, init_std, no_weight_decay,
+                     partition_dim);
+  p.global_shape = global_shape;
+  if (local != global_shape[partition_dim]) p.shard = std::move(shard);
+  return p;
+}
+
+void ParameterSet::allocate(const DeviceContext& ctx, DType compute_dtype, DType grad_dtype, bool with_grads,
+                            ParamStorage storage) {
+  LOOM_CHECK(!allocated_, "[ParameterSet] allocate() called twice");
   LOOM_CHECK(is_compute_dtype(compute_dtype), "[ParameterSet] compute dtype must be f32, bf16 or f16, got ",
              dtype_name(compute_dtype));
   LOOM_CHECK(grad_dtype == DType::kF32 || grad_dtype == compute_dtype,
              "[ParameterSet] grad dtype must be f32 or the compute dtype ", dtype_name(compute_dtype), ", got ",
              dtype_name(grad_dtype));
   ctx_ = &ctx;
+  allocated_ = true;
+  storage_ = storage;
+  compute_dtype_ = compute_dtype;
+  grad_dtype_ = with_grads ? grad_dtype : DType::kF32;
+  if (storage == ParamStorage::kExternal) return;  // the owner binds the views
   values_ = ctx.empty({numel_}, DType::kF32);
   compute_ = compute_dtype == DType::kF32 ? values_ : ctx.empty({numel_}, compute_dtype);
   if (with_grads) grads_ = ctx.zeros({numel_}, grad_dtype);
@@ -47,18 +105,26 @@ void ParameterSet::allocate(const DeviceContext& ctx, DType compute_dtype, DType
 }
 
 void ParameterSet::initialize(uint64_t seed) {
-  LOOM_CHECK(values_.defined(), "[ParameterSet] initialize() before allocate()");
+  LOOM_CHECK(values_.defined(), "[ParameterSet] initialize() before allocate() (or on external storage: the "
+             "owner initialises through initialize_range)");
   LOOM_CHECK(values_.device().is_cpu(), "[ParameterSet] host initialisation only in this build");
-  for (Parameter& p : params_) {
-    float* v = p.value.data<float>();
-    const int64_t n = p.shape.numel();
+  initialize_range(seed, 0, numel_, values_.data<float>());
+  sync_compute(*ctx_);
+}
+
+void ParameterSet::initialize_range(uint64_t seed, int64_t begin, int64_t end, float* out) const {
+  LOOM_CHECK(0 <= begin && begin <= end && end <= numel_, "[ParameterSet] initialize_range [", begin, ", ", end,
+             ") outside the layout of ", numel_, " elements");
+  for (const Parameter& p : params_) {
+    const int64_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.shape.numel());
+    if (lo >= hi) continue;
+    float* v = out + (lo - begin);
     switch (p.init) {
-      case InitKind::kNormal: philox_fill_normal(v, n, seed, hash_stream(p.name), 0, 0.0f, p.init_std); break;
-      case InitKind::kZeros: std::fill(v, v + n, 0.0f); break;
-      case InitKind::kOnes: std::fill(v, v + n, 1.0f); break;
+      case InitKind::kNormal: init_normal(p, v, seed, lo - p.offset, hi - p.offset); break;
+      case InitKind::kZeros: std::fill(v, v + (hi - lo), 0.0f); break;
+      case InitKind::kOnes: std::fill(v, v + (hi - lo), 1.0f); break;
     }
   }
-  sync_compute(*ctx_);
 }
 
 void ParameterSet::sync_compute(const DeviceContext& ctx) const {

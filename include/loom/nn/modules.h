@@ -20,12 +20,19 @@ class Linear {
  public:
   Linear(ParameterSet& ps, const std::string& prefix, int64_t in_features, int64_t out_features, bool bias,
          float init_std);
+  // A tensor-parallel shard of the global (out_features, in_features) layer. partition_dim 0
+  // (column-parallel): this rank holds the output rows `shard` of the weight and of the bias;
+  // partition_dim 1 (row-parallel): the input columns `shard` of the weight, the bias (out_features)
+  // whole (replicated; the caller adds it once across the group). in/out_features() are the local sizes.
+  Linear(ParameterSet& ps, const std::string& prefix, int64_t in_features, int64_t out_features, bool bias,
+         float init_std, int partition_dim, std::vector<ShardRange> shard);
   void forward(const DeviceContext& ctx, TensorView out, TensorView inp) const;
   // dinp overwritten (skipped when empty); dW, db accumulate.
   void backward(const DeviceContext& ctx, TensorView dinp, TensorView dout, TensorView inp) const;
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
   Parameter& weight() const { return *weight_; }
+  Parameter* bias() const { return bias_; }  // null without bias
 
  private:
   int64_t in_, out_;
@@ -71,11 +78,17 @@ using LayerNorm = Norm;
 class Embedding {
  public:
   Embedding(ParameterSet& ps, int64_t padded_vocab, int64_t C, int64_t max_positions, float init_std);
+  // Vocabulary-parallel: this rank holds the word-embedding rows `vocab_shard` of the (padded_vocab, C)
+  // table (the position table stays whole). forward/backward then need the vocabulary-parallel lookup of
+  // loom/parallel/tensor_parallel.h; the plain ones below assume the whole table.
+  Embedding(ParameterSet& ps, int64_t padded_vocab, int64_t C, int64_t max_positions, float init_std,
+            ShardRange vocab_shard);
   // position_ids (B, T) i32 optional (default: 0..T-1 in every row).
   void forward(const DeviceContext& ctx, TensorView out, TensorView tokens, TensorView position_ids = {}) const;
   void backward(const DeviceContext& ctx, TensorView dout, TensorView tokens,
                 TensorView position_ids = {}) const;  // grads accumulate
   Parameter& word_embeddings() const { return *word_; }
+  Parameter* position_embeddings() const { return position_; }  // null without learned positions
 
  private:
   Parameter* word_;

@@ -12,6 +12,7 @@
 //                    f16 (--fp16 without --accumulate-allreduce-grads-in-fp32). Backward accumulates.
 #pragma once
 #include <deque>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,12 @@ namespace loom {
 
 enum class InitKind { kNormal, kZeros, kOnes };
 
+// A run of indices [start, start + size) of the global tensor along its partition dim.
+struct ShardRange {
+  int64_t start = 0;
+  int64_t size = 0;
+};
+
 struct Parameter {
   std::string name;            // Megatron-style, e.g. decoder.layers.3.self_attention.linear_qkv.weight
   Shape shape;
@@ -29,25 +36,72 @@ struct Parameter {
   float init_std = 0.02f;      // for kNormal
   bool no_weight_decay = false;  // biases and norm parameters
   int partition_dim = -1;      // dim split across tensor-parallel ranks (-1: replicated)
+  // The full (unsharded) tensor's shape; equals `shape` when this rank holds all of it.
+  Shape global_shape;
+  // With partition_dim >= 0: the global indices along partition_dim this rank holds, concatenated in
+  // order (one range for a column/row-parallel weight; two for a gated fc1, its gate and its up rows).
+  // Empty: the whole tensor. Initialisation and checkpoints use it to address global elements.
+  std::vector<ShardRange> shard;
+  // --sequence-parallel: a replicated parameter used on this rank's sequence shard only (norms, the
+  // row-parallel biases), so its gradient is partial and is summed over the TP group before the optimizer.
+  bool sequence_parallel = false;
+  // The last pipeline stage's copy of the tied word embedding (PP > 1): initialised like the first
+  // stage's, its gradient summed with it over the embedding group; the first stage's copy is the one that
+  // checkpoints save and gradient norms count.
+  bool tied_embedding_copy = false;
   int64_t offset = 0;          // element offset in the contiguous buffers (set by allocate)
   Tensor value;                // f32 master, view into ParameterSet::values()
   Tensor compute;              // view into ParameterSet::compute_values(); modules read this one
   Tensor grad;                 // view into ParameterSet::grads(), grad dtype
 };
 
+// Called by the model around its units of work so that data-parallel / ZeRO code can overlap
+// communication with compute and gather sharded parameters just in time. Unit u is a contiguous range of
+// the flat parameter buffer: the model's units() lists them (embedding, each layer, the head) in forward
+// order; backward visits them in reverse.
+class ParamHooks {
+ public:
+  virtual ~ParamHooks() = default;
+  virtual void before_forward(int unit) {}
+  virtual void after_forward(int unit) {}
+  virtual void before_backward(int unit) {}
+  // The unit's parameter gradients for this micro-batch are complete.
+  virtual void after_backward(int unit) {}
+};
+
+// A unit's parameters: elements [offset, offset + numel) of the flat buffers.
+struct ParamUnit {
+  std::string name;  // "embedding", "decoder.layers.3", "head" (final norm + output layer)
+  int64_t offset = 0, numel = 0;
+};
+
+// How allocate() backs the parameters. kFull: contiguous master values, compute copy and gradients.
+// kExternal (ZeRO-3): only the layout (offsets) exists; Parameter::value/compute/grad stay undefined
+// until their owner (the distributed optimizer) binds them to gathered buffers around each use.
+enum class ParamStorage { kFull, kExternal };
+
 class ParameterSet {
  public:
   Parameter& add(std::string name, Shape shape, InitKind init, float init_std, bool no_weight_decay,
                  int partition_dim = -1);
+  // A tensor-parallel shard: this rank holds the `shard` ranges of `global_shape` along partition_dim
+  // (local shape = global shape with that dim = sum of the range sizes).
+  Parameter& add_sharded(std::string name, Shape global_shape, int partition_dim, std::vector<ShardRange> shard,
+                         InitKind init, float init_std, bool no_weight_decay);
   // Lays out master values, the compute copy and gradients contiguously in declaration order (gradients
   // zeroed). compute_dtype: f32, bf16 or f16; grad_dtype: f32 or compute_dtype. with_grads = false
   // (inference) allocates no gradient buffer: grads() and every Parameter::grad stay undefined.
   void allocate(const DeviceContext& ctx, DType compute_dtype = DType::kF32, DType grad_dtype = DType::kF32,
-                bool with_grads = true);
+                bool with_grads = true, ParamStorage storage = ParamStorage::kFull);
+  ParamStorage storage() const { return storage_; }
   // Fills every master value from its init rule and syncs the compute copy. Normal values come from
-  // Philox with the stream keyed by the parameter's name and the index of the element, so a value never
-  // depends on declaration order, thread count or (later) how the tensor is sharded.
+  // Philox with the stream keyed by the parameter's name and the element's index in the GLOBAL tensor,
+  // so a value never depends on declaration order, thread count or how the tensor is sharded (TP = 1 and
+  // TP = 4 build the same full model).
   void initialize(uint64_t seed);
+  // The values initialize() gives to flat elements [begin, end) of the layout, written to out[0, end -
+  // begin) (host f32). Needs only the layout, so ZeRO-3 (kExternal) initialises its master shard with it.
+  void initialize_range(uint64_t seed, int64_t begin, int64_t end, float* out) const;
   // compute_values() = cast(values()) with round to nearest even; nothing to do when the compute dtype is f32.
   void sync_compute(const DeviceContext& ctx) const;
 
@@ -56,8 +110,10 @@ class ParameterSet {
   const std::deque<Parameter>& all() const { return params_; }
   std::deque<Parameter>& all() { return params_; }
   int64_t numel() const { return numel_; }
-  DType compute_dtype() const { return compute_.dtype(); }
-  DType grad_dtype() const { return grads_.dtype(); }
+  // The dtypes allocate() was given (also with kExternal storage, where the buffers do not exist);
+  // grad_dtype() is f32 for a set without gradients.
+  DType compute_dtype() const { return compute_dtype_; }
+  DType grad_dtype() const { return grad_dtype_; }
   const Tensor& values() const { return values_; }
   const Tensor& compute_values() const { return compute_; }
   const Tensor& grads() const { return grads_; }
@@ -67,6 +123,9 @@ class ParameterSet {
   std::deque<Parameter> params_;  // deque: references stay valid while modules add parameters
   int64_t numel_ = 0;
   const DeviceContext* ctx_ = nullptr;  // the context of allocate(), for initialize()'s sync
+  ParamStorage storage_ = ParamStorage::kFull;
+  DType compute_dtype_ = DType::kF32, grad_dtype_ = DType::kF32;
+  bool allocated_ = false;
   Tensor values_, compute_, grads_;
 };
 

@@ -1,0 +1,125 @@
+// Data parallelism and ZeRO over the flat parameter buffers of this rank's model chunks (Megatron's
+// DistributedDataParallel + DistributedOptimizer, Megatron-FSDP's sharding strategies):
+//   kNone              plain DDP: gradients all-reduced (averaged) over the dp_cp group in buckets;
+//                      every rank keeps full FP32 masters and Adam state
+//   kOptim             ZeRO-1 (--use-distributed-optimizer): the padded flat buffer is split in DP equal
+//                      ranges; a rank keeps FP32 masters and Adam state for its range only; gradients are
+//                      reduce-scattered, the updated range all-gathered into every rank's parameters
+//   kOptimGrads        ZeRO-2: as ZeRO-1, and only the gradient shard outlives a bucket's reduction
+//   kOptimGradsParams  ZeRO-3 / FSDP: parameters too are sharded; a unit's parameters are all-gathered
+//                      just before its forward/backward (ParamHooks) and released after
+// Buckets (--ddp-bucket-size elements) are runs of whole units in backward order; with
+// --overlap-grad-reduce a bucket's reduction starts as soon as its last unit's backward on the last
+// micro-batch is done (asynchronously) and finish_grad_sync() waits for all of them; with
+// --overlap-param-gather the all-gather of updated parameters of ZeRO-1/2 runs bucket by bucket ahead of
+// the next forward.
+// Sequence-parallel parameters' gradients are summed over TP, the tied word embedding's over the
+// embedding group, before the data-parallel reduction. The embedding-group sum (PP > 1 with a tied
+// embedding, detected from Parameter::tied_embedding_copy on the last stage) runs in finish_grad_sync,
+// never inside a backward hook: the first and last stage reach their embedding backward at different
+// times of a pipeline schedule, so a blocking sum inside the hook would deadlock them.
+//
+// Sharding is per bucket (as Megatron's DistributedOptimizer): a bucket of L elements is padded to a
+// multiple of DP and rank r owns its r-th 1/DP slice, so each bucket is one reduce-scatter/all-gather
+// with contiguous pieces. ZeRO-3 uses one bucket per unit (what is gathered together is reduced
+// together). Optimizer-owned state is laid out as the concatenation of this rank's bucket slices
+// ("shard space", padding included): exp_avg, exp_avg_sq, the f32 gradient shard and (ZeRO-3) the f32
+// master shard.
+//
+// Memory (memory() reports what is allocated, nothing estimated):
+//   kNone              values + compute copy + grads (ParameterSet), exp_avg/exp_avg_sq full size
+//   kOptim             the same ParameterSet buffers; Adam state and an f32 gradient shard are 1/DP
+//   kOptimGrads        as kOptim: gradients are reduce-scattered after every micro-batch (with
+//                      --overlap-grad-reduce) and the bucket's full-size gradients zeroed, but the
+//                      ParameterSet gradient buffer itself still exists full size (the model writes into
+//                      it), so the saving over kOptim is not realised yet
+//   kOptimGradsParams  only 1/DP shards persist (f32 master, compute copy for bf16/f16, gradient, Adam
+//                      state); a unit's gathered parameters and gradients live between its hooks.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loom/dist/parallel_state.h"
+#include "loom/nn/parameter.h"
+#include "loom/optim/optimizer.h"
+
+namespace loom {
+
+enum class ShardingStrategy { kNone, kOptim, kOptimGrads, kOptimGradsParams };
+// --data-parallel-sharding-strategy values: no_shard | optim | optim_grads | optim_grads_params.
+ShardingStrategy parse_sharding_strategy(const std::string& s);
+const char* sharding_strategy_name(ShardingStrategy s);
+
+struct DDPConfig {
+  ShardingStrategy sharding = ShardingStrategy::kNone;
+  int64_t bucket_size = 0;          // --ddp-bucket-size (elements); 0: Megatron's max(40M, 1M · DP)
+  bool overlap_grad_reduce = false;   // --overlap-grad-reduce
+  bool overlap_param_gather = false;  // --overlap-param-gather (needs a sharding strategy)
+};
+
+// One parameter's piece of optimizer-owned state on this rank: elements [begin, end) of the parameter's
+// (local, TP-sharded) row-major flattening (all of it without ZeRO).
+struct StateShard {
+  const Parameter* param = nullptr;
+  int chunk = 0;
+  int64_t begin = 0, end = 0;
+  TensorView master, exp_avg, exp_avg_sq;  // (end - begin) f32 each
+};
+
+class DistributedOptimizer {
+ public:
+  // chunks: the ParameterSets of this rank's model chunks; units: each chunk's units (forward order),
+  // which must tile the chunk's flat buffer (empty: the whole buffer is one unit). kOptimGradsParams needs
+  // sets allocated with ParamStorage::kExternal, the other strategies kFull. Collective over the world
+  // (it agrees on the tied-embedding layout over the embedding group).
+  DistributedOptimizer(const DeviceContext& ctx, std::vector<ParameterSet*> chunks,
+                       std::vector<std::vector<ParamUnit>> units, const ParallelState& ps, DDPConfig ddp,
+                       AdamWConfig adam);
+  ~DistributedOptimizer();
+
+  // Initial parameter values (ParameterSet::initialize's rule): the full sets for kNone/kOptim/
+  // kOptimGrads, this rank's f32 master shard for kOptimGradsParams (whose model has no value storage).
+  void initialize(uint64_t seed);
+  ShardingStrategy sharding() const;
+  int num_buckets(int chunk) const;
+
+  // Before the first micro-batch of a step.
+  void start_step();
+  // The schedule tells which micro-batch's backward comes next (grads of the last one are final).
+  void set_last_microbatch(int chunk, bool last);
+  // Completes every gradient reduction of this step; afterwards the gradients this rank owns are the
+  // dp_cp-averaged full-batch gradients.
+  void finish_grad_sync();
+  // L2 norm over the whole model (every rank computes the same value), replicas counted once.
+  double grad_norm();
+  // True when any rank's gradients hold an inf or NaN (fp16 loss scaling).
+  bool found_inf();
+  // Scales the owned gradients by grad_scale (clip coefficient / loss scale), runs AdamW on the owned
+  // range, and makes every rank's parameters (values and compute copy) the updated ones.
+  void step(float lr, float weight_decay, float grad_scale);
+  int64_t num_steps() const;
+  void set_num_steps(int64_t n);
+
+  // The optimizer state this rank owns (checkpoints), one entry per (chunk, parameter) piece.
+  std::vector<StateShard> state_shards();
+  // After the masters in state_shards() were written (checkpoint load): refresh every rank's parameters.
+  void sync_params_from_masters();
+  // Bytes this rank holds: parameters (values + compute), gradients, masters + Adam state (loom calc's
+  // ZeRO figures).
+  struct Memory {
+    int64_t params = 0, grads = 0, optimizer = 0;
+  };
+  Memory memory() const;
+
+  // The hooks chunk c's model calls (GPTModel::set_hooks): bucket reductions (overlap) and ZeRO-3's
+  // just-in-time parameter gathers. Owned by the optimizer.
+  ParamHooks* hooks(int chunk);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace loom
