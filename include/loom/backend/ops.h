@@ -37,6 +37,21 @@ struct AttentionParams {
   uint64_t dropout_stream = 0;
 };
 
+// One query block against one key/value block of the same sequence (context parallelism: each rank holds
+// two chunks of the sequence and the key/value blocks travel round the ring). Positions are global, so
+// visibility and the dropout mask do not depend on how the sequence was cut: key j is visible to query i
+// iff k_pos[j] <= q_pos[i] (causal), q_pos[i] - window < k_pos[j] (window > 0), and, with segment ids,
+// k_segment_ids[b, j] == q_segment_ids[b, i]. The dropout mask index of (b, h, i, j) is
+// ((b * NH + h) * seq_len + q_pos[i]) * seq_len + k_pos[j], the non-CP kernel's index with global T, so a
+// run cut into blocks drops exactly what the whole-sequence attention_forward drops.
+struct AttentionBlock {
+  TensorView q_pos;          // (Tq) i32: global position of each query token (on the op's device)
+  TensorView k_pos;          // (Tk) i32: global position of each key token
+  TensorView q_segment_ids;  // (B, Tq) i32, optional (--reset-attention-mask); given with k_segment_ids
+  TensorView k_segment_ids;  // (B, Tk) i32, optional
+  int64_t seq_len = 0;       // global T (> every position); used by the dropout mask index only
+};
+
 struct AdamWParams {
   float lr = 0;
   float beta1 = 0.9f;
@@ -152,6 +167,35 @@ class OpTable {
   // dqkv (overwrite) from dout, recomputing scores from qkv and lse.
   virtual void attention_backward(TensorView dqkv, TensorView dout, TensorView qkv, TensorView out,
                                   TensorView lse, const AttentionParams& p, TensorView segment_ids = {}) const = 0;
+
+  // ---- attention blocks (context parallelism; AttentionBlock above) -------------------------------
+  // Layouts: q is a packed qkv tensor (B, Tq, NKV*(NH/NKV+2)*HS) whose query heads are used. kv holds the
+  // key/value heads of Tk tokens, either packed the same way (its query heads are ignored) or compact
+  // (B, Tk, NKV*2*HS): per group g its key head then its value head (the packed layout with no query
+  // heads), as attention_kv_pack makes it. qkv-like inputs share one compute dtype (f32, bf16, f16).
+  //
+  // out (B, Tq, NH*HS) (f32 or the compute dtype), lse (B, NH, Tq) f32: the attention of the queries over
+  // this block's keys only (overwrite). A query row with no visible key gets out 0 and lse -inf.
+  virtual void attention_block_forward(TensorView out, TensorView lse, TensorView q, TensorView kv,
+                                       const AttentionBlock& blk, const AttentionParams& p) const = 0;
+  // Folds a block's partial result into the running one, in place: lse' = log(e^lse + e^lse_block),
+  // out' = e^(lse - lse') out + e^(lse_block - lse') out_block (f32 math; out, out_block f32 or a 16-bit
+  // float; a -inf lse contributes nothing). Shapes as attention_block_forward's out and lse.
+  virtual void attention_merge(TensorView out, TensorView lse, TensorView out_block,
+                               TensorView lse_block) const = 0;
+  // Backward of one block given the FINAL out and lse of the queries (all blocks merged), so that
+  // P = exp(s - lse) and D = rowsum(dout * out) are the global ones. ACCUMULATES (the blocks of a ring
+  // add up): dq (B, Tq, NH*HS) f32 += dS K; dkv (B, Tk, NKV*2*HS) f32 (compact layout) += [dS^T Q | P^T dO].
+  // dout and out (B, Tq, NH*HS) f32 or the compute dtype.
+  virtual void attention_block_backward(TensorView dq, TensorView dkv, TensorView dout, TensorView q, TensorView kv,
+                                        TensorView out, TensorView lse, const AttentionBlock& blk,
+                                        const AttentionParams& p) const = 0;
+  // kv (B, T, NKV*2*HS) = the key and value heads of qkv (B, T, NKV*(NH/NKV+2)*HS), same dtype (overwrite).
+  virtual void attention_kv_pack(TensorView kv, TensorView qkv, const AttentionParams& p) const = 0;
+  // dqkv (B, T, NKV*(NH/NKV+2)*HS) (overwrite, in its own float dtype, rounded once) = the query-head
+  // gradients from dq (B, T, NH*HS) f32 and the key/value-head gradients from dkv (B, T, NKV*2*HS) f32.
+  virtual void attention_qkv_grad_unpack(TensorView dqkv, TensorView dq, TensorView dkv,
+                                         const AttentionParams& p) const = 0;
 
   // ---- cross-entropy ----------------------------------------------------------------------------
   // logits (N, Vp) f32/bf16/f16 (arithmetic in f32), targets i32 (N), columns >= vocab_size are padding and excluded.

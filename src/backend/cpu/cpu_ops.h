@@ -1,6 +1,7 @@
 // The CPU op table (the reference backend). Definitions are split by op family:
-//   matmul.cpp (oneDNN), attention.cpp, norm.cpp, elementwise.cpp, embedding.cpp, cross_entropy.cpp,
-//   optimizer.cpp, dropout.cpp, rmsnorm.cpp (with norm.cpp's helpers in norm_common.h), glu.cpp, rope.cpp.
+//   matmul.cpp (oneDNN), attention.cpp, attention_blocks.cpp (context-parallel blocks), norm.cpp,
+//   elementwise.cpp, embedding.cpp, cross_entropy.cpp, optimizer.cpp, dropout.cpp, rmsnorm.cpp (with
+//   norm.cpp's helpers in norm_common.h), glu.cpp, rope.cpp.
 //   Parallel with OpenMP; reductions use fixed-size blocks summed in a fixed order so results do not depend
 //   on the number of threads.
 #pragma once
@@ -49,6 +50,14 @@ class CpuOps final : public OpTable {
                          TensorView segment_ids = {}) const override;
   void attention_backward(TensorView dqkv, TensorView dout, TensorView qkv, TensorView out, TensorView lse,
                           const AttentionParams& p, TensorView segment_ids = {}) const override;
+  void attention_block_forward(TensorView out, TensorView lse, TensorView q, TensorView kv, const AttentionBlock& blk,
+                               const AttentionParams& p) const override;
+  void attention_merge(TensorView out, TensorView lse, TensorView out_block, TensorView lse_block) const override;
+  void attention_block_backward(TensorView dq, TensorView dkv, TensorView dout, TensorView q, TensorView kv,
+                                TensorView out, TensorView lse, const AttentionBlock& blk,
+                                const AttentionParams& p) const override;
+  void attention_kv_pack(TensorView kv, TensorView qkv, const AttentionParams& p) const override;
+  void attention_qkv_grad_unpack(TensorView dqkv, TensorView dq, TensorView dkv, const AttentionParams& p) const override;
   void cross_entropy_forward_backward(TensorView losses, TensorView logits, TensorView targets, int64_t vocab_size,
                                       TensorView loss_mask, float dlogits_scale) const override;
   void adamw_update(TensorView param, TensorView grad, TensorView m, TensorView v,
