@@ -43,6 +43,7 @@
 #include <string_view>
 #include <vector>
 
+#include "loom/dist/communicator.h"
 #include "loom/nn/modules.h"
 
 namespace loom {
@@ -130,6 +131,38 @@ enum class RecomputeMethod { kNone, kUniform, kBlock };        // --recompute-me
 RecomputeGranularity parse_recompute_granularity(std::string_view s);
 RecomputeMethod parse_recompute_method(std::string_view s);
 
+// Where this model instance sits in the parallel layout (docs/parallelism.md). Defaults: one process,
+// the whole model. The model keeps the pointers; the communicators must outlive it.
+//   TP  attention split by query groups (a rank holds NKV/TP groups with their NH/TP query heads: one
+//       contiguous row range of linear_qkv in the grouped layout), the MLP by the FFN dimension (a gated
+//       fc1 holds its gate rows and its up rows), linear_proj / linear_fc2 row-parallel (input dim split;
+//       partial outputs all-reduced, the bias added once), word embedding and output layer split by
+//       vocabulary (Vp/TP rows each; vocabulary-parallel cross-entropy, no rank holds full logits).
+//   SP  (--sequence-parallel, TP > 1) the residual stream, norms and hidden dropout hold B·T/TP tokens of
+//       the flattened (B·T) token axis; all-gather before column-parallel layers, reduce-scatter after
+//       row-parallel ones. Replicated parameters used there are marked Parameter::sequence_parallel.
+//   CP  the sequence split in 2·CP chunks, this rank holding chunks cp_rank and 2·CP−1−cp_rank (causal
+//       load balance); ring attention exchanges K/V blocks over the CP group.
+//   PP  this instance is one pipeline stage (or one virtual-stage chunk): global layers
+//       [first_layer, first_layer + num_layers) keep their global names; pre_process: it owns the
+//       embedding; post_process: the final norm, output layer and loss. With tied embeddings and PP > 1 the
+//       post_process stage holds a copy of the word embedding (Parameter::tied_embedding_copy).
+// Dropout masks and initial values are functions of global indices, so every layout computes the same
+// model as one process (up to floating-point summation order).
+struct ModelParallel {
+  const Communicator* tp = nullptr;  // null or size 1: no tensor parallelism
+  bool sequence_parallel = false;    // --sequence-parallel (needs TP > 1)
+  const Communicator* cp = nullptr;  // null or size 1: no context parallelism
+  int64_t first_layer = 0;
+  int64_t num_layers = -1;           // -1: every layer from first_layer on
+  bool pre_process = true;
+  bool post_process = true;
+  int tp_size() const { return tp ? tp->size() : 1; }
+  int tp_rank() const { return tp ? tp->rank() : 0; }
+  int cp_size() const { return cp ? cp->size() : 1; }
+  int cp_rank() const { return cp ? cp->rank() : 0; }
+};
+
 // How the model is built (fixed for its lifetime).
 struct ModelOptions {
   DType compute_dtype = DType::kF32;  // kBF16 for --bf16, kF16 for --fp16: parameter copy and activations
@@ -143,6 +176,13 @@ struct ModelOptions {
   int64_t recompute_num_layers = 0;
   // false: an inference-only model (`loom generate`): no gradient buffer, backward() is refused.
   bool with_grads = true;
+  ModelParallel parallel;  // the layout this instance is part of (default: single process)
+  // kExternal for ZeRO-3 (--data-parallel-sharding-strategy optim_grads_params): the distributed
+  // optimizer binds parameter storage around each unit's use; initialize() then is the optimizer's job.
+  ParamStorage param_storage = ParamStorage::kFull;
+  // Micro-batches whose activations can be alive at once (pipeline schedules keep up to PP of them in
+  // flight); each slot has its own saved activations, scratch is shared. >= 1.
+  int activation_slots = 1;
   void validate(const GPTConfig& cfg) const;  // throws UserError naming the Megatron flags
 };
 
@@ -222,6 +262,24 @@ class GPTModel {
   // The RoPE tables (null without RoPE); constants, shared with InferenceSession.
   const RotaryEmbedding* rotary() const { return rope_.get(); }
 
+  // ---- parallel layouts (see ModelParallel) ----
+  // The units of this instance in forward order (pre_process adds "embedding", post_process "head").
+  const std::vector<ParamUnit>& units() const { return units_; }
+  void set_hooks(ParamHooks* hooks) { hooks_ = hooks; }  // null: none
+  // The activation slot the next forward/backward use (pipeline schedules: one per micro-batch in flight).
+  void set_slot(int slot);
+  // Pipeline stage entry/exit, per slot: without pre_process, forward reads its input hidden states
+  // (B, T_local, C) from input() of the current slot (the schedule receives into it); without
+  // post_process, forward leaves its output in output() (sent to the next stage) and returns 0, and
+  // backward reads d(output) from output_grad(); without pre_process backward leaves d(input) in
+  // input_grad(). T_local = T / CP (and the SP token shard when sequence parallel: B·T/(CP·TP) rows).
+  TensorView input() const;
+  TensorView output() const;
+  TensorView output_grad() const;
+  TensorView input_grad() const;
+  // The (B, T) micro-batch shape must be fixed before input() exists: allocates the buffers.
+  void prepare(int64_t B, int64_t T);
+
   // Every buffer a model built with (cfg, opts) allocates for (B, T) micro-batches; validates both.
   static GPTMemoryPlan memory_plan(const GPTConfig& cfg, const ModelOptions& opts, int64_t B, int64_t T);
   // Bytes of the activation buffers allocated now (0 before the first forward); equals
@@ -233,47 +291,83 @@ class GPTModel {
   struct LayerActs;
   struct LayerRole;
   struct BufferSlot;
+  struct Declared;
+  struct SlotState;
+  static Declared declare_parameters(ParameterSet& ps, const GPTConfig& cfg, const ModelOptions& opts);
   static std::vector<LayerRole> layer_roles(const GPTConfig& cfg, const ModelOptions& opts);
   static std::vector<BufferSlot> activation_layout(const GPTConfig& cfg, const ModelOptions& opts, int64_t B,
                                                    int64_t T, GPTModel* model);
   void ensure_buffers(int64_t B, int64_t T);
+  void store_slot();  // working activation handles -> slots_[slot_]
+  void load_slot();   // slots_[slot_] -> working activation handles
   void forward_layer(int64_t l, TensorView segment_ids);
   void backward_layer(int64_t l, TensorView segment_ids);
   TensorView layer_input(int64_t l) const;
-  Parameter& output_weight() const;  // output_layer.weight when untied, else the word embedding
+  Parameter& output_weight() const;  // output_layer.weight when untied, else the word embedding (or its copy)
   void mlp_activation_forward(TensorView fc) const;  // act_ = act(fc) (GeLU, or a GLU of [gate | up])
   GluKind glu_kind() const;                          // the GLU of a gated MLP
   DropoutMask hidden_mask(uint64_t site) const;
   DropoutMask attention_mask(uint64_t site) const;
+  // Tensor-parallel plumbing (identities at TP = 1): a column-parallel layer's input (all-gathered from
+  // the token shard under SP), the buffer its input gradient goes to, and the reduction of that gradient
+  // into dln_; the row-parallel forward (bias once, reduction, dropout) and backward.
+  TensorView column_input(TensorView shard) const;
+  TensorView column_input_grad() const;
+  void reduce_column_input_grad() const;
+  TensorView row_parallel_forward(const Linear& lin, TensorView out_full, TensorView inp, const DropoutMask& drop,
+                                  TensorView shard_out) const;
+  void row_parallel_backward(const Linear& lin, TensorView dinp, TensorView dout, TensorView inp,
+                             const DropoutMask& drop) const;
+  void attention_forward(const Layer& L, LayerActs& a, TensorView segment_ids, const DropoutMask& drop);
+  void embedding_forward(const GPTBatch& batch);
+  void embedding_backward(const GPTBatch& batch);
+  void call_hook(void (ParamHooks::*f)(int), int unit) const {
+    if (hooks_ != nullptr && unit >= 0) (hooks_->*f)(unit);
+  }
 
   GPTConfig cfg_;
   ModelOptions opts_;
   const DeviceContext& ctx_;
+  std::vector<ParamUnit> units_;
+  ParamHooks* hooks_ = nullptr;
   ParameterSet params_;
-  std::unique_ptr<Embedding> embedding_;
-  std::vector<std::unique_ptr<Layer>> layers_;
-  std::unique_ptr<Norm> final_ln_;
+  std::unique_ptr<Embedding> embedding_;   // pre_process only
+  std::vector<std::unique_ptr<Layer>> layers_;  // the local layers [first_layer, first_layer + num_layers)
+  std::unique_ptr<Norm> final_ln_;         // post_process only
   std::unique_ptr<Linear> output_layer_;  // untied output layer (null when tied to the word embedding)
+  Parameter* tied_copy_ = nullptr;         // tied, post_process without pre_process: the word embedding's copy
   std::unique_ptr<RotaryEmbedding> rope_;  // RoPE tables (null without RoPE)
-  std::vector<LayerRole> roles_;   // per layer: kept or recomputed (and its group)
+  std::vector<LayerRole> roles_;   // per local layer: kept or recomputed (and its group)
+  int embedding_unit_ = -1, first_layer_unit_ = 0, head_unit_ = -1;  // indices into units_ (-1: absent)
 
-  int64_t B_ = 0, T_ = 0;
+  int64_t B_ = 0, T_ = 0;          // the micro-batch shape (global T; this rank holds T / CP positions)
   int64_t activation_bytes_ = 0;
+  // The working set of the current slot (handles into slots_[slot_], swapped by set_slot()).
+  int slot_ = 0;
+  std::vector<SlotState> slots_;
   bool backward_ready_ = false;
   ForwardOptions fwd_;             // of the last forward; backward's recomputation redraws its masks
-  Tensor x0_;                      // (B, T, C) embedding output (after dropout) = input of layer 0
-  std::vector<LayerActs> acts_;    // per layer; recomputed layers' views point into scratch_
+  Tensor x0_;                      // (B, T, C) embedding output (after dropout) = input of layer 0 (= input())
+  std::vector<LayerActs> acts_;    // per local layer; recomputed layers' views point into scratch_
   std::vector<LayerActs> scratch_; // full recomputation: one group's activations
   Tensor att_scratch_, lse_scratch_;  // selective recomputation: (B, T, NH·HS), (B, NH, T) f32
   Tensor lnf_;                     // (B, T, C)
   Norm::Saved lnf_saved_;
-  Tensor logits_;                  // (B, T, Vp), dlogits in place after a training forward
+  Tensor logits_;                  // (B, T, Vp / TP), dlogits in place after a training forward
   Tensor losses_;                  // (B, T) f32
+  Tensor pipe_grad_;               // stage boundary: output_grad() on entry of backward, input_grad() on exit
   // Shared scratch: MLP activation output (forward and recomputed in backward); branch_ holds a residual
   // branch's output (attention projection, consumed at once by the fused residual + norm) in forward and a
   // branch's gradient through its dropout in backward; activation gradients; the qk-norm's two scratch
   // buffers (B, T, NH·HS) (--qk-layernorm only).
   Tensor act_, branch_, dres_, dln_, datt_, dqkv_, dfc_, qk_a_, qk_b_;
+  // TP > 1: SP's all-gathered column input and full-row input gradient (N, C); the vocabulary-parallel
+  // cross-entropy's (2, N) statistics; the embedding's local token ids and positions (host i32 (B, T)).
+  Tensor sp_gathered_, sp_grad_, ce_stats_, tp_tokens_, tp_positions_;
+  std::vector<int64_t> tp_outside_;  // flat indices of tokens outside this rank's vocabulary range
+  // CP > 1: this rank's two chunks of the batch tensors (B, T / CP) and the global positions of its tokens.
+  Tensor cp_tokens_, cp_targets_, cp_loss_mask_, cp_position_ids_, cp_segment_ids_, cp_positions_;
+  GPTBatch local_batch(const GPTBatch& batch);  // the batch as this CP rank sees it (batch itself at CP = 1)
 };
 
 }  // namespace loom
