@@ -220,7 +220,7 @@ const std::vector<Flag>& flags() {
       {"--reset-attention-mask", "", "documents in one sequence do not attend to each other",
        [](C& c, S) { c.data.reset_attention_mask = true; }},
       {"--eod-mask-loss", "", "no loss on end-of-document tokens", [](C& c, S) { c.data.eod_mask_loss = true; }},
-      // parallelism (single process in this build)
+      // parallelism (docs/parallelism.md)
       {"--tensor-model-parallel-size", "N", "default 1",
        [](C& c, S v) { c.parallel.tensor_model_parallel_size = int(parse_int("--tensor-model-parallel-size", v)); }},
       {"--pipeline-model-parallel-size", "N", "default 1",
@@ -229,6 +229,25 @@ const std::vector<Flag>& flags() {
        }},
       {"--context-parallel-size", "N", "default 1",
        [](C& c, S v) { c.parallel.context_parallel_size = int(parse_int("--context-parallel-size", v)); }},
+      {"--sequence-parallel", "", "split norms/dropout along the sequence across the TP group",
+       [](C& c, S) { c.dist.sequence_parallel = true; }},
+      {"--num-layers-per-virtual-pipeline-stage", "N", "interleaved 1F1B: layers per model chunk",
+       [](C& c, S v) { c.dist.virtual_stage_layers = parse_int("--num-layers-per-virtual-pipeline-stage", v); }},
+      {"--decoder-first-pipeline-num-layers", "N", "layers of the first pipeline stage (uneven split)",
+       [](C& c, S v) { c.dist.first_stage_layers = parse_int("--decoder-first-pipeline-num-layers", v); }},
+      {"--decoder-last-pipeline-num-layers", "N", "layers of the last pipeline stage (uneven split)",
+       [](C& c, S v) { c.dist.last_stage_layers = parse_int("--decoder-last-pipeline-num-layers", v); }},
+      {"--use-distributed-optimizer", "", "ZeRO-1: shard FP32 masters and Adam state over data-parallel ranks",
+       [](C& c, S) { c.dist.use_distributed_optimizer = true; }},
+      {"--data-parallel-sharding-strategy", "no_shard|optim|optim_grads|optim_grads_params",
+       "ZeRO stage 0/1/2/3 (default no_shard, or optim with --use-distributed-optimizer)",
+       [](C& c, S v) { c.dist.sharding_strategy = v; }},
+      {"--ddp-bucket-size", "N", "elements per gradient-reduction bucket (default max(40M, 1M x DP))",
+       [](C& c, S v) { c.dist.ddp_bucket_size = parse_int("--ddp-bucket-size", v); }},
+      {"--overlap-grad-reduce", "", "reduce gradient buckets during backward",
+       [](C& c, S) { c.dist.overlap_grad_reduce = true; }},
+      {"--distributed-timeout-minutes", "X", "abort every rank when a collective takes longer (default 10)",
+       [](C& c, S v) { c.dist.timeout_minutes = parse_float("--distributed-timeout-minutes", v); }},
       // misc
       {"--seed", "N", "random seed for init and data order (default 1234)",
        [](C& c, S v) { c.seed = uint64_t(parse_int("--seed", v)); }},
@@ -285,7 +304,7 @@ std::vector<FlagSpec<TrainConfig>> specs() {
 // Megatron flags for features this build does not have yet: a clear error instead of "unknown flag".
 const std::vector<std::string>& unsupported() {
   static const std::vector<std::string> names = {
-      "--fp8-format", "--fp8-margin", "--fp8-amax-history-len", "--use-distributed-optimizer", "--sequence-parallel",
+      "--fp8-format", "--fp8-margin", "--fp8-amax-history-len", "--overlap-param-gather",
       "--use-flash-attn", "--use-mcore-models",
       // architecture variants Loom does not build
       "--rotary-seq-len-interpolation-factor", "--no-rope-freq", "--window-attn-skip-freq", "--apply-layernorm-1p",

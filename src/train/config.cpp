@@ -7,6 +7,59 @@ int64_t padded_vocab_size(int64_t vocab_size, int64_t divisible_by, int tp_size)
   return (vocab_size + multiple - 1) / multiple * multiple;
 }
 
+namespace {
+
+// The layout flags against the model shape: every impossible combination named before anything is built.
+void dist_validate(const TrainConfig& c, int world_size) {
+  const ParallelConfig& p = c.parallel;
+  const DistConfig& d = c.dist;
+  const int TP = p.tensor_model_parallel_size, PP = p.pipeline_model_parallel_size, CP = p.context_parallel_size;
+  if (TP < 1 || PP < 1 || CP < 1)
+    user_error("--tensor-model-parallel-size, --pipeline-model-parallel-size and --context-parallel-size must be "
+               ">= 1, got ", TP, ", ", PP, ", ", CP);
+  if (world_size % (TP * PP * CP) != 0)
+    user_error("world size ", world_size, " is not divisible by --tensor-model-parallel-size (", TP,
+               ") x --pipeline-model-parallel-size (", PP, ") x --context-parallel-size (", CP, ") = ", TP * PP * CP);
+  const GPTConfig& m = c.model;
+  if (m.num_attention_heads % TP != 0)
+    user_error("--num-attention-heads (", m.num_attention_heads, ") must be divisible by --tensor-model-parallel-size (",
+               TP, ")");
+  if (m.num_kv_heads() % TP != 0)
+    user_error("--num-query-groups (", m.num_kv_heads(), ") must be divisible by --tensor-model-parallel-size (", TP,
+               ")");
+  if (m.ffn_hidden_size() % TP != 0)
+    user_error("--ffn-hidden-size (", m.ffn_hidden_size(), ") must be divisible by --tensor-model-parallel-size (", TP,
+               ")");
+  if (d.sequence_parallel && TP == 1)
+    user_error("--sequence-parallel needs --tensor-model-parallel-size > 1");
+  if (d.sequence_parallel && (c.batch.micro_batch_size * c.batch.seq_length / CP) % TP != 0)
+    user_error("--sequence-parallel: the tokens of a micro-batch per context rank (--micro-batch-size x --seq-length / "
+               "--context-parallel-size = ", c.batch.micro_batch_size * c.batch.seq_length / CP,
+               ") must be divisible by --tensor-model-parallel-size (", TP, ")");
+  if (c.batch.seq_length % (2 * CP) != 0 && CP > 1)
+    user_error("--seq-length (", c.batch.seq_length, ") must be divisible by 2 x --context-parallel-size (", 2 * CP, ")");
+  if (d.first_stage_layers < 0 || d.last_stage_layers < 0 || d.virtual_stage_layers < 0)
+    user_error("--decoder-first/last-pipeline-num-layers and --num-layers-per-virtual-pipeline-stage must be >= 0");
+  if ((d.first_stage_layers || d.last_stage_layers || d.virtual_stage_layers) && PP == 1)
+    user_error("--decoder-first-pipeline-num-layers, --decoder-last-pipeline-num-layers and "
+               "--num-layers-per-virtual-pipeline-stage need --pipeline-model-parallel-size > 1");
+  if (d.virtual_stage_layers && (d.first_stage_layers || d.last_stage_layers))
+    user_error("--num-layers-per-virtual-pipeline-stage cannot be combined with uneven first/last stages");
+  if (!(d.timeout_minutes > 0)) user_error("--distributed-timeout-minutes must be > 0, got ", d.timeout_minutes);
+  if (d.ddp_bucket_size < 0) user_error("--ddp-bucket-size must be >= 1, got ", d.ddp_bucket_size);
+  if (!d.sharding_strategy.empty() && d.sharding_strategy != "no_shard" && d.sharding_strategy != "optim" &&
+      d.sharding_strategy != "optim_grads" && d.sharding_strategy != "optim_grads_params")
+    user_error("--data-parallel-sharding-strategy must be no_shard, optim, optim_grads or optim_grads_params, got '",
+               d.sharding_strategy, "'");
+  if (d.sharding_strategy == "optim_grads_params" && !c.model.untie_embeddings_and_output_weights)
+    user_error("--data-parallel-sharding-strategy optim_grads_params needs --untie-embeddings-and-output-weights "
+               "(Loom's ZeRO-3 does not gather a tied word embedding for the output layer yet)");
+  if (d.use_distributed_optimizer && d.sharding_strategy == "no_shard")
+    user_error("--use-distributed-optimizer contradicts --data-parallel-sharding-strategy no_shard");
+}
+
+}  // namespace
+
 void TrainConfig::validate(int world_size) const {
   const auto need = [](bool ok, const char* flag) {
     if (!ok) user_error("missing required flag ", flag);
@@ -45,6 +98,7 @@ void TrainConfig::validate(int world_size) const {
       user_error("--global-batch-size (", g, ") must be divisible by --micro-batch-size (", batch.micro_batch_size,
                  ") x data-parallel size (", dp, ") = ", unit);
   }
+  dist_validate(*this, world_size);
   if (optim.lr < 0) user_error("--lr must be >= 0, got ", optim.lr);
   if (optim.min_lr < 0 || optim.min_lr > optim.lr)
     user_error("--min-lr (", optim.min_lr, ") must be in [0, --lr (", optim.lr, ")]");

@@ -109,8 +109,9 @@ double iteration_flops(const GPTConfig& m, int64_t global_batch, int64_t seq_len
   return flops;
 }
 
-Trainer::Trainer(const TrainConfig& cfg, std::ostream& log)
-    : cfg_(cfg), log_(log), timers_(cfg.logging.timing_log_level), start_time_(std::chrono::steady_clock::now()) {}
+Trainer::Trainer(const TrainConfig& cfg, std::ostream& log, std::unique_ptr<Communicator> world)
+    : cfg_(cfg), log_(log), world_(std::move(world)), timers_(cfg.logging.timing_log_level),
+      start_time_(std::chrono::steady_clock::now()) {}
 
 Trainer::~Trainer() = default;
 
@@ -194,6 +195,9 @@ void Trainer::build_model() {
   base_bytes_ = ctx_->memory_stats().current_bytes;
   log_ << "device: " << ctx_->description() << "\n";
   const ModelOptions mo = model_options();
+  if (distributed_) {
+    build_model_distributed();
+  } else {
   model_ = std::make_unique<GPTModel>(cfg_.model, *ctx_, mo);
   model_->initialize(cfg_.seed);
   ParameterSet& params = model_->params();
@@ -209,6 +213,7 @@ void Trainer::build_model() {
          << "\n";
   if (mo.grad_dtype != DType::kF32) main_grads_ = ctx_->empty({params.numel()}, DType::kF32);
   adamw_ = std::make_unique<AdamW>(*ctx_, params.numel(), param_ranges(params), cfg_.optim.adam);
+  }
 
   // Megatron's get_optimizer_param_scheduler, in samples.
   SchedulerConfig sc;
@@ -268,6 +273,7 @@ GPTBatch Trainer::to_model_batch(const Batch& b) const {
 }
 
 Trainer::StepOutcome Trainer::train_step() {
+  if (distributed_) return train_step_distributed();
   const OpTable& ops = ctx_->ops();
   ParameterSet& params = model_->params();
   StepOutcome out;
@@ -347,6 +353,7 @@ Trainer::StepOutcome Trainer::train_step() {
 }
 
 double Trainer::evaluate(const std::shared_ptr<const SampleDataset>& ds, int64_t& consumed_samples) {
+  if (distributed_) return evaluate_distributed(ds, consumed_samples);
   LoaderConfig lc = loader_config(consumed_samples);
   lc.prefetch_depth = 0;
   Loader loader(ds, lc);
@@ -411,8 +418,7 @@ void Trainer::write_tensorboard_step(const StepOutcome& s) {
   // As Megatron: the scale after this iteration's update, the value the log line prints.
   if (cfg_.logging.log_loss_scale_to_tensorboard) both("loss-scale", scaler_ ? double(scaler_->scale()) : 1.0);
   if (!s.skipped) both("grad-norm", s.grad_norm);
-  if (cfg_.logging.log_params_norm)
-    both("params-norm", std::sqrt(ctx_->ops().sum_squares(model_->params().values())));
+  if (cfg_.logging.log_params_norm) both("params-norm", params_norm());
   if (cfg_.logging.log_memory_to_tensorboard) {
     const AllocStats m = ctx_->memory_stats();
     tb_->add_scalar("mem-reserved-bytes", double(m.reserved_bytes), iteration_);
@@ -440,7 +446,7 @@ void Trainer::training_log(const StepOutcome& s) {
   const double tflops = flops / (avg_ms / 1000.0) / double(ps_->world_size()) / 1e12;
   const double samples_per_s = double(gbs_) / (avg_ms / 1000.0);
   const bool params_norm_on = cfg_.logging.log_params_norm;
-  const double params_norm = params_norm_on ? std::sqrt(ctx_->ops().sum_squares(model_->params().values())) : 0.0;
+  const double params_norm = params_norm_on ? this->params_norm() : 0.0;
 
   std::string line = " [" + now_string() + "]";
   line += fmt(" iteration %8lld/%8lld |", (long long)iteration_, (long long)cfg_.batch.train_iters);
@@ -500,10 +506,26 @@ void Trainer::training_log(const StepOutcome& s) {
   interval_iters_ = interval_advanced_ = interval_skipped_ = interval_nan_ = 0;
 }
 
+double Trainer::params_norm() const {
+  if (!distributed_) return std::sqrt(ctx_->ops().sum_squares(model_->params().values()));
+  // Every rank's parameters, counting replicas once (TP duplicates on TP rank 0, the tied embedding copy on
+  // the first stage, data-parallel replicas on DP rank 0).
+  double sq = 0;
+  if (ps_->dp_rank() == 0 && ps_->cp_rank() == 0)
+    for (const auto& m : chunks_)
+      for (const Parameter& p : m->params().all()) {
+        if (p.tied_embedding_copy || (p.partition_dim < 0 && ps_->tp_rank() != 0) || !p.value.defined()) continue;
+        sq += ctx_->ops().sum_squares(p.value);
+      }
+  return std::sqrt(ps_->world().all_reduce_scalar(sq));
+}
+
 TrainResult Trainer::run() {
-  const int world_size = 1;
+  const int world_size = world_->size();
   cfg_.validate(world_size);
-  ps_ = ParallelState::create(cfg_.parallel, world_size, 0);
+  distributed_ = world_size > 1;
+  ps_ = distributed_ ? ParallelState::create(cfg_.parallel, std::move(world_))
+                     : ParallelState::create(cfg_.parallel, world_size, 0);
   dp_ = ps_->dp_size();
   gbs_ = cfg_.global_batch_size(dp_);
   nmb_ = cfg_.num_micro_batches(dp_);
@@ -523,8 +545,11 @@ TrainResult Trainer::run() {
   build_model();
   load_checkpoint();
   result_.start_iteration = iteration_;
-  if (!cfg_.logging.tensorboard_dir.empty()) tb_ = std::make_unique<TensorBoardWriter>(cfg_.logging.tensorboard_dir);
-  if (!cfg_.logging.metrics_jsonl.empty())
+  // TensorBoard and JSONL: written by the printing (last) rank only, like the log.
+  const bool printer = ps_->rank() == ps_->world_size() - 1;
+  if (printer && !cfg_.logging.tensorboard_dir.empty())
+    tb_ = std::make_unique<TensorBoardWriter>(cfg_.logging.tensorboard_dir);
+  if (printer && !cfg_.logging.metrics_jsonl.empty())
     jsonl_ = std::make_unique<MetricsJsonlWriter>(cfg_.logging.metrics_jsonl, /*append=*/iteration_ > 0);
 
   const LoaderConfig lcfg = loader_config(consumed_train_);
@@ -603,7 +628,13 @@ TrainResult Trainer::run() {
 }
 
 TrainResult run_training(const TrainConfig& cfg, std::ostream& log) {
-  Trainer t(cfg, log);
+  std::unique_ptr<Communicator> world =
+      init_world(std::chrono::milliseconds(int64_t(cfg.dist.timeout_minutes * 60000.0)));
+  // Megatron prints the iteration lines from the last rank (the last pipeline stage knows the loss); Loom
+  // prints everything from there so that an mpirun log reads like a single process's.
+  std::ostream null_stream(nullptr);
+  const bool printer = world->rank() == world->size() - 1;
+  Trainer t(cfg, printer ? log : null_stream, std::move(world));
   return t.run();
 }
 

@@ -132,10 +132,10 @@ std::string Trainer::metadata_json() const {
   j["seq_length"] = T_;
   j["model_config"] = model_config_json(cfg_.model);
   j["precision"] = cfg_.precision.bf16 ? "bf16" : cfg_.precision.fp16 ? "fp16" : "fp32";
-  j["files"] = {{"model", "model.safetensors"}};
+  if (!distributed_) j["files"] = {{"model", "model.safetensors"}};
   if (!cfg_.checkpoint.no_save_optim) {
-    j["files"]["optimizer"] = "optimizer.safetensors";
-    j["optimizer"] = {{"type", "adamw"}, {"step", adamw_->num_steps()}};
+    if (!distributed_) j["files"]["optimizer"] = "optimizer.safetensors";
+    j["optimizer"] = {{"type", "adamw"}, {"step", distributed_ ? dopt_->num_steps() : adamw_->num_steps()}};
     j["opt_param_scheduler"] = json::parse(sched_->state().to_json());
     if (scaler_) j["grad_scaler"] = json::parse(scaler_->state().to_json());
   }
@@ -147,6 +147,10 @@ std::string Trainer::metadata_json() const {
 void Trainer::save_checkpoint() {
   if (cfg_.checkpoint.save.empty()) {
     log_ << " > no --save directory: not saving a checkpoint at iteration " << iteration_ << "\n";
+    return;
+  }
+  if (distributed_) {
+    save_checkpoint_sharded();
     return;
   }
   const auto t0 = std::chrono::steady_clock::now();
@@ -172,6 +176,9 @@ void Trainer::load_checkpoint() {
     if (!cfg_.checkpoint.finetune)
       user_error("--load ", dir, " is a Hugging Face model directory (config.json), which holds weights only; add "
                  "--finetune to start from them at iteration 0");
+    if (distributed_)
+      user_error("--load ", dir, ": Hugging Face weights load into a single process; run `loom train --finetune` "
+                 "with one process and --save, then launch the distributed run with --load on that checkpoint");
     log_ << " loading Hugging Face model from " << dir << "\n";
     const GPTConfig hf = read_model_config(dir, cfg_.data.make_vocab_size_divisible_by * ps_->tp_size());
     check_model_config(model_config_json(hf), cfg_.model, dir + "/config.json", /*finetune=*/true);
@@ -200,13 +207,26 @@ void Trainer::load_checkpoint() {
   if (version > kFormatVersion)
     user_error(meta_path, " has format_version ", version, "; this Loom reads up to ", kFormatVersion);
   check_model_config(get_field<json>(meta, "model_config", meta_path), cfg_.model, meta_path, cfg_.checkpoint.finetune);
-
-  ParameterSet& ps = model_->params();
-  {
+  // Distributed checkpoints (one shard file per rank, any layout) load through the resharding reader,
+  // into any layout (a single process included); a distributed run cannot read the single-file format
+  // (convert it with a single-process run first).
+  const bool sharded = meta.contains("sharded_checkpoint");
+  if (distributed_ && !sharded)
+    user_error("checkpoint ", dir, " was saved by a single process (model.safetensors); a distributed run loads "
+               "sharded checkpoints only: resume it once with one process and --save, or use --finetune after "
+               "`loom convert` to Hugging Face");
+  const bool load_optim = !cfg_.checkpoint.finetune && !cfg_.checkpoint.no_load_optim;
+  if (load_optim && !meta.contains("optimizer"))
+    user_error("checkpoint ", dir, " holds no optimizer state (saved with --no-save-optim); pass --no-load-optim "
+               "to resume with a fresh optimizer, or --finetune");
+  if (sharded) {
+    load_checkpoint_sharded(dir);  // weights, and the Adam state when load_optim
+  } else {
+    ParameterSet& ps = model_->params();
     const SafetensorsFile f = SafetensorsFile::open(dir + "/model.safetensors");
     load_tensors_checked(f, model_tensors(ps));
+    ps.sync_compute(*ctx_);
   }
-  ps.sync_compute(*ctx_);
 
   if (cfg_.checkpoint.finetune) {
     log_ << " > --finetune: loaded the weights only; starting at iteration 0\n"
@@ -216,13 +236,16 @@ void Trainer::load_checkpoint() {
   iteration_ = get_field<int64_t>(meta, "iteration", meta_path);
   consumed_train_ = get_field<int64_t>(meta, "consumed_train_samples", meta_path);
   consumed_valid_ = get_field<int64_t>(meta, "consumed_valid_samples", meta_path);
-  if (!cfg_.checkpoint.no_load_optim) {
-    if (!meta.contains("optimizer"))
-      user_error("checkpoint ", dir, " holds no optimizer state (saved with --no-save-optim); pass --no-load-optim "
-                 "to resume with a fresh optimizer, or --finetune");
-    const SafetensorsFile f = SafetensorsFile::open(dir + "/optimizer.safetensors");
-    load_tensors_checked(f, optimizer_tensors(ps, *adamw_));
-    adamw_->set_num_steps(get_field<int64_t>(meta["optimizer"], "step", meta_path));
+  if (load_optim) {
+    const int64_t steps = get_field<int64_t>(meta["optimizer"], "step", meta_path);
+    if (!sharded) {
+      const SafetensorsFile f = SafetensorsFile::open(dir + "/optimizer.safetensors");
+      load_tensors_checked(f, optimizer_tensors(model_->params(), *adamw_));
+    }
+    if (distributed_)
+      dopt_->set_num_steps(steps);
+    else
+      adamw_->set_num_steps(steps);
     for (const std::string& line :
          sched_->load_state(SchedulerState::from_json(get_field<json>(meta, "opt_param_scheduler", meta_path).dump(),
                                                       meta_path)))

@@ -9,6 +9,7 @@
 
 #include "loom/data/loader.h"
 #include "loom/model/gpt.h"
+#include "loom/optim/distributed_optimizer.h"
 #include "loom/optim/grad_scaler.h"
 #include "loom/optim/optimizer.h"
 #include "loom/optim/scheduler.h"
@@ -23,7 +24,8 @@ inline constexpr const char* kLoomVersion = "0.1.0";
 
 class Trainer {
  public:
-  Trainer(const TrainConfig& cfg, std::ostream& log);
+  // world: the job's communicator (init_world); log: this rank's log stream (only the last rank prints).
+  Trainer(const TrainConfig& cfg, std::ostream& log, std::unique_ptr<Communicator> world);
   ~Trainer();
   TrainResult run();
 
@@ -48,6 +50,16 @@ class Trainer {
   void load_checkpoint();
   std::string metadata_json() const;
 
+  // Distributed path (trainer_dist.cpp): world size > 1. Model chunks (pipeline stage / virtual stages),
+  // the distributed optimizer (DDP / ZeRO), the pipeline schedule and sharded checkpoints.
+  void build_model_distributed();
+  StepOutcome train_step_distributed();
+  double evaluate_distributed(const std::shared_ptr<const SampleDataset>& ds, int64_t& consumed_samples);
+  void save_checkpoint_sharded();
+  void load_checkpoint_sharded(const std::string& dir);
+  ShardingStrategy sharding_strategy() const;
+  double params_norm() const;
+
   ModelOptions model_options() const;
   GPTBatch to_model_batch(const Batch& b) const;
   LoaderConfig loader_config(int64_t consumed_samples) const;  // this rank's micro-batches from there on
@@ -55,7 +67,9 @@ class Trainer {
 
   TrainConfig cfg_;
   std::ostream& log_;
+  std::unique_ptr<Communicator> world_;  // until ParallelState takes it
   std::unique_ptr<ParallelState> ps_;
+  bool distributed_ = false;  // world size > 1
   int dp_ = 1;
   int64_t gbs_ = 0, nmb_ = 0, B_ = 0, T_ = 0;
   std::unique_ptr<DeviceContext> ctx_;
@@ -65,7 +79,9 @@ class Trainer {
   BatchOptions batch_opts_;
   std::unique_ptr<Loader> train_loader_;
 
-  std::unique_ptr<GPTModel> model_;
+  std::unique_ptr<GPTModel> model_;  // single process
+  std::vector<std::unique_ptr<GPTModel>> chunks_;  // distributed: this rank's model chunks
+  std::unique_ptr<DistributedOptimizer> dopt_;     // distributed
   std::unique_ptr<AdamW> adamw_;
   std::unique_ptr<OptimizerParamScheduler> sched_;
   std::unique_ptr<GradScaler> scaler_;

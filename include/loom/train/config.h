@@ -88,6 +88,19 @@ struct EvalConfig {
   std::vector<std::string> test_data_path;   // --test-data-path (with --train-data-path)
 };
 
+// Distributed training beyond the rank grid (ParallelConfig): docs/parallelism.md.
+struct DistConfig {
+  bool sequence_parallel = false;           // --sequence-parallel (needs TP > 1)
+  int64_t virtual_stage_layers = 0;         // --num-layers-per-virtual-pipeline-stage (0: no interleaving)
+  int64_t first_stage_layers = 0;           // --decoder-first-pipeline-num-layers (0: even split)
+  int64_t last_stage_layers = 0;            // --decoder-last-pipeline-num-layers (0: even split)
+  bool use_distributed_optimizer = false;   // --use-distributed-optimizer (ZeRO-1)
+  std::string sharding_strategy;            // --data-parallel-sharding-strategy no_shard|optim|optim_grads|optim_grads_params
+  int64_t ddp_bucket_size = 0;              // --ddp-bucket-size (elements; 0: Megatron's default)
+  bool overlap_grad_reduce = false;         // --overlap-grad-reduce
+  double timeout_minutes = 10.0;            // --distributed-timeout-minutes (Megatron's default)
+};
+
 struct CheckpointConfig {
   std::string save;                    // --save DIR
   std::string load;                    // --load DIR
@@ -127,6 +140,7 @@ struct TrainConfig {
   BatchConfig batch;
   OptimConfig optim;
   ParallelConfig parallel;
+  DistConfig dist;
   LoggingConfig logging;
   PrecisionConfig precision;
   RecomputeConfig recompute;

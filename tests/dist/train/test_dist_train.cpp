@@ -1,0 +1,191 @@
+// `loom train` under mpirun against the single-process run: the equivalence matrix (fp32, same
+// global batch: per-iteration losses within 1e-5 relative for 20 iterations), resharding a checkpoint
+// across layouts, and a killed rank. Losses come from --metrics-jsonl (full precision).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <filesystem>
+#include <thread>
+
+#include "e2e/e2e_util.h"
+
+namespace loom::e2e {
+namespace {
+
+const char* kGpt =
+    "--num-layers 4 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --max-position-embeddings 16 "
+    "--micro-batch-size 2 --global-batch-size 8 --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine "
+    "--lr-warmup-iters 2 --clip-grad 1.0 --weight-decay 0.1 --mock-data --vocab-size 97 --log-interval 1 "
+    "--hidden-dropout 0 --attention-dropout 0 --eval-iters 0 --seed 7";
+const char* kLlama =
+    "--num-layers 4 --hidden-size 32 --num-attention-heads 4 --group-query-attention --num-query-groups 2 "
+    "--normalization RMSNorm --swiglu --ffn-hidden-size 64 --position-embedding-type rope --disable-bias-linear "
+    "--untie-embeddings-and-output-weights --seq-length 16 --max-position-embeddings 16 "
+    "--micro-batch-size 2 --global-batch-size 8 --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine "
+    "--lr-warmup-iters 2 --clip-grad 1.0 --weight-decay 0.1 --mock-data --vocab-size 97 --log-interval 1 "
+    "--hidden-dropout 0 --attention-dropout 0 --eval-iters 0 --seed 7";
+
+std::string loom_bin() { return LOOM_BINARY; }
+
+CliResult run_shell(const std::string& cmd, const TempDir& tmp) {
+  const std::string out = (tmp / "stdout"), err = (tmp / "stderr");
+  const int st = std::system((cmd + " >" + out + " 2>" + err).c_str());
+  CliResult r;
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.out = read_file(out);
+  r.err = read_file(err);
+  return r;
+}
+
+std::string mpirun(int np) {
+  return std::string(LOOM_MPIEXEC) + " --allow-run-as-root --oversubscribe --bind-to none -np " + std::to_string(np) +
+         " -x OMP_NUM_THREADS=1 ";
+}
+
+std::vector<double> jsonl_losses(const std::string& path) {
+  std::vector<double> out;
+  for (const std::string& line : lines_of(read_file(path))) {
+    if (line.empty()) continue;
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("lm loss") && j.contains("consumed samples")) out.push_back(j["lm loss"].get<double>());
+  }
+  return out;
+}
+
+// Runs `loom train` (np == 1: a single process, no launcher) and returns the losses of every iteration.
+std::vector<double> train_losses(const std::string& model, const std::string& extra, int np, int iters,
+                                 std::string* log = nullptr) {
+  TempDir tmp("dist");
+  const std::string jsonl = (tmp / "m.jsonl");
+  const std::string cmd = (np > 1 ? mpirun(np) : std::string("OMP_NUM_THREADS=1 ")) + loom_bin() + " train " + model +
+                          " --train-iters " + std::to_string(iters) + " --metrics-jsonl " + jsonl + " " + extra;
+  const CliResult r = run_shell(cmd, tmp);
+  EXPECT_EQ(r.code, 0) << cmd << "\n" << r.out << r.err;
+  if (log) *log = r.out;
+  return jsonl_losses(jsonl);
+}
+
+void expect_close(const std::vector<double>& ref, const std::vector<double>& got, double rel, const std::string& what) {
+  ASSERT_EQ(ref.size(), got.size()) << what;
+  for (size_t i = 0; i < ref.size(); ++i)
+    EXPECT_NEAR(got[i], ref[i], rel * std::abs(ref[i])) << what << ": iteration " << i + 1;
+}
+
+struct Layout {
+  int np;
+  const char* flags;
+};
+
+const Layout kLayouts[] = {
+    {2, ""},                                                            // DP2
+    {2, "--use-distributed-optimizer"},                                 // DP2 + ZeRO-1
+    {2, "--data-parallel-sharding-strategy optim_grads_params"},        // DP2 + ZeRO-3 (untied models only)
+    {2, "--tensor-model-parallel-size 2"},                              // TP2
+    {2, "--tensor-model-parallel-size 2 --sequence-parallel"},          // TP2 + SP
+    {2, "--pipeline-model-parallel-size 2"},                            // PP2 1F1B
+    {2, "--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1"},  // interleaved, 2 chunks
+    {2, "--context-parallel-size 2"},                                   // CP2
+    {4, "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2"},  // TP2 x PP2
+    {8, "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --use-distributed-optimizer"},  // DP2xTP2xPP2
+};
+
+void check_matrix(const char* model, const std::string& name) {
+  const std::vector<double> ref = train_losses(model, "", 1, 20);
+  ASSERT_EQ(ref.size(), 20u);
+  const bool tied = std::string(model).find("--untie-embeddings-and-output-weights") == std::string::npos;
+  for (const Layout& l : kLayouts) {
+    if (tied && std::string(l.flags).find("optim_grads_params") != std::string::npos) continue;
+    std::string log;
+    const std::vector<double> got = train_losses(model, l.flags, l.np, 20, &log);
+    expect_close(ref, got, 1e-5, name + " np " + std::to_string(l.np) + " " + l.flags);
+  }
+}
+
+TEST(DistTrain, GptLayoutsMatchSingleProcess) { check_matrix(kGpt, "GPT"); }
+TEST(DistTrain, LlamaGqaLayoutsMatchSingleProcess) { check_matrix(kLlama, "Llama"); }
+
+TEST(DistTrain, PrintsTheLayoutOnce) {
+  std::string log;
+  train_losses(kGpt, "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2", 8, 4, &log);
+  EXPECT_EQ(count_of(log, "using world size: 8, data-parallel size: 2, context-parallel size: 1, "
+                          "tensor-model-parallel size: 2, pipeline-model-parallel size: 2"), 1)
+      << log;
+  EXPECT_EQ(count_of(log, " iteration        1/"), 1) << log;
+}
+
+TEST(DistTrain, ImpossibleLayoutsFailBeforeWork) {
+  TempDir tmp("bad");
+  const CliResult r = run_shell(mpirun(3) + loom_bin() + " train " + kGpt + " --train-iters 2 --tensor-model-parallel-size 2", tmp);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("world size 3 is not divisible by --tensor-model-parallel-size (2)"), std::string::npos) << r.err;
+  const CliResult h = run_shell(mpirun(2) + loom_bin() + " train " + kLlama + " --train-iters 2 --tensor-model-parallel-size 2 --num-query-groups 1", tmp);
+  EXPECT_NE(h.code, 0);
+  EXPECT_NE(h.err.find("--num-query-groups (1) must be divisible by --tensor-model-parallel-size (2)"), std::string::npos)
+      << h.err;
+}
+
+// Save under TP2 x PP2 at iteration 10 (--make-vocab-size-divisible-by 64: the padded vocabulary is 128 for
+// TP 1 and 2 alike; layouts must agree on it), resume as one process and as DP4 with ZeRO-1: iterations 11-20
+// match the uninterrupted single-process run.
+TEST(DistTrain, CheckpointsReshardAcrossLayouts) {
+  for (const char* model : {kGpt, kLlama}) {
+    const std::string pad = " --make-vocab-size-divisible-by 64";
+    const std::vector<double> ref = train_losses(model, pad, 1, 20);
+    TempDir ck("ckpt");
+    const std::string save = pad + " --save " + (ck / "c") + " --save-interval 10 --exit-interval 10";
+    const std::vector<double> first =
+        train_losses(model, std::string("--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2") + save, 4, 20);
+    ASSERT_EQ(first.size(), 10u);
+    const std::string load = pad + " --load " + (ck / "c");
+    const std::vector<double> single = train_losses(model, load, 1, 20);
+    expect_close({ref.begin() + 10, ref.end()}, single, 1e-5, "TP2xPP2 -> 1 process");
+    const std::vector<double> zero = train_losses(model, "--use-distributed-optimizer" + load, 4, 20);
+    expect_close({ref.begin() + 10, ref.end()}, zero, 1e-5, "TP2xPP2 -> DP4 ZeRO-1");
+  }
+}
+
+// A rank killed mid-run takes the job down with a non-zero exit; restarting from the last checkpoint
+// continues exactly (same layout: bit-identical losses).
+TEST(DistTrain, KilledRankEndsTheJobAndRestartContinuesExactly) {
+  const std::string layout = "--tensor-model-parallel-size 2 --use-distributed-optimizer";
+  const int iters = 300;
+  const std::vector<double> ref = train_losses(kGpt, layout, 4, iters);
+  ASSERT_EQ(ref.size(), size_t(iters));
+  TempDir ck("fault");
+  const std::string dir = ck / "c", jsonl = ck / "m.jsonl";
+  const std::string cmd = mpirun(4) + loom_bin() + " train " + kGpt + " " + layout + " --train-iters " +
+                          std::to_string(iters) + " --save " + dir +
+                          " --save-interval 5 --distributed-timeout-minutes 0.2 --metrics-jsonl " + jsonl;
+  const auto t0 = std::chrono::steady_clock::now();
+  FILE* p = popen((cmd + " >" + (ck / "out") + " 2>&1").c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  // Kill one rank (found by its unique --save dir) as soon as the first checkpoint is committed.
+  const std::string tracker_path = dir + "/latest_checkpointed_iteration.txt";
+  for (int i = 0; i < 6000 && !std::filesystem::exists(tracker_path); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  TempDir q("pgrep");
+  const CliResult pids = run_shell("pgrep -f -- '^" + loom_bin() + " train.*" + dir + "' | tail -n 1", q);
+  const int victim = std::atoi(pids.out.c_str());
+  ASSERT_GT(victim, 0) << pids.out;
+  ::kill(victim, SIGKILL);
+  const int st = pclose(p);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_FALSE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "the job must fail when a rank dies";
+  EXPECT_LT(secs, 120.0);
+  const int saved = std::atoi(read_file(tracker_path).c_str());
+  ASSERT_GE(saved, 5);
+  ASSERT_EQ(saved % 5, 0);
+  if (saved >= iters) GTEST_SKIP() << "the run finished before the kill";
+  // Restart from the last checkpoint: every later iteration equals the uninterrupted run's bit for bit.
+  const std::vector<double> resumed = train_losses(kGpt, layout + " --load " + dir, 4, iters);
+  ASSERT_EQ(resumed.size(), size_t(iters - saved));
+  for (size_t i = 0; i < resumed.size(); ++i) EXPECT_EQ(resumed[i], ref[size_t(saved) + i]) << "iteration " << saved + 1 + int(i);
+}
+
+}  // namespace
+}  // namespace loom::e2e
