@@ -31,8 +31,8 @@ TEST(Cli, UnknownFlag) {
 }
 
 TEST(Cli, MegatronFlagNotInThisBuild) {
-  expect_one_line_error(run(kModel + "--mock-data --vocab-size 50 --use-distributed-optimizer"),
-                        "--use-distributed-optimizer (a flag of Megatron's pretrain_gpt.py) is not supported by Loom "
+  expect_one_line_error(run(kModel + "--mock-data --vocab-size 50 --overlap-param-gather"),
+                        "--overlap-param-gather (a flag of Megatron's pretrain_gpt.py) is not supported by Loom "
                         "yet");
 }
 
