@@ -157,6 +157,8 @@ struct ModelParallel {
   int64_t num_layers = -1;           // -1: every layer from first_layer on
   bool pre_process = true;
   bool post_process = true;
+  // Layers of this instance out of the model's `total_layers`.
+  int64_t layer_count(int64_t total_layers) const { return num_layers < 0 ? total_layers - first_layer : num_layers; }
   int tp_size() const { return tp ? tp->size() : 1; }
   int tp_rank() const { return tp ? tp->rank() : 0; }
   int cp_size() const { return cp ? cp->size() : 1; }
@@ -185,6 +187,11 @@ struct ModelOptions {
   int activation_slots = 1;
   void validate(const GPTConfig& cfg) const;  // throws UserError naming the Megatron flags
 };
+
+// The tensor-parallel rules on the architecture (heads, query groups, FFN size divisible by TP;
+// --sequence-parallel needs TP > 1); UserError naming the flags. ModelOptions::validate and the trainer's
+// start-up check share it.
+void validate_tensor_parallel(const GPTConfig& cfg, int tp, bool sequence_parallel);
 
 // Per-call forward settings.
 struct ForwardOptions {

@@ -120,9 +120,10 @@ class AttentionCore {
   void backward(const DeviceContext& ctx, TensorView dqkv, TensorView dout, TensorView qkv, TensorView out,
                 const Saved& s, TensorView segment_ids = {}) const;
   const AttentionParams& params() const { return p_; }
+  // params() with the attention dropout of `d` (inactive mask: none), as forward/backward pass it to the op.
+  AttentionParams with_dropout(const DropoutMask& d) const;
 
  private:
-  AttentionParams with_dropout(const DropoutMask& d) const;
   AttentionParams p_;
 };
 
