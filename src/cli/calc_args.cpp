@@ -92,6 +92,11 @@ CalcInput parse_calc_args(const std::vector<std::string>& args) {
   } catch (const UserError& e) {
     rethrow_with_calc_suggestion(e);
   }
+  // ZeRO changes the memory per rank, which calc does not model yet: refuse rather than print figures that
+  // ignore the flag.
+  if (cfg.dist.use_distributed_optimizer || (!cfg.dist.sharding_strategy.empty() && cfg.dist.sharding_strategy != "no_shard"))
+    user_error("loom calc does not model ZeRO memory yet: drop --use-distributed-optimizer / "
+               "--data-parallel-sharding-strategy (figures are then for no sharding)");
   return make_calc_input(cfg, opts);
 }
 

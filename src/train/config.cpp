@@ -1,5 +1,7 @@
 #include "loom/train/config.h"
 
+#include "loom/pipeline/schedule.h"
+
 namespace loom {
 
 int64_t padded_vocab_size(int64_t vocab_size, int64_t divisible_by, int tp_size) {
@@ -20,18 +22,17 @@ void dist_validate(const TrainConfig& c, int world_size) {
   if (world_size % (TP * PP * CP) != 0)
     user_error("world size ", world_size, " is not divisible by --tensor-model-parallel-size (", TP,
                ") x --pipeline-model-parallel-size (", PP, ") x --context-parallel-size (", CP, ") = ", TP * PP * CP);
-  const GPTConfig& m = c.model;
-  if (m.num_attention_heads % TP != 0)
-    user_error("--num-attention-heads (", m.num_attention_heads, ") must be divisible by --tensor-model-parallel-size (",
-               TP, ")");
-  if (m.num_kv_heads() % TP != 0)
-    user_error("--num-query-groups (", m.num_kv_heads(), ") must be divisible by --tensor-model-parallel-size (", TP,
-               ")");
-  if (m.ffn_hidden_size() % TP != 0)
-    user_error("--ffn-hidden-size (", m.ffn_hidden_size(), ") must be divisible by --tensor-model-parallel-size (", TP,
-               ")");
-  if (d.sequence_parallel && TP == 1)
-    user_error("--sequence-parallel needs --tensor-model-parallel-size > 1");
+  validate_tensor_parallel(c.model, TP, d.sequence_parallel);
+  if (PP > 1) {  // the stage split, as build time will do it
+    int chunks = 1;
+    if (d.virtual_stage_layers > 0) {
+      if (c.model.num_layers % (int64_t(PP) * d.virtual_stage_layers) != 0)
+        user_error("--num-layers (", c.model.num_layers, ") must be divisible by --pipeline-model-parallel-size (", PP,
+                   ") x --num-layers-per-virtual-pipeline-stage (", d.virtual_stage_layers, ")");
+      chunks = int(c.model.num_layers / (int64_t(PP) * d.virtual_stage_layers));
+    }
+    pipeline_layer_split(c.model.num_layers, PP, chunks, d.first_stage_layers, d.last_stage_layers);
+  }
   if (d.sequence_parallel && (c.batch.micro_batch_size * c.batch.seq_length / CP) % TP != 0)
     user_error("--sequence-parallel: the tokens of a micro-batch per context rank (--micro-batch-size x --seq-length / "
                "--context-parallel-size = ", c.batch.micro_batch_size * c.batch.seq_length / CP,

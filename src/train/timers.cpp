@@ -1,5 +1,6 @@
 #include "loom/train/timers.h"
 
+#include <cmath>
 #include <cstdio>
 
 #include "loom/core/check.h"
@@ -55,19 +56,24 @@ std::vector<std::pair<std::string, double>> Timers::values_ms(const std::vector<
   return out;
 }
 
-std::string Timers::log(const std::vector<std::string>& names, double normalizer) {
-  const auto values = values_ms(names, normalizer);
-  if (values.empty()) return "";
-  std::string s = "(min, max) time across ranks (ms):";
-  for (const auto& [name, ms] : values) {
+std::string Timers::log(const std::vector<std::string>& names, double normalizer, const Communicator* group) {
+  std::string s;
+  for (const std::string& name : names) {
+    const Timer* t = find(name);
+    double lo = t ? t->elapsed_s * 1000.0 / normalizer : INFINITY, hi = t ? lo : -INFINITY;
+    if (group) {  // every rank reduces every name, present or not, so the collectives match
+      lo = group->all_reduce_scalar(lo, ReduceOp::kMin);
+      hi = group->all_reduce_scalar(hi, ReduceOp::kMax);
+    }
+    if (t) reset(name);
+    if (!(hi >= 0)) continue;  // on no rank
     std::string label = name + " ";
     if (label.size() < 48) label.append(48 - label.size(), '.');
     char buf[96];
-    std::snprintf(buf, sizeof buf, ": (%.2f, %.2f)", ms, ms);
+    std::snprintf(buf, sizeof buf, ": (%.2f, %.2f)", lo, hi);
     s += "\n    " + label + buf;
-    reset(name);
   }
-  return s;
+  return s.empty() ? s : "(min, max) time across ranks (ms):" + s;
 }
 
 }  // namespace loom

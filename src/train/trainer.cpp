@@ -90,7 +90,9 @@ const std::vector<std::string>& timer_names() {
   static const std::vector<std::string> names = {
       "forward-backward", "forward-compute", "backward-compute", "batch-generator", "optimizer-copy-to-main-grad",
       "optimizer-unscale-and-check-inf", "optimizer-clip-main-grad", "optimizer-inner-step",
-      "optimizer-copy-main-to-model-params", "optimizer"};
+      "optimizer-copy-main-to-model-params", "optimizer",
+      // distributed runs: the gradient reduction and the pipeline's point-to-point phases
+      "grads-all-reduce", "forward-recv", "forward-send", "backward-recv", "backward-send"};
   return names;
 }
 
@@ -272,6 +274,18 @@ GPTBatch Trainer::to_model_batch(const Batch& b) const {
   return gb;
 }
 
+float Trainer::micro_batch_dloss(const Batch& b, double loss_scale) const {
+  // Megatron's per-micro-batch loss is the mean over its unmasked tokens, averaged over micro-batches;
+  // the FP16 loss scale multiplies the gradient seed.
+  double mask_sum = double(B_ * T_);
+  if (batch_opts_.eod_mask_loss) {
+    mask_sum = 0;
+    const float* mp = b.loss_mask.data<float>();
+    for (int64_t i = 0; i < B_ * T_; ++i) mask_sum += mp[i];
+  }
+  return mask_sum > 0 ? float(loss_scale / (mask_sum * double(nmb_))) : 0.0f;
+}
+
 Trainer::StepOutcome Trainer::train_step() {
   if (distributed_) return train_step_distributed();
   const OpTable& ops = ctx_->ops();
@@ -288,14 +302,7 @@ Trainer::StepOutcome Trainer::train_step() {
     timers_.stop("batch-generator");
     LOOM_CHECK(batch.has_value(), "[trainer] the training data ran out at iteration ", iteration_ + 1);
     const GPTBatch gb = to_model_batch(*batch);
-    // Megatron's per-micro-batch loss is the mean over its unmasked tokens, averaged over micro-batches;
-    // the FP16 loss scale multiplies the gradient seed.
-    double mask_sum = double(B_ * T_);
-    if (batch_opts_.eod_mask_loss) {
-      mask_sum = 0;
-      for (int64_t i = 0; i < B_ * T_; ++i) mask_sum += batch->loss_mask.data<float>()[i];
-    }
-    const float dloss = mask_sum > 0 ? float(out.loss_scale / (mask_sum * double(nmb_))) : 0.0f;
+    const float dloss = micro_batch_dloss(*batch, out.loss_scale);
     ForwardOptions fo;
     fo.training = true;
     fo.dropout_seed = dropout_seed_;
@@ -405,7 +412,7 @@ void Trainer::evaluate_and_print(const std::string& prefix, bool test_set, bool 
                    {test_set ? "test lm loss PPL" : "validation lm loss PPL", ppl}});
 }
 
-void Trainer::write_tensorboard_step(const StepOutcome& s) {
+void Trainer::write_tensorboard_step(const StepOutcome& s, double params_norm) {
   if (!tb_ || iteration_ % cfg_.logging.tensorboard_log_interval != 0) return;
   const double samples = double(consumed_train_);
   auto both = [&](const std::string& tag, double v) {
@@ -418,7 +425,7 @@ void Trainer::write_tensorboard_step(const StepOutcome& s) {
   // As Megatron: the scale after this iteration's update, the value the log line prints.
   if (cfg_.logging.log_loss_scale_to_tensorboard) both("loss-scale", scaler_ ? double(scaler_->scale()) : 1.0);
   if (!s.skipped) both("grad-norm", s.grad_norm);
-  if (cfg_.logging.log_params_norm) both("params-norm", params_norm());
+  if (cfg_.logging.log_params_norm) both("params-norm", params_norm);
   if (cfg_.logging.log_memory_to_tensorboard) {
     const AllocStats m = ctx_->memory_stats();
     tb_->add_scalar("mem-reserved-bytes", double(m.reserved_bytes), iteration_);
@@ -437,16 +444,20 @@ void Trainer::training_log(const StepOutcome& s) {
   }
   interval_ms_ += last_step_ms_;
   ++interval_iters_;
-  write_tensorboard_step(s);
-  if (iteration_ % cfg_.logging.log_interval != 0) return;
+  // The parameter norm is collective in a distributed run: every rank computes it when the printing rank
+  // needs it (TensorBoard or the log line), once for both.
+  const bool tb_now = !cfg_.logging.tensorboard_dir.empty() && iteration_ % cfg_.logging.tensorboard_log_interval == 0;
+  const bool log_now = iteration_ % cfg_.logging.log_interval == 0;
+  const bool params_norm_on = cfg_.logging.log_params_norm;
+  const double params_norm = params_norm_on && (tb_now || log_now) ? this->params_norm() : 0.0;
+  write_tensorboard_step(s, params_norm);
+  if (!log_now) return;
 
   const double avg_ms = interval_ms_ / double(interval_iters_);
   const double avg_loss = interval_loss_ / double(std::max<int64_t>(1, interval_advanced_));
   const double flops = iteration_flops(cfg_.model, gbs_, T_, cfg_.recompute);
   const double tflops = flops / (avg_ms / 1000.0) / double(ps_->world_size()) / 1e12;
   const double samples_per_s = double(gbs_) / (avg_ms / 1000.0);
-  const bool params_norm_on = cfg_.logging.log_params_norm;
-  const double params_norm = params_norm_on ? this->params_norm() : 0.0;
 
   std::string line = " [" + now_string() + "]";
   line += fmt(" iteration %8lld/%8lld |", (long long)iteration_, (long long)cfg_.batch.train_iters);
@@ -472,13 +483,15 @@ void Trainer::training_log(const StepOutcome& s) {
     for (const auto& [name, ms] : timers_.values_ms(timer_names(), double(interval_iters_)))
       tb_->add_scalar(name + "-time", ms, iteration_);
   }
-  const std::string timers_block = timers_.log(timer_names(), double(interval_iters_));
+  const std::string timers_block =
+      timers_.log(timer_names(), double(interval_iters_), distributed_ ? &ps_->world() : nullptr);
   if (!timers_block.empty()) log_ << timers_block << "\n";
   if (!memory_reported_) {
     const AllocStats m = ctx_->memory_stats();
-    log_ << fmt("[Rank 0] (after %lld iterations) memory (MB) | allocated: %.1f | max allocated: %.1f | "
+    // This (the printing) rank's memory; Megatron prints the same line per rank.
+    log_ << fmt("[Rank %d] (after %lld iterations) memory (MB) | allocated: %.1f | max allocated: %.1f | "
                 "reserved: %.1f | max resident: %.1f\n",
-                (long long)iteration_, double(m.current_bytes - base_bytes_) / 1048576.0,
+                ps_->rank(), (long long)iteration_, double(m.current_bytes - base_bytes_) / 1048576.0,
                 double(m.peak_bytes - base_bytes_) / 1048576.0, double(m.reserved_bytes - base_bytes_) / 1048576.0, double(max_rss_bytes()) / 1048576.0);
     memory_reported_ = true;
   }

@@ -97,15 +97,7 @@ Trainer::StepOutcome Trainer::train_step_distributed() {
   pc.dropout_seed = dropout_seed_;
   pc.first_microbatch_index = micro_batches_done_;
   const double loss_scale = out.loss_scale;
-  pc.dloss_scale = [&](int64_t m) {
-    double mask_sum = double(B_ * T_);
-    if (batch_opts_.eod_mask_loss) {
-      mask_sum = 0;
-      const float* mp = batches[size_t(m)].loss_mask.data<float>();
-      for (int64_t i = 0; i < B_ * T_; ++i) mask_sum += mp[i];
-    }
-    return mask_sum > 0 ? float(loss_scale / (mask_sum * double(nmb_))) : 0.0f;
-  };
+  pc.dloss_scale = [&](int64_t m) { return micro_batch_dloss(batches[size_t(m)], loss_scale); };
   PipelineCallbacks cb;
   cb.batch = [&](int64_t m) { return to_model_batch(batches[size_t(m)]); };
   cb.before_backward = [&](int chunk, int64_t, bool last) { dopt_->set_last_microbatch(chunk, last); };

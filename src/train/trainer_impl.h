@@ -44,7 +44,7 @@ class Trainer {
   double evaluate(const std::shared_ptr<const SampleDataset>& ds, int64_t& consumed_samples);
   void evaluate_and_print(const std::string& prefix, bool test_set, bool periodic);
   void training_log(const StepOutcome& s);
-  void write_tensorboard_step(const StepOutcome& s);
+  void write_tensorboard_step(const StepOutcome& s, double params_norm);
   // Checkpoints (trainer_checkpoint.cpp).
   void save_checkpoint();
   void load_checkpoint();
@@ -59,6 +59,10 @@ class Trainer {
   void load_checkpoint_sharded(const std::string& dir);
   ShardingStrategy sharding_strategy() const;
   double params_norm() const;
+
+  // The gradient seed of one micro-batch: loss_scale / (unmasked tokens · micro-batches), so the step's
+  // gradient is that of Megatron's loss (per-micro-batch token mean, averaged over micro-batches).
+  float micro_batch_dloss(const Batch& b, double loss_scale) const;
 
   ModelOptions model_options() const;
   GPTBatch to_model_batch(const Batch& b) const;

@@ -94,6 +94,7 @@ TEST(CalcCli, BadFlags) {
   expect_calc_error(calc(kGpt2 + "--gpu V100"), "--gpu: unknown GPU 'V100'");
   expect_calc_error(calc(kGpt2 + "--num-gpus 6"), "--global-batch-size (32) must be a positive multiple");
   expect_calc_error(calc(kGpt2 + "--overlap-param-gather"), "--overlap-param-gather (a flag of");
+  expect_calc_error(calc(kGpt2 + "--use-distributed-optimizer"), "loom calc does not model ZeRO memory yet");
   expect_calc_error(calc(kGpt2 + "--tokenizer-type GPT2BPETokenizer --vocab-file /nonexistent/encoder.json "
                                  "--merge-file /nonexistent/vocab.bpe"),
                     "--vocab-file '/nonexistent/encoder.json': cannot open");

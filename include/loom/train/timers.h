@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "loom/dist/communicator.h"
+
 namespace loom {
 
 class Timers {
@@ -24,7 +26,10 @@ class Timers {
   // The block Megatron prints after a log line, for the active timers among `names` (in that order),
   // each divided by `normalizer` (iterations in the interval), in ms. Resets those timers. Empty when
   // none is active.
-  std::string log(const std::vector<std::string>& names, double normalizer);
+  // With `group` (collective: every rank calls it with the same names), min and max are taken over its
+  // ranks (a timer absent on some ranks, e.g. pipeline receives on the first stage, counts where present);
+  // without it both are this process's value.
+  std::string log(const std::vector<std::string>& names, double normalizer, const Communicator* group = nullptr);
   // (name, ms per iteration) of the active timers among `names`, without resetting (for TensorBoard).
   std::vector<std::pair<std::string, double>> values_ms(const std::vector<std::string>& names,
                                                         double normalizer) const;

@@ -111,11 +111,23 @@ TEST(DistTrain, LlamaGqaLayoutsMatchSingleProcess) { check_matrix(kLlama, "Llama
 
 TEST(DistTrain, PrintsTheLayoutOnce) {
   std::string log;
-  train_losses(kGpt, "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2", 8, 4, &log);
+  train_losses(kGpt, "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --timing-log-level 2", 8, 4,
+               &log);
   EXPECT_EQ(count_of(log, "using world size: 8, data-parallel size: 2, context-parallel size: 1, "
                           "tensor-model-parallel size: 2, pipeline-model-parallel size: 2"), 1)
       << log;
   EXPECT_EQ(count_of(log, " iteration        1/"), 1) << log;
+  // Timers are reduced over all ranks: the printing (last) stage never receives gradients, the first one
+  // does, so "backward-recv" appears only through the reduction; min <= max on every line.
+  EXPECT_EQ(count_of(log, "    backward-recv "), 4) << log;
+  EXPECT_EQ(count_of(log, "    grads-all-reduce "), 4) << log;
+  for (const std::string& l : lines_of(log)) {
+    double lo = 0, hi = 0;
+    const size_t k = l.find(": (");
+    if (l.rfind("    ", 0) != 0 || k == std::string::npos || std::sscanf(l.c_str() + k, ": (%lf, %lf)", &lo, &hi) != 2)
+      continue;
+    EXPECT_LE(lo, hi) << l;
+  }
 }
 
 TEST(DistTrain, ImpossibleLayoutsFailBeforeWork) {
