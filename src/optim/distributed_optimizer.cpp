@@ -299,9 +299,6 @@ DistributedOptimizer::DistributedOptimizer(const DeviceContext& ctx, std::vector
   LOOM_CHECK(!sets.empty(), "[DistributedOptimizer] no model chunks");
   LOOM_CHECK(units.size() == sets.size(), "[DistributedOptimizer] ", units.size(), " unit lists for ", sets.size(),
              " chunks");
-  if (ddp.overlap_param_gather)
-    user_error("--overlap-param-gather: not implemented yet (parameters are all-gathered right after the "
-               "optimizer step); drop the flag");
   if (ddp.bucket_size < 0) user_error("--ddp-bucket-size: must be > 0, got ", ddp.bucket_size);
   const int dp = im.dp(), dp_rank = ps.dp_cp().rank();
   const int64_t bucket_size =

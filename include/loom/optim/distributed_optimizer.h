@@ -56,7 +56,6 @@ struct DDPConfig {
   ShardingStrategy sharding = ShardingStrategy::kNone;
   int64_t bucket_size = 0;          // --ddp-bucket-size (elements); 0: Megatron's max(40M, 1M · DP)
   bool overlap_grad_reduce = false;   // --overlap-grad-reduce
-  bool overlap_param_gather = false;  // --overlap-param-gather (needs a sharding strategy)
 };
 
 // One parameter's piece of optimizer-owned state on this rank: elements [begin, end) of the parameter's

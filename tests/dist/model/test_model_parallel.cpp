@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "model_test_util.h"
 #include "loom/dist/parallel_state.h"
 #include "loom/model/gpt.h"
 
@@ -41,15 +42,8 @@ GPTConfig gpt_config(float hidden_dropout) {
 }
 
 GPTConfig llama_config(float hidden_dropout) {
-  GPTConfig c = gpt_config(hidden_dropout);
-  c.normalization = NormKind::kRMSNorm;
-  c.activation = MlpActivation::kSwiGLU;
-  c.ffn_hidden = 64;
-  c.group_query_attention = true;
-  c.num_query_groups = 2;
-  c.add_bias_linear = false;
-  c.untie_embeddings_and_output_weights = true;
-  c.position_embedding_type = PositionEmbeddingType::kRope;
+  GPTConfig c = test::llama_variant(gpt_config(hidden_dropout));
+  c.ffn_hidden = 64;  // divisible by TP 4
   return c;
 }
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "model_test_util.h"
 #include "loom/dist/parallel_state.h"
 #include "loom/pipeline/schedule.h"
 
@@ -35,12 +36,8 @@ GPTConfig config(const std::string& arch) {
   c.padded_vocab_size = 32;
   c.hidden_dropout = 0.1f;
   if (arch == "llama") {
-    c.normalization = NormKind::kRMSNorm;
-    c.activation = MlpActivation::kSwiGLU;
+    c = test::llama_variant(c);  // with grouped-query attention (2 groups)
     c.ffn_hidden = 32;
-    c.add_bias_linear = false;
-    c.untie_embeddings_and_output_weights = true;
-    c.position_embedding_type = PositionEmbeddingType::kRope;
   }
   return c;
 }

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "model_test_util.h"
 #include "loom/model/gpt.h"
 
 using namespace loom;
@@ -26,17 +27,7 @@ GPTConfig stage_config(bool llama, float dropout) {
   c.vocab_size = 61;
   c.padded_vocab_size = 64;
   c.hidden_dropout = dropout;
-  if (llama) {
-    c.normalization = NormKind::kRMSNorm;
-    c.activation = MlpActivation::kSwiGLU;
-    c.ffn_hidden = 48;
-    c.group_query_attention = true;
-    c.num_query_groups = 2;
-    c.add_bias_linear = false;
-    c.untie_embeddings_and_output_weights = true;
-    c.position_embedding_type = PositionEmbeddingType::kRope;
-  }
-  return c;
+  return llama ? test::llama_variant(c) : c;
 }
 
 struct Batch {
