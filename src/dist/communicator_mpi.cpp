@@ -5,6 +5,10 @@
 // accumulated in f32 by MPI's built-in ops and rounded once on the way back (a user-defined MPI_Op on
 // the 16-bit data would round at every step of MPI's reduction tree, and the result would depend on the
 // algorithm MPI picks).
+//
+// Statistics (comm_stats()): each operation counts its call and payload bytes when posted; the time is
+// taken around the polling wait (and each done() test), or from entry for the blocking calls, so it is
+// the time the caller was held up, not the time the operation took in the background.
 #include <mpi.h>
 
 #include <algorithm>
@@ -15,6 +19,7 @@
 #include <cstring>
 #include <functional>
 #include <numeric>
+#include <optional>
 #include <thread>
 
 #include "dist/dist_util.h"
@@ -170,6 +175,7 @@ struct Group {
   std::vector<int> global_ranks;
   int rank = 0, size = 1;
   Millis timeout{600000};
+  dist::CommRecorder stats;
 
   ~Group() {
     // A group that outlives MPI (a static destroyed after the exit handler) has nothing left to free.
@@ -199,6 +205,7 @@ std::shared_ptr<Group> make_group(MPI_Comm comm, bool owned, std::string name, M
   MPI_Group_free(&group);
   MPI_Group_free(&world_group);
   g->text = dist::describe_group(g->name, g->global_ranks);
+  g->stats = dist::CommRecorder(g->name);
   std::vector<MPI_Request> reqs(kKinds);
   std::vector<MPI_Status> statuses;
   for (int k = 0; k < kKinds; ++k) LOOM_MPI_CHECK(MPI_Comm_idup(comm, &g->kind_comm[k], &reqs[size_t(k)]));
@@ -249,11 +256,16 @@ void wait_requests(std::vector<MPI_Request>& reqs, std::vector<MPI_Status>& stat
 }
 
 // One posted operation: its requests, the staging buffers it owns, and what to do once it completed
-// (convert a staged result back, move a result out of a temporary, check received counts).
+// (convert a staged result back, move a result out of a temporary, check received counts). `stat`: the
+// statistics entry the operation counts under (its call is counted here, at posting; none for internal
+// operations such as split's rendezvous).
 class MpiWork final : public Work {
  public:
-  MpiWork(const char* op, std::shared_ptr<const Group> group, std::string what)
-      : op_(op), group_(std::move(group)), what_(std::move(what)) {}
+  MpiWork(const char* op, std::shared_ptr<const Group> group, std::string what, std::optional<dist::CommOp> stat,
+          int64_t bytes)
+      : op_(op), group_(std::move(group)), what_(std::move(what)), stat_(stat) {
+    if (stat_) group_->stats.call(*stat_, bytes);
+  }
   ~MpiWork() override {
     if (finished_ || !mpi_active()) return;
     try {
@@ -263,18 +275,27 @@ class MpiWork final : public Work {
     }
   }
 
-  void wait() override {
+  void wait() override { wait_from(Clock::now()); }
+
+  // wait(), recording the time from t0 (a blocking call's entry) instead of from now.
+  void wait_from(Clock::time_point t0) {
     if (finished_) return;
     wait_requests(reqs, statuses, op_, group_->text, what_, group_->timeout);
     complete();
+    record_wait(t0);
   }
 
   bool done() override {
     if (finished_) return true;
-    if (!test_requests(reqs, statuses, op_, group_->text, what_)) return false;
-    complete();
-    return true;
+    const auto t0 = Clock::now();
+    const bool ok = test_requests(reqs, statuses, op_, group_->text, what_);
+    if (ok) complete();
+    record_wait(t0);
+    return ok;
   }
+
+  // An async post's own duration (from t0 to now), counted as time the caller was blocked.
+  void record_post(Clock::time_point t0) const { record_wait(t0); }
 
   std::vector<MPI_Request> reqs;
   // Receives: the element count each request must have delivered, checked on completion.
@@ -299,9 +320,14 @@ class MpiWork final : public Work {
     if (finish) finish();
   }
 
+  void record_wait(Clock::time_point t0) const {
+    if (stat_) group_->stats.wait(*stat_, dist::seconds_since(t0));
+  }
+
   const char* op_;
   std::shared_ptr<const Group> group_;
   std::string what_;
+  std::optional<dist::CommOp> stat_;
   bool finished_ = false;
 };
 
@@ -316,24 +342,68 @@ class MpiCommunicator final : public Communicator {
   std::string name() const override { return g_->name; }
   std::vector<int> global_ranks() const override { return g_->global_ranks; }
 
-  void all_reduce(TensorView x, ReduceOp op) const override { all_reduce_async(x, op)->wait(); }
-  void all_gather(TensorView out, TensorView inp) const override { all_gather_async(out, inp)->wait(); }
-  void reduce_scatter(TensorView out, TensorView inp) const override { reduce_scatter_async(out, inp)->wait(); }
-  void send(TensorView x, int peer) const override { send_async(x, peer)->wait(); }
-  void recv(TensorView x, int peer) const override { recv_async(x, peer)->wait(); }
+  // Blocking calls are the async posts completed at once; their recorded time runs from entry (the
+  // staging conversions and the posting block the caller too).
+  void all_reduce(TensorView x, ReduceOp op) const override {
+    const auto t0 = Clock::now();
+    post_all_reduce(x, op)->wait_from(t0);
+  }
+  void all_gather(TensorView out, TensorView inp) const override {
+    const auto t0 = Clock::now();
+    post_all_gather(out, inp)->wait_from(t0);
+  }
+  void reduce_scatter(TensorView out, TensorView inp) const override {
+    const auto t0 = Clock::now();
+    post_reduce_scatter(out, inp)->wait_from(t0);
+  }
+  void send(TensorView x, int peer) const override {
+    const auto t0 = Clock::now();
+    post_send(x, peer)->wait_from(t0);
+  }
+  void recv(TensorView x, int peer) const override {
+    const auto t0 = Clock::now();
+    post_recv(x, peer)->wait_from(t0);
+  }
+
+  // Async posts: the time spent posting (staging conversions, MPI's first round) blocks the caller too
+  // and counts as waiting; the rest is what Work::wait()/done() spend.
+  template <typename Post>
+  static std::unique_ptr<Work> timed_post(Post post) {
+    const auto t0 = Clock::now();
+    std::unique_ptr<MpiWork> w = post();
+    w->record_post(t0);
+    return w;
+  }
+  std::unique_ptr<Work> all_reduce_async(TensorView x, ReduceOp op) const override {
+    return timed_post([&] { return post_all_reduce(x, op); });
+  }
+  std::unique_ptr<Work> all_gather_async(TensorView out, TensorView inp) const override {
+    return timed_post([&] { return post_all_gather(out, inp); });
+  }
+  std::unique_ptr<Work> reduce_scatter_async(TensorView out, TensorView inp) const override {
+    return timed_post([&] { return post_reduce_scatter(out, inp); });
+  }
+  std::unique_ptr<Work> send_async(TensorView x, int peer) const override {
+    return timed_post([&] { return post_send(x, peer); });
+  }
+  std::unique_ptr<Work> recv_async(TensorView x, int peer) const override {
+    return timed_post([&] { return post_recv(x, peer); });
+  }
 
   double all_reduce_scalar(double v, ReduceOp op) const override {
-    MpiWork w("all_reduce_scalar", g_, "f64 scalar");
+    const auto t0 = Clock::now();
+    MpiWork w("all_reduce_scalar", g_, "f64 scalar", dist::CommOp::kAllReduceScalar, int64_t(sizeof v));
     w.reqs.emplace_back();
     LOOM_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, mpi_op(op), g_->kind_comm[kAllReduce], &w.reqs.back()));
-    w.wait();
+    w.wait_from(t0);
     return v;
   }
 
   void broadcast(TensorView x, int root) const override {
+    const auto t0 = Clock::now();
     check_host(x, "broadcast");
     LOOM_CHECK(root >= 0 && root < g_->size, "[broadcast] root ", root, " out of range for group ", g_->text);
-    MpiWork w("broadcast", g_, tensor_text(x));
+    MpiWork w("broadcast", g_, tensor_text(x), dist::CommOp::kBroadcast, x.nbytes());
     const size_t esz = dtype_size(x.dtype());
     const MPI_Datatype type = mpi_type(x.dtype());
     for_chunks(x.numel(), max_message_elements(esz), [&](int64_t off, int len) {
@@ -341,19 +411,38 @@ class MpiCommunicator final : public Communicator {
       LOOM_MPI_CHECK(MPI_Ibcast(static_cast<char*>(x.raw()) + off * int64_t(esz), len, type, root, g_->kind_comm[kBroadcast],
                                 &w.reqs.back()));
     });
-    w.wait();
+    w.wait_from(t0);
   }
 
   void barrier() const override {
-    MpiWork w("barrier", g_, "");
+    const auto t0 = Clock::now();
+    MpiWork w("barrier", g_, "", dist::CommOp::kBarrier, 0);
     w.reqs.emplace_back();
     LOOM_MPI_CHECK(MPI_Ibarrier(g_->kind_comm[kBarrier], &w.reqs.back()));
-    w.wait();
+    w.wait_from(t0);
   }
 
-  std::unique_ptr<Work> all_reduce_async(TensorView x, ReduceOp op) const override {
+  std::unique_ptr<Communicator> split(int color, int key, std::string name) const override {
+    // MPI_Comm_split blocks until every rank arrives; a timed all-gather first makes sure they all did
+    // (a rank that never calls split aborts the job here instead of hanging the others).
+    {
+      int mine[2] = {color, key};
+      std::vector<int> all(size_t(2 * g_->size));
+      MpiWork w("split", g_, "group \"" + name + "\"", std::nullopt, 0);
+      w.reqs.emplace_back();
+      LOOM_MPI_CHECK(MPI_Iallgather(mine, 2, MPI_INT, all.data(), 2, MPI_INT, g_->comm, &w.reqs.back()));
+      w.wait();
+    }
+    MPI_Comm sub = MPI_COMM_NULL;
+    LOOM_MPI_CHECK(MPI_Comm_split(g_->comm, color < 0 ? MPI_UNDEFINED : color, key, &sub));
+    if (sub == MPI_COMM_NULL) return nullptr;
+    return std::make_unique<MpiCommunicator>(make_group(sub, true, std::move(name), g_->timeout));
+  }
+
+ private:
+  std::unique_ptr<MpiWork> post_all_reduce(TensorView x, ReduceOp op) const {
     check_host(x, "all_reduce");
-    auto w = std::make_unique<MpiWork>("all_reduce", g_, tensor_text(x));
+    auto w = std::make_unique<MpiWork>("all_reduce", g_, tensor_text(x), dist::CommOp::kAllReduce, x.nbytes());
     const int64_t n = x.numel();
     void* buf = x.raw();
     MPI_Datatype type = mpi_type(x.dtype());
@@ -374,7 +463,7 @@ class MpiCommunicator final : public Communicator {
     return w;
   }
 
-  std::unique_ptr<Work> all_gather_async(TensorView out, TensorView inp) const override {
+  std::unique_ptr<MpiWork> post_all_gather(TensorView out, TensorView inp) const {
     check_host(out, "all_gather");
     check_host(inp, "all_gather");
     LOOM_CHECK(out.dtype() == inp.dtype(), "[all_gather] on group ", g_->text, ": out ", out.desc(), " and inp ",
@@ -382,7 +471,8 @@ class MpiCommunicator final : public Communicator {
     LOOM_CHECK(out.numel() == inp.numel() * g_->size, "[all_gather] on group ", g_->text, ": out ", out.desc(),
                " must hold group size ", g_->size, " x inp ", inp.desc(), " = ", inp.numel() * g_->size,
                " elements");
-    auto w = std::make_unique<MpiWork>("all_gather", g_, tensor_text(inp) + " per rank");
+    auto w = std::make_unique<MpiWork>("all_gather", g_, tensor_text(inp) + " per rank", dist::CommOp::kAllGather,
+                                       out.nbytes());
     const int64_t m = inp.numel();
     const size_t esz = dtype_size(inp.dtype());
     const MPI_Datatype type = mpi_type(inp.dtype());
@@ -414,7 +504,7 @@ class MpiCommunicator final : public Communicator {
     return w;
   }
 
-  std::unique_ptr<Work> reduce_scatter_async(TensorView out, TensorView inp) const override {
+  std::unique_ptr<MpiWork> post_reduce_scatter(TensorView out, TensorView inp) const {
     check_host(out, "reduce_scatter");
     check_host(inp, "reduce_scatter");
     LOOM_CHECK(out.dtype() == inp.dtype(), "[reduce_scatter] on group ", g_->text, ": out ", out.desc(),
@@ -422,7 +512,8 @@ class MpiCommunicator final : public Communicator {
     LOOM_CHECK(inp.numel() % g_->size == 0 && out.numel() == inp.numel() / g_->size, "[reduce_scatter] on group ",
                g_->text, ": inp ", inp.desc(), " must split into group size ", g_->size, " slices of out ",
                out.desc());
-    auto w = std::make_unique<MpiWork>("reduce_scatter", g_, tensor_text(inp));
+    auto w = std::make_unique<MpiWork>("reduce_scatter", g_, tensor_text(inp), dist::CommOp::kReduceScatter,
+                                       inp.nbytes());
     const int64_t n = inp.numel(), m = out.numel();
     size_t esz = dtype_size(inp.dtype());
     MPI_Datatype type = mpi_type(inp.dtype());
@@ -461,10 +552,11 @@ class MpiCommunicator final : public Communicator {
     return w;
   }
 
-  std::unique_ptr<Work> send_async(TensorView x, int peer) const override {
+  std::unique_ptr<MpiWork> post_send(TensorView x, int peer) const {
     check_host(x, "send");
     check_peer(peer, "send");
-    auto w = std::make_unique<MpiWork>("send", g_, tensor_text(x) + " to rank " + std::to_string(peer));
+    auto w = std::make_unique<MpiWork>("send", g_, tensor_text(x) + " to rank " + std::to_string(peer),
+                                       dist::CommOp::kSend, x.nbytes());
     const size_t esz = dtype_size(x.dtype());
     const MPI_Datatype type = mpi_type(x.dtype());
     for_chunks(x.numel(), max_message_elements(esz), [&](int64_t off, int len) {
@@ -475,10 +567,11 @@ class MpiCommunicator final : public Communicator {
     return w;
   }
 
-  std::unique_ptr<Work> recv_async(TensorView x, int peer) const override {
+  std::unique_ptr<MpiWork> post_recv(TensorView x, int peer) const {
     check_host(x, "recv");
     check_peer(peer, "recv");
-    auto w = std::make_unique<MpiWork>("recv", g_, tensor_text(x) + " from rank " + std::to_string(peer));
+    auto w = std::make_unique<MpiWork>("recv", g_, tensor_text(x) + " from rank " + std::to_string(peer),
+                                       dist::CommOp::kRecv, x.nbytes());
     const size_t esz = dtype_size(x.dtype());
     const MPI_Datatype type = mpi_type(x.dtype());
     w->recv_type = type;
@@ -492,24 +585,6 @@ class MpiCommunicator final : public Communicator {
     return w;
   }
 
-  std::unique_ptr<Communicator> split(int color, int key, std::string name) const override {
-    // MPI_Comm_split blocks until every rank arrives; a timed all-gather first makes sure they all did
-    // (a rank that never calls split aborts the job here instead of hanging the others).
-    {
-      int mine[2] = {color, key};
-      std::vector<int> all(size_t(2 * g_->size));
-      MpiWork w("split", g_, "group \"" + name + "\"");
-      w.reqs.emplace_back();
-      LOOM_MPI_CHECK(MPI_Iallgather(mine, 2, MPI_INT, all.data(), 2, MPI_INT, g_->comm, &w.reqs.back()));
-      w.wait();
-    }
-    MPI_Comm sub = MPI_COMM_NULL;
-    LOOM_MPI_CHECK(MPI_Comm_split(g_->comm, color < 0 ? MPI_UNDEFINED : color, key, &sub));
-    if (sub == MPI_COMM_NULL) return nullptr;
-    return std::make_unique<MpiCommunicator>(make_group(sub, true, std::move(name), g_->timeout));
-  }
-
- private:
   void check_host(TensorView x, const char* op) const {
     LOOM_CHECK(x.numel() == 0 || x.defined(), "[", op, "] on group ", g_->text, ": undefined tensor");
     LOOM_CHECK(x.device().is_cpu(), "[", op, "] on group ", g_->text, ": the MPI communicator takes host tensors, got ",

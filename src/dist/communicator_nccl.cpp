@@ -14,6 +14,11 @@
 //
 // 16-bit float reductions use NCCL's native bf16/f16 arithmetic (as Megatron's NCCL reductions do);
 // the f32-accumulate-and-round-once guarantee holds for the host (MPI) communicator.
+//
+// Statistics (comm_stats()): calls and bytes are counted at enqueue. The recorded time is the host's:
+// a blocking operation's enqueue, Work::wait()/done(), and barrier's wait for the stream; the time a
+// collective spends on the GPU stream is invisible here (it shows up where the host later synchronises).
+// Host-level operations are counted by the host group, which has the same name.
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -86,8 +91,9 @@ struct Event {
 // The NCCL communicator's shared state: the comm, the streams and the watchdog.
 class NcclState {
  public:
-  NcclState(ncclComm_t comm, cudaStream_t stream, int device, std::string text, Millis timeout)
-      : comm_(comm), stream_(stream), device_(device), text_(std::move(text)), timeout_(timeout) {
+  NcclState(ncclComm_t comm, cudaStream_t stream, int device, const std::string& name, std::string text,
+            Millis timeout)
+      : comm_(comm), stream_(stream), device_(device), text_(std::move(text)), timeout_(timeout), stats_(name) {
     int lo = 0, hi = 0;
     LOOM_NCCL_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
     LOOM_NCCL_CUDA_CHECK(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, hi));
@@ -109,6 +115,7 @@ class NcclState {
   cudaStream_t side() const { return side_; }
   int device() const { return device_; }
   const std::string& text() const { return text_; }
+  const dist::CommRecorder& stats() const { return stats_; }
 
   // After an NCCL call: a non-blocking communicator may still be enqueueing (ncclInProgress).
   void check(ncclResult_t r, const char* op, const std::string& what) {
@@ -199,6 +206,7 @@ class NcclState {
   int device_;
   std::string text_;
   Millis timeout_;
+  dist::CommRecorder stats_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Pending> pending_;
@@ -206,25 +214,31 @@ class NcclState {
   std::thread watchdog_;
 };
 
+// `stat`: the operation whose wait_seconds the host time in wait()/done() is added to.
 class NcclWork final : public Work {
  public:
-  NcclWork(std::shared_ptr<NcclState> s, std::shared_ptr<Event> ev) : s_(std::move(s)), ev_(std::move(ev)) {}
-  ~NcclWork() override {
-    if (!waited_) wait_stream();
-  }
+  NcclWork(std::shared_ptr<NcclState> s, std::shared_ptr<Event> ev, dist::CommOp stat)
+      : s_(std::move(s)), ev_(std::move(ev)), stat_(stat) {}
+  ~NcclWork() override { wait(); }
   // Later work on the communicator's stream runs after the operation; the watchdog bounds the time.
   void wait() override {
-    if (!waited_) wait_stream();
-  }
-  bool done() override { return cudaEventQuery(ev_->e) == cudaSuccess; }
-
- private:
-  void wait_stream() {
+    if (waited_) return;
+    const auto t0 = Clock::now();
     waited_ = true;
     cudaStreamWaitEvent(s_->stream(), ev_->e, 0);
+    s_->stats().wait(stat_, dist::seconds_since(t0));
   }
+  bool done() override {
+    const auto t0 = Clock::now();
+    const bool ok = cudaEventQuery(ev_->e) == cudaSuccess;
+    s_->stats().wait(stat_, dist::seconds_since(t0));
+    return ok;
+  }
+
+ private:
   std::shared_ptr<NcclState> s_;
   std::shared_ptr<Event> ev_;
+  dist::CommOp stat_;
   bool waited_ = false;
 };
 
@@ -238,44 +252,74 @@ class NcclCommunicator final : public Communicator {
   std::string name() const override { return host_->name(); }
   std::vector<int> global_ranks() const override { return host_->global_ranks(); }
 
-  void all_reduce(TensorView x, ReduceOp op) const override { all_reduce_on(s_->stream(), x, op); }
-  void all_gather(TensorView out, TensorView inp) const override { all_gather_on(s_->stream(), out, inp); }
-  void reduce_scatter(TensorView out, TensorView inp) const override { reduce_scatter_on(s_->stream(), out, inp); }
-  void send(TensorView x, int peer) const override { p2p_on(s_->stream(), x, peer, true); }
-  void recv(TensorView x, int peer) const override { p2p_on(s_->stream(), x, peer, false); }
+  // Blocking operations record their whole host duration (the enqueue).
+  void all_reduce(TensorView x, ReduceOp op) const override {
+    const auto t0 = Clock::now();
+    all_reduce_on(s_->stream(), x, op);
+    s_->stats().wait(dist::CommOp::kAllReduce, dist::seconds_since(t0));
+  }
+  void all_gather(TensorView out, TensorView inp) const override {
+    const auto t0 = Clock::now();
+    all_gather_on(s_->stream(), out, inp);
+    s_->stats().wait(dist::CommOp::kAllGather, dist::seconds_since(t0));
+  }
+  void reduce_scatter(TensorView out, TensorView inp) const override {
+    const auto t0 = Clock::now();
+    reduce_scatter_on(s_->stream(), out, inp);
+    s_->stats().wait(dist::CommOp::kReduceScatter, dist::seconds_since(t0));
+  }
+  void send(TensorView x, int peer) const override {
+    const auto t0 = Clock::now();
+    p2p_on(s_->stream(), x, peer, true);
+    s_->stats().wait(dist::CommOp::kSend, dist::seconds_since(t0));
+  }
+  void recv(TensorView x, int peer) const override {
+    const auto t0 = Clock::now();
+    p2p_on(s_->stream(), x, peer, false);
+    s_->stats().wait(dist::CommOp::kRecv, dist::seconds_since(t0));
+  }
 
   void broadcast(TensorView x, int root) const override {
+    const auto t0 = Clock::now();
     check_device(x, "broadcast");
     LOOM_CHECK(root >= 0 && root < size(), "[broadcast] root ", root, " out of range for group ", s_->text());
     const std::string what = tensor_text(x);
     s_->check(ncclBroadcast(x.raw(), x.raw(), size_t(x.nbytes()), ncclUint8, root, s_->comm(), s_->stream()),
               "broadcast", what);
     s_->track(s_->stream(), "broadcast", what);
+    s_->stats().call(dist::CommOp::kBroadcast, x.nbytes());
+    s_->stats().wait(dist::CommOp::kBroadcast, dist::seconds_since(t0));
   }
 
   // Host values and host synchronisation go through the host group.
   double all_reduce_scalar(double v, ReduceOp op) const override { return host_->all_reduce_scalar(v, op); }
   void barrier() const override {
-    // Every rank's queued NCCL work first, so the barrier means "everything before it finished".
+    // Every rank's queued NCCL work first, so the barrier means "everything before it finished". The
+    // host barrier counts the call; the stream wait adds to its time.
+    const auto t0 = Clock::now();
     auto ev = s_->track(s_->stream(), "barrier", "");
     s_->host_wait(*ev, "barrier", "");
+    s_->stats().wait(dist::CommOp::kBarrier, dist::seconds_since(t0));
     host_->barrier();
   }
 
   std::unique_ptr<Work> all_reduce_async(TensorView x, ReduceOp op) const override {
-    return side([&](cudaStream_t s) { all_reduce_on(s, x, op); }, "all_reduce", tensor_text(x));
+    return side([&](cudaStream_t s) { all_reduce_on(s, x, op); }, "all_reduce", tensor_text(x),
+                dist::CommOp::kAllReduce);
   }
   std::unique_ptr<Work> all_gather_async(TensorView out, TensorView inp) const override {
-    return side([&](cudaStream_t s) { all_gather_on(s, out, inp); }, "all_gather", tensor_text(inp));
+    return side([&](cudaStream_t s) { all_gather_on(s, out, inp); }, "all_gather", tensor_text(inp),
+                dist::CommOp::kAllGather);
   }
   std::unique_ptr<Work> reduce_scatter_async(TensorView out, TensorView inp) const override {
-    return side([&](cudaStream_t s) { reduce_scatter_on(s, out, inp); }, "reduce_scatter", tensor_text(inp));
+    return side([&](cudaStream_t s) { reduce_scatter_on(s, out, inp); }, "reduce_scatter", tensor_text(inp),
+                dist::CommOp::kReduceScatter);
   }
   std::unique_ptr<Work> send_async(TensorView x, int peer) const override {
-    return side([&](cudaStream_t s) { p2p_on(s, x, peer, true); }, "send", tensor_text(x));
+    return side([&](cudaStream_t s) { p2p_on(s, x, peer, true); }, "send", tensor_text(x), dist::CommOp::kSend);
   }
   std::unique_ptr<Work> recv_async(TensorView x, int peer) const override {
-    return side([&](cudaStream_t s) { p2p_on(s, x, peer, false); }, "recv", tensor_text(x));
+    return side([&](cudaStream_t s) { p2p_on(s, x, peer, false); }, "recv", tensor_text(x), dist::CommOp::kRecv);
   }
 
   std::unique_ptr<Work> send_recv_async(TensorView send, int send_peer, TensorView recv,
@@ -290,7 +334,8 @@ class NcclCommunicator final : public Communicator {
           if (recv) enqueue_p2p(s, recv, recv_peer, false, what);
           s_->check(ncclGroupEnd(), "send_recv", what);
         },
-        "send_recv", what);
+        // Waiting on the pair is waiting for the message to arrive: the time goes to the recv.
+        "send_recv", what, recv ? dist::CommOp::kRecv : dist::CommOp::kSend);
   }
 
   std::unique_ptr<Communicator> split(int color, int key, std::string name) const override {
@@ -302,13 +347,13 @@ class NcclCommunicator final : public Communicator {
  private:
   // Runs `enqueue` on the side stream after the work already queued on the main stream.
   template <typename F>
-  std::unique_ptr<Work> side(F&& enqueue, const char* op, const std::string& what) const {
+  std::unique_ptr<Work> side(F&& enqueue, const char* op, const std::string& what, dist::CommOp stat) const {
     Event ready;
     LOOM_NCCL_CUDA_CHECK(cudaEventRecord(ready.e, s_->stream()));
     LOOM_NCCL_CUDA_CHECK(cudaStreamWaitEvent(s_->side(), ready.e, 0));
     enqueue(s_->side());
     auto done = s_->track(s_->side(), op, what);
-    return std::make_unique<NcclWork>(s_, std::move(done));
+    return std::make_unique<NcclWork>(s_, std::move(done), stat);
   }
 
   void all_reduce_on(cudaStream_t s, TensorView x, ReduceOp op) const {
@@ -317,6 +362,7 @@ class NcclCommunicator final : public Communicator {
     s_->check(ncclAllReduce(x.raw(), x.raw(), size_t(x.numel()), nccl_reduce_type(x.dtype(), s_->text()), nccl_op(op),
                             s_->comm(), s),
               "all_reduce", what);
+    s_->stats().call(dist::CommOp::kAllReduce, x.nbytes());
     if (s == s_->stream()) s_->track(s, "all_reduce", what);
   }
 
@@ -330,6 +376,7 @@ class NcclCommunicator final : public Communicator {
                ": inp overlaps out other than as this rank's slice");
     const std::string what = tensor_text(inp);
     s_->check(ncclAllGather(inp.raw(), out.raw(), size_t(inp.nbytes()), ncclUint8, s_->comm(), s), "all_gather", what);
+    s_->stats().call(dist::CommOp::kAllGather, out.nbytes());
     if (s == s_->stream()) s_->track(s, "all_gather", what);
   }
 
@@ -346,6 +393,7 @@ class NcclCommunicator final : public Communicator {
     s_->check(ncclReduceScatter(inp.raw(), out.raw(), size_t(out.numel()), nccl_reduce_type(inp.dtype(), s_->text()),
                                 ncclSum, s_->comm(), s),
               "reduce_scatter", what);
+    s_->stats().call(dist::CommOp::kReduceScatter, inp.nbytes());
     if (s == s_->stream()) s_->track(s, "reduce_scatter", what);
   }
 
@@ -367,6 +415,7 @@ class NcclCommunicator final : public Communicator {
     const ncclResult_t r = is_send ? ncclSend(x.raw(), size_t(x.nbytes()), ncclUint8, peer, s_->comm(), s)
                                    : ncclRecv(x.raw(), size_t(x.nbytes()), ncclUint8, peer, s_->comm(), s);
     s_->check(r, op, what);
+    s_->stats().call(is_send ? dist::CommOp::kSend : dist::CommOp::kRecv, x.nbytes());
   }
 
   static bool overlaps(TensorView a, TensorView b) {
@@ -423,7 +472,8 @@ std::unique_ptr<Communicator> make_nccl_communicator(const Communicator& group, 
     if (comm) ncclCommAbort(comm);
     LOOM_FAIL("[nccl] ncclCommInitRank for group ", text, " on cuda:", device, ": ", ncclGetErrorString(r));
   }
-  auto state = std::make_shared<NcclState>(comm, static_cast<cudaStream_t>(cuda_stream), device, text, timeout);
+  auto state = std::make_shared<NcclState>(comm, static_cast<cudaStream_t>(cuda_stream), device, host->name(), text,
+                                           timeout);
   return std::make_unique<NcclCommunicator>(std::move(host), std::move(state));
 }
 

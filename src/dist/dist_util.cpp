@@ -1,10 +1,17 @@
-// Launcher detection and timeout message text shared by every communicator backend.
+// Launcher detection, timeout message text and the communication statistics registry, shared by every
+// communicator backend (compiled with and without MPI, so comm_stats() always exists).
 #include "dist/dist_util.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <sstream>
+#include <utility>
+
+#include "loom/dist/communicator.h"
 
 namespace loom::dist {
 
@@ -84,4 +91,83 @@ std::string timeout_message(const std::string& op, const std::string& group, con
   return os.str();
 }
 
+// ---- communication statistics ------------------------------------------------------------------------
+
+struct CommRecorder::Entry {
+  int64_t calls = 0;
+  int64_t bytes = 0;
+  double wait_seconds = 0;
+};
+
+namespace {
+
+// The process registry. std::map keeps entry addresses stable while others are inserted, and it is
+// never destroyed (leaked on purpose): a Work finishing during static destruction may still record.
+struct CommRegistry {
+  std::mutex mu;
+  std::map<std::pair<std::string, std::string>, CommRecorder::Entry> entries;
+};
+CommRegistry& comm_registry() {
+  static auto* r = new CommRegistry;
+  return *r;
+}
+
+}  // namespace
+
+const char* comm_op_name(CommOp op) {
+  switch (op) {
+    case CommOp::kAllReduce: return "all_reduce";
+    case CommOp::kAllGather: return "all_gather";
+    case CommOp::kReduceScatter: return "reduce_scatter";
+    case CommOp::kBroadcast: return "broadcast";
+    case CommOp::kSend: return "send";
+    case CommOp::kRecv: return "recv";
+    case CommOp::kAllReduceScalar: return "all_reduce_scalar";
+    case CommOp::kBarrier: return "barrier";
+  }
+  return "unknown";
+}
+
+CommRecorder::CommRecorder(const std::string& group) {
+  CommRegistry& r = comm_registry();
+  std::lock_guard<std::mutex> lk(r.mu);
+  for (int i = 0; i < kCommOps; ++i) entries_[size_t(i)] = &r.entries[{group, comm_op_name(CommOp(i))}];
+}
+
+void CommRecorder::call(CommOp op, int64_t bytes) const {
+  Entry* e = entries_[size_t(op)];
+  if (!e) return;
+  std::lock_guard<std::mutex> lk(comm_registry().mu);
+  e->calls += 1;
+  e->bytes += bytes;
+}
+
+void CommRecorder::wait(CommOp op, double seconds) const {
+  Entry* e = entries_[size_t(op)];
+  if (!e) return;
+  std::lock_guard<std::mutex> lk(comm_registry().mu);
+  e->wait_seconds += std::max(0.0, seconds);
+}
+
 }  // namespace loom::dist
+
+namespace loom {
+
+std::vector<CommStat> comm_stats() {
+  dist::CommRegistry& r = dist::comm_registry();
+  std::lock_guard<std::mutex> lk(r.mu);
+  std::vector<CommStat> out;
+  // The map's order is (group, op); entries created for a group but never used are left out.
+  for (const auto& [key, e] : r.entries)
+    if (e.calls != 0 || e.bytes != 0 || e.wait_seconds != 0)
+      out.push_back(CommStat{key.first, key.second, e.calls, e.bytes, e.wait_seconds});
+  return out;
+}
+
+void reset_comm_stats() {
+  dist::CommRegistry& r = dist::comm_registry();
+  std::lock_guard<std::mutex> lk(r.mu);
+  for (auto& [key, e] : r.entries) e = dist::CommRecorder::Entry{};
+}
+
+}  // namespace loom

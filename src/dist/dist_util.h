@@ -1,7 +1,9 @@
-// Pieces shared by the MPI, NCCL and stub communicators: launcher detection from the environment and
-// the text of timeout messages (one wording for every backend).
+// Pieces shared by the MPI, NCCL and stub communicators: launcher detection from the environment, the
+// text of timeout messages (one wording for every backend) and the recorder behind comm_stats().
 #pragma once
+#include <array>
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -26,5 +28,37 @@ std::string format_timeout(std::chrono::milliseconds timeout);
 //  a rank died or ranks called different collectives"
 std::string timeout_message(const std::string& op, const std::string& group, const std::string& what,
                             std::chrono::milliseconds timeout);
+
+// ---- communication statistics (comm_stats() in loom/dist/communicator.h) ----------------------------
+
+enum class CommOp { kAllReduce, kAllGather, kReduceScatter, kBroadcast, kSend, kRecv, kAllReduceScalar, kBarrier };
+inline constexpr int kCommOps = 8;
+// "all_reduce", "all_gather", ... (the names comm_stats() reports).
+const char* comm_op_name(CommOp op);
+
+// Seconds since `t0` on the steady clock (the clock every recorded wait uses).
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// One group's entries in the process registry, one per operation. Entries are created on construction
+// and live until the process ends (reset_comm_stats zeroes them, never frees them), so a communicator
+// looks its group up once and every call after that costs one uncontended mutex. A default-constructed
+// recorder records nothing (the self communicator, internal operations such as split).
+class CommRecorder {
+ public:
+  CommRecorder() = default;
+  explicit CommRecorder(const std::string& group);
+  bool active() const { return entries_[0] != nullptr; }
+  // One posted operation with its payload bytes (the convention in communicator.h).
+  void call(CommOp op, int64_t bytes) const;
+  // Time the caller spent blocked in an operation (added to what earlier waits of it recorded).
+  void wait(CommOp op, double seconds) const;
+
+  struct Entry;
+
+ private:
+  std::array<Entry*, kCommOps> entries_{};
+};
 
 }  // namespace loom::dist

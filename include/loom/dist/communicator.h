@@ -128,3 +128,34 @@ std::unique_ptr<Communicator> make_nccl_communicator(const Communicator& group, 
 void set_mpi_max_message_elements(int64_t n);
 
 }  // namespace loom
+
+namespace loom {
+
+// ---- communication statistics ----------------------------------------------------------------------
+
+// Communication statistics of this process, for per-step volume per parallel mode and "exposed"
+// communication time: every operation an MPI or NCCL communicator posts is counted under (group name,
+// operation name): calls, payload bytes, and the wall time the calling thread spent blocked in it (a
+// blocking call: its whole duration; an async one: posting it (MPI) plus the time inside Work::wait() and
+// Work::done(), so an operation that completed in the background while the caller computed costs only
+// the post and the polls). Payload
+// convention (as nccl-tests' "size"): all_reduce, broadcast, send, recv: the tensor's bytes; all_gather:
+// the output's bytes; reduce_scatter: the input's bytes; all_reduce_scalar: 8; barrier: 0. Staged
+// 16-bit reductions count the 16-bit tensor's bytes (what the model moves), not the f32 staging.
+// Async twins count under the blocking names ("all_reduce" for all_reduce_async); send_recv_async counts
+// as its send and its recv. The self (one-process) communicator records nothing. NCCL: calls and bytes
+// at enqueue; the time is the host's (enqueueing, Work::wait/done, the stream wait of barrier), not the
+// GPU stream's. Thread-safe (one mutex; operations are counted per call, never per element).
+struct CommStat {
+  std::string group;  // Communicator::name(), e.g. "tensor-model-parallel"
+  std::string op;     // "all_reduce", "all_gather", "reduce_scatter", "broadcast", "send", "recv",
+                      // "all_reduce_scalar", "barrier"
+  int64_t calls = 0;
+  int64_t bytes = 0;
+  double wait_seconds = 0;
+};
+// Every (group, op) with something recorded since the last reset, sorted by (group, op).
+std::vector<CommStat> comm_stats();
+void reset_comm_stats();
+
+}  // namespace loom
