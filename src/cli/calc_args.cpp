@@ -33,7 +33,7 @@ const std::vector<Flag>& flags() {
       {{"--gpu-tflops", Arity::kOne, "X", "achieved TFLOP/s per GPU, counting recomputation (instead of --mfu)"},
        [](C& c, V v) { c.gpu_tflops = parse_float_flag("--gpu-tflops", v[0]); }},
       {{"--sequence-parallel", Arity::kSwitch, "",
-        "estimate activations with Megatron's sequence parallelism (not in `loom train` yet)"},
+        "estimate activations with Megatron's sequence parallelism (as `loom train --sequence-parallel`)"},
        [](C& c, V) { c.sequence_parallel = true; }},
   };
   return table;
@@ -92,11 +92,6 @@ CalcInput parse_calc_args(const std::vector<std::string>& args) {
   } catch (const UserError& e) {
     rethrow_with_calc_suggestion(e);
   }
-  // ZeRO changes the memory per rank, which calc does not model yet: refuse rather than print figures that
-  // ignore the flag.
-  if (cfg.dist.use_distributed_optimizer || (!cfg.dist.sharding_strategy.empty() && cfg.dist.sharding_strategy != "no_shard"))
-    user_error("loom calc does not model ZeRO memory yet: drop --use-distributed-optimizer / "
-               "--data-parallel-sharding-strategy (figures are then for no sharding)");
   return make_calc_input(cfg, opts);
 }
 
@@ -105,9 +100,10 @@ std::string calc_help() {
                     "Model size, FLOPs per iteration, memory per rank and training time (docs/calc.md).\n"
                     "Every `loom train` flag is accepted (see `loom train --help`); the ones used are the model\n"
                     "shape, --seq-length, --micro-batch-size, --global-batch-size, --train-iters, the parallel\n"
-                    "sizes, --bf16/--fp16, --accumulate-allreduce-grads-in-fp32, --recompute-*, --vocab-size,\n"
-                    "--make-vocab-size-divisible-by and the tokenizer flags. Data flags and --train-iters are\n"
-                    "not required. Calc's own flags:",
+                    "sizes, --bf16/--fp16, --accumulate-allreduce-grads-in-fp32, --recompute-*,\n"
+                    "--use-distributed-optimizer, --data-parallel-sharding-strategy, --ddp-bucket-size (ZeRO\n"
+                    "memory per rank), --vocab-size, --make-vocab-size-divisible-by and the tokenizer flags.\n"
+                    "Data flags and --train-iters are not required. Calc's own flags:",
                     flags());
 }
 

@@ -76,6 +76,43 @@ TEST(CalcCli, MegatronLaunchScriptFlagsWork) {
       << r.out;
 }
 
+TEST(CalcCli, ZeroMemoryPerRank) {
+  // GPT-2 124M, BF16, P = 124,475,904 on each rank, 8 GPUs. ZeRO-1 over d = 8: a shard is 15,559,488
+  // params; weights 2*P + 4*shard, gradients 4*P, Adam 8*shard = (6 + 12/8) * P in all.
+  const CliResult z1 = calc(kGpt2 + "--num-gpus 8 --use-distributed-optimizer");
+  ASSERT_EQ(z1.code, 0) << z1.err;
+  EXPECT_NE(line(z1.out, "data-parallel sharding:").find("optim (ZeRO-1) over d = 8 ranks (DP 8 x CP 1)"),
+            std::string::npos)
+      << z1.out;
+  EXPECT_NE(line(z1.out, "weights:").find("311,189,760 B"), std::string::npos) << z1.out;
+  EXPECT_NE(line(z1.out, "weights:").find("2 + 4/d B/param (ZeRO-1, d = 8)"), std::string::npos) << z1.out;
+  EXPECT_NE(line(z1.out, "gradients:").find("497,903,616 B"), std::string::npos) << z1.out;
+  EXPECT_NE(line(z1.out, "optimizer state:").find("124,475,904 B"), std::string::npos) << z1.out;
+  EXPECT_NE(line(z1.out, "model states:").find("933,569,280 B"), std::string::npos) << z1.out;
+  EXPECT_NE(line(z1.out, "model states:").find("6 + 12/d B/param (ZeRO-1, d = 8)"), std::string::npos) << z1.out;
+
+  // ZeRO-3 over DP 4 x CP 2 = 8 (untied, as `loom train` needs: P = 124,475,904 + 50,304 * 768 output
+  // layer = 163,109,376, a shard 20,388,672): 18 B per parameter of the shard.
+  const CliResult z3 = calc(kGpt2 + "--num-gpus 8 --context-parallel-size 2 --untie-embeddings-and-output-weights "
+                                    "--data-parallel-sharding-strategy optim_grads_params");
+  ASSERT_EQ(z3.code, 0) << z3.err;
+  EXPECT_NE(line(z3.out, "data-parallel sharding:").find("optim_grads_params (ZeRO-3) over d = 8 ranks (DP 4 x CP 2)"),
+            std::string::npos)
+      << z3.out;
+  EXPECT_NE(line(z3.out, "parameters on the rank:").find("163,109,376"), std::string::npos) << z3.out;
+  EXPECT_NE(line(z3.out, "weights:").find("122,332,032 B"), std::string::npos) << z3.out;  // 6 * shard
+  EXPECT_NE(line(z3.out, "model states:").find("366,996,096 B"), std::string::npos) << z3.out;
+  EXPECT_NE(line(z3.out, "model states:").find("18/d B/param (ZeRO-3, d = 8)"), std::string::npos) << z3.out;
+  // Two layers of 7,087,872 params gathered: BF16 params + FP32 grads, 6 B each.
+  EXPECT_NE(line(z3.out, "gathered layers:").find("85,054,464 B"), std::string::npos) << z3.out;
+
+  // DP x CP = 1: the same figures as no sharding, and a note says so.
+  const CliResult one = calc(kGpt2 + "--data-parallel-sharding-strategy optim_grads");
+  ASSERT_EQ(one.code, 0) << one.err;
+  EXPECT_NE(one.out.find("note: ZeRO shards over 1 rank: no saving"), std::string::npos) << one.out;
+  EXPECT_NE(line(one.out, "model states:").find("2,240,566,272 B"), std::string::npos) << one.out;  // 18 * P
+}
+
 TEST(CalcCli, Help) {
   const CliResult r = calc("--help");
   EXPECT_EQ(r.code, 0);
@@ -93,8 +130,12 @@ TEST(CalcCli, BadFlags) {
   expect_calc_error(calc(kGpt2 + "--train-tokens"), "--train-tokens needs a value");
   expect_calc_error(calc(kGpt2 + "--gpu V100"), "--gpu: unknown GPU 'V100'");
   expect_calc_error(calc(kGpt2 + "--num-gpus 6"), "--global-batch-size (32) must be a positive multiple");
-  expect_calc_error(calc(kGpt2 + "--overlap-param-gather"), "--overlap-param-gather (a flag of");
-  expect_calc_error(calc(kGpt2 + "--use-distributed-optimizer"), "loom calc does not model ZeRO memory yet");
+  expect_calc_error(calc(kGpt2 + "--apply-layernorm-1p"), "--apply-layernorm-1p (a flag of");
+  expect_calc_error(calc(kGpt2 + "--num-gpus 8 --use-distributed-optimizer --data-parallel-sharding-strategy no_shard"),
+                    "--use-distributed-optimizer contradicts --data-parallel-sharding-strategy no_shard");
+  expect_calc_error(calc(kGpt2 + "--num-gpus 8 --data-parallel-sharding-strategy zero3"),
+                    "--data-parallel-sharding-strategy must be no_shard, optim, optim_grads or optim_grads_params, "
+                    "got 'zero3'");
   expect_calc_error(calc(kGpt2 + "--tokenizer-type GPT2BPETokenizer --vocab-file /nonexistent/encoder.json "
                                  "--merge-file /nonexistent/vocab.bpe"),
                     "--vocab-file '/nonexistent/encoder.json': cannot open");

@@ -41,6 +41,13 @@ struct CalcOptions {
   bool sequence_parallel = false;       // --sequence-parallel: Megatron's SP, for the activation estimate
 };
 
+// Data-parallel sharding of the model states (--data-parallel-sharding-strategy, or
+// --use-distributed-optimizer alone = kOptim). Calc's own enum: the layer it models is optim's
+// ShardingStrategy, which the train layer's calc does not need to link against.
+enum class CalcSharding { kNoShard, kOptim, kOptimGrads, kOptimGradsParams };
+const char* calc_sharding_name(CalcSharding s);  // "no_shard", "optim", "optim_grads", "optim_grads_params"
+const char* calc_zero_stage(CalcSharding s);     // "no ZeRO", "ZeRO-1", "ZeRO-2", "ZeRO-3"
+
 // Everything compute_calc() needs, already validated and resolved.
 struct CalcInput {
   GPTConfig model;  // vocab_size and padded_vocab_size (padded for the TP size) filled in
@@ -56,12 +63,25 @@ struct CalcInput {
   GpuSpec gpu;                    // peak table row (the --gpu choice)
   double mfu = 0.4;               // used when gpu_tflops is not set
   std::optional<double> gpu_tflops;  // achieved TFLOP/s per GPU, counting every executed FLOP
+  CalcSharding sharding = CalcSharding::kNoShard;  // resolved as the trainer resolves it
+  int64_t ddp_bucket_size = 0;    // --ddp-bucket-size in elements; 0: max(40,000,000, 1,000,000 * d)
   std::vector<std::string> notes;    // assumptions made while resolving (defaults filled in), printed first
 
   int64_t data_parallel_size() const {
     return num_gpus / (int64_t(parallel.tensor_model_parallel_size) * parallel.pipeline_model_parallel_size *
                        parallel.context_parallel_size);
   }
+  // d: the group ZeRO shards over (the trainer's dp_cp group, DP x CP ranks).
+  int64_t zero_group_size() const { return data_parallel_size() * parallel.context_parallel_size; }
+};
+
+// Bytes per parameter of one kind of model state: `full` bytes every rank of the ZeRO group holds for each
+// parameter, plus `sharded` bytes held once per group (each rank has ceil(P/d) of them).
+struct StateBytesPerParam {
+  int full = 0;
+  int sharded = 0;
+  // full*P + sharded*ceil(P/d)
+  int64_t bytes(int64_t P, int64_t d) const { return full * P + sharded * ((P + d - 1) / d); }
 };
 
 // One way of keeping activations, as bytes on one rank of the first pipeline stage.
@@ -90,11 +110,26 @@ struct CalcReport {
   double flops_run = 0;        // the one this run's recomputation settings execute
   int64_t recomputed_layers = 0;  // layers run forward twice (full granularity)
 
-  // Memory per rank (first pipeline stage, one TP/CP rank), bytes.
-  int64_t weight_bytes = 0;     // FP32 master + 16-bit compute copy
-  int64_t grad_bytes = 0;       // main grads
-  int64_t optimizer_bytes = 0;  // Adam m and v
+  // Memory per rank (first pipeline stage, one TP/CP rank), bytes, under input.sharding over d ranks.
+  int64_t zero_group = 1;                   // d (DP x CP)
+  StateBytesPerParam weight_per_param;      // FP32 master (or its shard) + 16-bit compute copy (or its shard)
+  StateBytesPerParam grad_per_param;        // main grads (FP32 whenever num_gpus > 1)
+  StateBytesPerParam optimizer_per_param;   // Adam m and v (FP32)
+  int64_t weight_bytes = 0;     // weight_per_param.bytes(params_first_stage, d)
+  int64_t grad_bytes = 0;       // grad_per_param.bytes(...)
+  int64_t optimizer_bytes = 0;  // optimizer_per_param.bytes(...)
   int64_t states_bytes() const { return weight_bytes + grad_bytes + optimizer_bytes; }
+  // The same for the last pipeline stage (== first with PP 1).
+  int64_t last_weight_bytes = 0, last_grad_bytes = 0, last_optimizer_bytes = 0;
+  int64_t last_states_bytes() const { return last_weight_bytes + last_grad_bytes + last_optimizer_bytes; }
+  // Buffers that live only part of a step, on top of the model states (first stage):
+  //   optim_grads:        FP32 gradients of up to 2 buckets (one written by backward, one being
+  //                       reduce-scattered): 4*min(P, 2*bucket_size)
+  //   optim_grads_params: the gathered parameters (compute dtype) and FP32 gradients of about two layers
+  //                       (one in use, one being gathered or reduce-scattered): 2*layer_params*(cb + 4)
+  int64_t transient_bytes = 0;
+  int64_t bucket_size = 0;   // elements per gradient bucket (optim_grads)
+  int64_t layer_params = 0;  // parameters of one layer on one TP rank
   int64_t micro_batches = 0;           // per iteration per data-parallel rank
   int64_t micro_batches_in_flight = 0;  // on the first stage under 1F1B: min(PP, micro-batches)
   // Rows none / selective / full (full: the run's method and layers when it is full, else every layer).
@@ -127,7 +162,9 @@ struct CalcReport {
 // Validates the fields calc uses (model shape, sequence, batch, parallel sizes, precision and
 // recomputation flags) and resolves the vocabulary: --tokenizer-type (built with make_tokenizer, which
 // may read --vocab-file etc.), else --vocab-size, else GPT-2's 50257 with a note. --train-iters and the
-// data flags are not required. Throws UserError naming the flag.
+// data flags are not required. Resolves the data-parallel sharding as the trainer does
+// (--data-parallel-sharding-strategy wins; --use-distributed-optimizer alone is optim; the two together
+// with no_shard are refused). Throws UserError naming the flag.
 CalcInput make_calc_input(const TrainConfig& cfg, const CalcOptions& opts);
 
 CalcReport compute_calc(const CalcInput& in);

@@ -1,6 +1,7 @@
 // `loom calc` arithmetic against hand-computed values: GPT-2 124M, the 18.4B model of Megatron-LM's
 // weak-scaling table and the 175B example of Narayanan et al. (2021); the activation formulas of
-// Korthikanti et al. (2022) for every TP/SP/CP/PP case; validation messages naming the flag.
+// Korthikanti et al. (2022) for every TP/SP/CP/PP case; ZeRO model states per rank for each sharding
+// strategy (exact bytes of a small model); validation messages naming the flag.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -130,16 +131,19 @@ TEST(Calc, PrecisionChangesBytesPerParameter) {
   EXPECT_EQ(f32.grad_bytes, 124475904LL * 4);
   EXPECT_DOUBLE_EQ(f32.activations[0].per_layer, 2 * 358612992.0);  // FP32 activations: twice the paper's
   EXPECT_DOUBLE_EQ(f32.peak_tflops, 495);                            // the TF32 peak
-  const CalcReport f16 = gpt2([](TrainConfig& c, CalcOptions&) {
+  // One rank: the grad dtype follows the precision flags (more ranks: always FP32, see CalcZero).
+  const CalcReport f16 = gpt2([](TrainConfig& c, CalcOptions& o) {
     c.precision.bf16 = false;
     c.precision.fp16 = true;
+    o.num_gpus = 1;
   });
   EXPECT_EQ(f16.weight_bytes, 124475904LL * 6);
   EXPECT_EQ(f16.grad_bytes, 124475904LL * 2);  // FP16 main grads without the flag below
-  const CalcReport f16acc = gpt2([](TrainConfig& c, CalcOptions&) {
+  const CalcReport f16acc = gpt2([](TrainConfig& c, CalcOptions& o) {
     c.precision.bf16 = false;
     c.precision.fp16 = true;
     c.precision.accumulate_allreduce_grads_in_fp32 = true;
+    o.num_gpus = 1;
   });
   EXPECT_EQ(f16acc.grad_bytes, 124475904LL * 4);
 }
@@ -392,4 +396,199 @@ TEST(Calc, ReportLabels) {
   EXPECT_NE(line_with("  weights:").find("746,855,424 B  (0.70 GiB)"), std::string::npos) << out;
   EXPECT_NE(line_with("  B200 (HGX)").find("<- --gpu"), std::string::npos) << out;
   EXPECT_NE(line_with("achieved per GPU:").find("900.0 TFLOP/s"), std::string::npos) << out;  // 0.4 x 2250
+}
+
+namespace {
+
+// A small model for the ZeRO figures: l = 3, h = 36, a = 4, s = 32, vocabulary 1000 -> 1024.
+// P = 3*(12*36^2 + 13*36) + (1024 + 32)*36 + 2*36 = 48,060 + 38,016 + 72 = 86,148 (divisible by 4, not by 8:
+// ceil(P/4) = 21,537, ceil(P/8) = 10,769).
+constexpr int64_t kSmallP = 86148, kSmallS4 = 21537, kSmallS8 = 10769, kSmallLayer = 16020;
+
+// CP 2 and DP = d/2; `strategy` as --data-parallel-sharding-strategy ("" = unset).
+CalcReport small_zero(const std::string& strategy, bool bf16, int64_t d,
+                      const std::function<void(TrainConfig&, CalcOptions&)>& edit = {}) {
+  TrainConfig c = model_config(3, 36, 4, 32);
+  c.data.vocab_size = 1000;
+  c.precision.bf16 = bf16;
+  c.parallel.context_parallel_size = 2;
+  c.dist.sharding_strategy = strategy;
+  CalcOptions o;
+  o.num_gpus = d;
+  if (edit) edit(c, o);
+  return compute_calc(make_calc_input(c, o));
+}
+
+struct States {
+  int64_t weights, grads, optimizer;
+};
+
+void expect_states(const CalcReport& r, const States& want) {
+  EXPECT_EQ(r.weight_bytes, want.weights);
+  EXPECT_EQ(r.grad_bytes, want.grads);
+  EXPECT_EQ(r.optimizer_bytes, want.optimizer);
+}
+
+std::string report_line(const std::string& out, const std::string& label) {
+  const size_t at = out.find(label);
+  if (at == std::string::npos) return std::string();
+  return out.substr(at, out.find('\n', at) - at);
+}
+
+}  // namespace
+
+TEST(CalcZero, SmallModelParameters) {
+  const CalcReport r = small_zero("", true, 4);
+  EXPECT_EQ(r.params, kSmallP);
+  EXPECT_EQ(r.params_first_stage, kSmallP);
+  EXPECT_EQ(r.layer_params, kSmallLayer);
+  EXPECT_EQ(r.input.data_parallel_size(), 2);
+  EXPECT_EQ(r.zero_group, 4);  // DP 2 x CP 2
+  EXPECT_EQ(r.input.sharding, CalcSharding::kNoShard);
+}
+
+TEST(CalcZero, Bf16EachStrategy) {
+  // no_shard: 6 + 4 + 8 B/param, whatever d.
+  for (int64_t d : {4, 8}) expect_states(small_zero("no_shard", true, d), {6 * kSmallP, 4 * kSmallP, 8 * kSmallP});
+  // optim (ZeRO-1): full BF16 copy + FP32 master shard; full FP32 grads; Adam shard.
+  expect_states(small_zero("optim", true, 4), {2 * kSmallP + 4 * kSmallS4, 4 * kSmallP, 8 * kSmallS4});
+  expect_states(small_zero("optim", true, 8), {172296 + 43076, 344592, 86152});
+  // optim_grads (ZeRO-2): gradients sharded too.
+  const CalcReport z2 = small_zero("optim_grads", true, 8);
+  expect_states(z2, {215372, 43076, 86152});
+  expect_states(small_zero("optim_grads", true, 4), {258444, 86148, 172296});
+  // Default bucket max(40M, 1M*d) = 40M > P: two buckets' worth is the whole model's FP32 gradients.
+  EXPECT_EQ(z2.bucket_size, 40000000);
+  EXPECT_EQ(z2.transient_bytes, 4 * kSmallP);
+  // optim_grads_params (ZeRO-3): everything sharded, 18/d B/param.
+  const CalcReport z3 = small_zero("optim_grads_params", true, 4);
+  expect_states(z3, {6 * kSmallS4, 4 * kSmallS4, 8 * kSmallS4});  // 129,222 + 86,148 + 172,296
+  expect_states(small_zero("optim_grads_params", true, 8), {64614, 43076, 86152});
+  // Two layers gathered: 2 * 16,020 * (2 B BF16 params + 4 B FP32 grads).
+  EXPECT_EQ(z3.transient_bytes, 192240);
+  EXPECT_EQ(z3.states_bytes(), 18 * kSmallS4);
+}
+
+TEST(CalcZero, Fp32EachStrategy) {
+  expect_states(small_zero("no_shard", false, 8), {4 * kSmallP, 4 * kSmallP, 8 * kSmallP});
+  // FP32: the weights are the masters; only Adam's state shrinks under ZeRO-1.
+  expect_states(small_zero("optim", false, 4), {344592, 344592, 172296});
+  expect_states(small_zero("optim", false, 8), {344592, 344592, 86152});
+  expect_states(small_zero("optim_grads", false, 4), {344592, 86148, 172296});
+  expect_states(small_zero("optim_grads", false, 8), {344592, 43076, 86152});
+  const CalcReport z3 = small_zero("optim_grads_params", false, 8);
+  expect_states(z3, {43076, 43076, 86152});  // 16/d B/param
+  expect_states(small_zero("optim_grads_params", false, 4), {86148, 86148, 172296});
+  EXPECT_EQ(z3.transient_bytes, 2 * kSmallLayer * 8);  // FP32 params and grads of two layers
+}
+
+TEST(CalcZero, BucketSizeFlag) {
+  const CalcReport r = small_zero("optim_grads", true, 8, [](TrainConfig& c, CalcOptions&) {
+    c.dist.ddp_bucket_size = 10000;
+  });
+  EXPECT_EQ(r.bucket_size, 10000);
+  EXPECT_EQ(r.transient_bytes, 4 * 20000);  // 2 buckets < P
+  // Large groups raise the default: max(40M, 1M * d).
+  const CalcReport big = small_zero("optim_grads", true, 64, [](TrainConfig& c, CalcOptions&) {
+    c.batch.global_batch_size = 32;
+  });
+  EXPECT_EQ(big.bucket_size, 64000000);
+  EXPECT_EQ(small_zero("optim", true, 8).transient_bytes, 0);
+}
+
+TEST(CalcZero, DistributedOptimizerFlagResolvesLikeTheTrainer) {
+  const auto dist_opt = [](const std::string& strategy) {
+    return small_zero(strategy, true, 8, [](TrainConfig& c, CalcOptions&) { c.dist.use_distributed_optimizer = true; });
+  };
+  EXPECT_EQ(dist_opt("").input.sharding, CalcSharding::kOptim);
+  EXPECT_EQ(dist_opt("optim_grads").input.sharding, CalcSharding::kOptimGrads);  // the strategy wins
+  expect_states(dist_opt(""), {215372, 344592, 86152});
+  expect_calc_error(
+      [](TrainConfig& c, CalcOptions&) {
+        c.dist.use_distributed_optimizer = true;
+        c.dist.sharding_strategy = "no_shard";
+      },
+      "--use-distributed-optimizer contradicts --data-parallel-sharding-strategy no_shard");
+  expect_calc_error([](TrainConfig& c, CalcOptions&) { c.dist.sharding_strategy = "zero2"; },
+                    "--data-parallel-sharding-strategy must be no_shard, optim, optim_grads or optim_grads_params, "
+                    "got 'zero2'");
+  expect_calc_error([](TrainConfig& c, CalcOptions&) { c.dist.ddp_bucket_size = -1; }, "--ddp-bucket-size");
+}
+
+TEST(CalcZero, OneRankGroupEqualsNoShard) {
+  // d = 1: S(P) = P, so every strategy gives no_shard's bytes (BF16 grads are FP32 anyway), with a note.
+  TrainConfig c = model_config(3, 36, 4, 32);
+  c.data.vocab_size = 1000;
+  c.precision.bf16 = true;
+  for (const char* strategy : {"optim", "optim_grads", "optim_grads_params"}) {
+    c.dist.sharding_strategy = strategy;
+    const CalcInput in = make_calc_input(c, {});
+    const CalcReport r = compute_calc(in);
+    expect_states(r, {6 * kSmallP, 4 * kSmallP, 8 * kSmallP});
+    bool noted = false;
+    for (const std::string& n : in.notes) noted = noted || n.find("ZeRO shards over 1 rank: no saving") == 0;
+    EXPECT_TRUE(noted) << strategy;
+  }
+  c.dist.sharding_strategy = "no_shard";
+  for (const std::string& n : make_calc_input(c, {}).notes) EXPECT_EQ(n.find("ZeRO"), std::string::npos) << n;
+}
+
+TEST(CalcZero, GradientsAreFp32WithMoreThanOneRank) {
+  const auto fp16 = [](int64_t gpus) {
+    return gpt2([gpus](TrainConfig& c, CalcOptions& o) {
+      c.precision.bf16 = false;
+      c.precision.fp16 = true;
+      o.num_gpus = gpus;
+    });
+  };
+  EXPECT_EQ(fp16(1).grad_bytes, 124475904LL * 2);  // one rank: --fp16's FP16 main grads
+  EXPECT_EQ(fp16(8).grad_bytes, 124475904LL * 4);  // the trainer forces FP32 main grads when distributed
+  EXPECT_NE(report_line(format_calc_report(fp16(8)), "  gradients:").find("always FP32 with more than one rank"),
+            std::string::npos);
+}
+
+TEST(CalcZero, LastPipelineStage) {
+  // PP 3 (one layer per stage), CP 1, DP 4: d = 4. First stage 16,020 + 1024*36 + 32*36 = 54,036 params,
+  // last 16,020 + 1024*36 + 72 = 52,956.
+  const CalcReport r = small_zero("optim", true, 12, [](TrainConfig& c, CalcOptions&) {
+    c.parallel.context_parallel_size = 1;
+    c.parallel.pipeline_model_parallel_size = 3;
+  });
+  EXPECT_EQ(r.zero_group, 4);
+  EXPECT_EQ(r.params_first_stage, 54036);
+  EXPECT_EQ(r.params_last_stage, 52956);
+  expect_states(r, {2 * 54036 + 4 * 13509, 4 * 54036, 8 * 13509});
+  EXPECT_EQ(r.last_weight_bytes, 2 * 52956 + 4 * 13239);
+  EXPECT_EQ(r.last_grad_bytes, 4 * 52956);
+  EXPECT_EQ(r.last_optimizer_bytes, 8 * 13239);
+  EXPECT_EQ(r.last_states_bytes(), 158868 + 211824 + 105912);
+  EXPECT_NE(report_line(format_calc_report(r), "last stage states:").find("476,604 B"), std::string::npos);
+}
+
+TEST(CalcZero, ReportNamesTheStrategyAndFormulas) {
+  const std::string z1 = format_calc_report(small_zero("optim", true, 8));
+  EXPECT_NE(report_line(z1, "data-parallel sharding:").find("optim (ZeRO-1) over d = 8 ranks (DP 4 x CP 2)"),
+            std::string::npos)
+      << z1;
+  EXPECT_NE(report_line(z1, "data-parallel sharding:").find("ceil(P/d) = 10,769 params"), std::string::npos) << z1;
+  EXPECT_NE(report_line(z1, "  weights:").find("215,372 B  (0.00 GiB)  2 + 4/d B/param (ZeRO-1, d = 8)"),
+            std::string::npos)
+      << z1;
+  EXPECT_NE(report_line(z1, "  gradients:").find("4 B/param (ZeRO-1, d = 8)"), std::string::npos) << z1;
+  EXPECT_NE(report_line(z1, "  optimizer state:").find("8/d B/param (ZeRO-1, d = 8)"), std::string::npos) << z1;
+  EXPECT_NE(report_line(z1, "  model states:").find("6 + 12/d B/param (ZeRO-1, d = 8)"), std::string::npos) << z1;
+  const std::string z2 = format_calc_report(small_zero("optim_grads", true, 4));
+  EXPECT_NE(report_line(z2, "  model states:").find("2 + 16/d B/param (ZeRO-2, d = 4)"), std::string::npos) << z2;
+  EXPECT_NE(report_line(z2, "gradient buckets:").find("344,592 B"), std::string::npos) << z2;
+  const std::string z3 = format_calc_report(small_zero("optim_grads_params", true, 4));
+  EXPECT_NE(report_line(z3, "  model states:").find("18/d B/param (ZeRO-3, d = 4)"), std::string::npos) << z3;
+  EXPECT_NE(report_line(z3, "gathered layers:").find("192,240 B"), std::string::npos) << z3;
+  const std::string z3f = format_calc_report(small_zero("optim_grads_params", false, 8));
+  EXPECT_NE(report_line(z3f, "  model states:").find("16/d B/param (ZeRO-3, d = 8)"), std::string::npos) << z3f;
+  const std::string none = format_calc_report(small_zero("", true, 8));
+  EXPECT_NE(report_line(none, "data-parallel sharding:").find("no_shard (no ZeRO)"), std::string::npos) << none;
+  EXPECT_NE(report_line(none, "  model states:").find("18 B/param"), std::string::npos) << none;
+  EXPECT_NE(report_line(none, "  optimizer state:").find("8 B/param: Adam m and v in FP32 (no ZeRO sharding)"),
+            std::string::npos)
+      << none;
 }
