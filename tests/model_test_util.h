@@ -1,11 +1,30 @@
 // Tiny model configurations shared by the model and train unit tests (KV-cached inference, generation,
-// Hugging Face model I/O): two layers, hidden size 32, four heads, so a forward takes microseconds.
+// Hugging Face model I/O): two layers, hidden size 32, four heads, so a forward takes microseconds; and
+// the synthetic micro-batches the model, stage and pipeline tests feed them.
 #pragma once
 #include <cstdint>
 
 #include "loom/model/gpt.h"
 
 namespace loom::test {
+
+// An owned (B, T) micro-batch of deterministic tokens and targets for model/pipeline tests: element i is
+// token (37 i + 11 + token_shift) % V and target (53 i + 5 + target_shift) % V (shifts vary micro-batches).
+struct SyntheticBatch {
+  Tensor tokens, targets;
+  GPTBatch view() const { return GPTBatch{tokens, targets, {}, {}, {}}; }
+};
+inline SyntheticBatch synthetic_batch(int64_t B, int64_t T, int64_t V, int64_t token_shift = 0,
+                                      int64_t target_shift = 0) {
+  SyntheticBatch b;
+  b.tokens = Tensor::empty({B, T}, DType::kI32);
+  b.targets = Tensor::empty({B, T}, DType::kI32);
+  for (int64_t i = 0; i < B * T; ++i) {
+    b.tokens.data<int32_t>()[i] = int32_t((i * 37 + 11 + token_shift) % V);
+    b.targets.data<int32_t>()[i] = int32_t((i * 53 + 5 + target_shift) % V);
+  }
+  return b;
+}
 
 // GPT-2's architecture (LayerNorm, GeLU, learned positions, linear biases, output tied to the embedding).
 inline GPTConfig tiny_gpt2_config(int64_t max_positions, int64_t vocab, int64_t padded_vocab) {

@@ -47,21 +47,8 @@ GPTConfig llama_config(float hidden_dropout) {
   return c;
 }
 
-struct Batch {
-  Tensor tokens, targets;
-  GPTBatch view() const { return GPTBatch{tokens, targets, {}, {}, {}}; }
-};
-
-Batch make_batch(int64_t V) {
-  Batch b;
-  b.tokens = Tensor::empty({kB, kT}, DType::kI32);
-  b.targets = Tensor::empty({kB, kT}, DType::kI32);
-  for (int64_t i = 0; i < kB * kT; ++i) {
-    b.tokens.data<int32_t>()[i] = int32_t((i * 37 + 11) % V);
-    b.targets.data<int32_t>()[i] = int32_t((i * 53 + 5) % V);
-  }
-  return b;
-}
+using Batch = test::SyntheticBatch;
+Batch make_batch(int64_t V) { return test::synthetic_batch(kB, kT, V); }
 
 // The elements of `full` (global_shape, row-major) this parameter's shard holds, in local order.
 std::vector<float> shard_of(const Parameter& p, const float* full) {
@@ -138,7 +125,9 @@ void run_case(const std::string& arch, const Layout& lay, float hidden_dropout) 
   m.backward(batch.view());
   if (!o.parallel.pre_process) pp.send(m.input_grad(), stage - 1);
 
-  if (o.parallel.post_process) EXPECT_NEAR(loss, ref_loss, 1e-5 * std::abs(ref_loss)) << arch;
+  if (o.parallel.post_process) {
+    EXPECT_NEAR(loss, ref_loss, 1e-5 * std::abs(ref_loss)) << arch;
+  }
   ASSERT_GT(m.params().all().size(), 0u);
   for (const Parameter& p : m.params().all()) {
     const Parameter* r = ref.params().find(p.name);

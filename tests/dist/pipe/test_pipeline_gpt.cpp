@@ -42,23 +42,10 @@ GPTConfig config(const std::string& arch) {
   return c;
 }
 
-struct Batch {
-  Tensor tokens, targets;
-  GPTBatch view() const { return GPTBatch{tokens, targets, {}, {}, {}}; }
-};
-
+using Batch = test::SyntheticBatch;
 std::vector<Batch> make_batches(int64_t nmb, int64_t V) {
   std::vector<Batch> out;
-  for (int64_t m = 0; m < nmb; ++m) {
-    Batch b;
-    b.tokens = Tensor::empty({kB, kT}, DType::kI32);
-    b.targets = Tensor::empty({kB, kT}, DType::kI32);
-    for (int64_t i = 0; i < kB * kT; ++i) {
-      b.tokens.data<int32_t>()[i] = int32_t((i * 37 + 11 + 5 * m) % V);
-      b.targets.data<int32_t>()[i] = int32_t((i * 53 + 5 + 3 * m) % V);
-    }
-    out.push_back(std::move(b));
-  }
+  for (int64_t m = 0; m < nmb; ++m) out.push_back(test::synthetic_batch(kB, kT, V, 5 * m, 3 * m));
   return out;
 }
 

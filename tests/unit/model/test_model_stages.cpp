@@ -30,21 +30,8 @@ GPTConfig stage_config(bool llama, float dropout) {
   return llama ? test::llama_variant(c) : c;
 }
 
-struct Batch {
-  Tensor tokens, targets;
-  GPTBatch view() const { return GPTBatch{tokens, targets, {}, {}, {}}; }
-};
-
-Batch make_batch(int k, int64_t V) {
-  Batch b;
-  b.tokens = Tensor::empty({kB, kT}, DType::kI32);
-  b.targets = Tensor::empty({kB, kT}, DType::kI32);
-  for (int64_t i = 0; i < kB * kT; ++i) {
-    b.tokens.data<int32_t>()[i] = int32_t((i * 37 + 11 + 7 * k) % V);
-    b.targets.data<int32_t>()[i] = int32_t((i * 53 + 5 + 3 * k) % V);
-  }
-  return b;
-}
+using Batch = test::SyntheticBatch;
+Batch make_batch(int k, int64_t V) { return test::synthetic_batch(kB, kT, V, 7 * k, 3 * k); }
 
 ForwardOptions fwd(uint64_t mb) {
   ForwardOptions f;
