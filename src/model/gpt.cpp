@@ -33,6 +33,8 @@ GPTModel::GPTModel(const GPTConfig& cfg, const DeviceContext& ctx, const ModelOp
     units_.push_back(std::move(u));
   }
   first_layer_unit_ = embedding_unit_ >= 0 ? 1 : 0;
+  // A tied output layer in the same instance reads (and its backward writes) the word embedding.
+  if (!output_layer_ && head_unit_ >= 0 && embedding_unit_ >= 0) units_[size_t(head_unit_)].reads = {embedding_unit_};
   if (cfg.position_embedding_type == PositionEmbeddingType::kRope)
     rope_ = std::make_unique<RotaryEmbedding>(ctx, cfg.rotary_options(), cfg.max_position_embeddings);
   roles_ = layer_roles(cfg_, opts_);

@@ -228,9 +228,16 @@ GPTMemoryPlan GPTModel::memory_plan(const GPTConfig& cfg, const ModelOptions& op
   ParameterSet declared;  // the local parameters, declared but never allocated
   declare_parameters(declared, cfg, opts);
   const int64_t n = declared.numel();
-  plan.parameters.push_back({"params.values", {n}, DType::kF32});
-  if (opts.compute_dtype != DType::kF32) plan.parameters.push_back({"params.compute", {n}, opts.compute_dtype});
-  if (opts.with_grads) plan.parameters.push_back({"params.grads", {n}, opts.grad_dtype});
+  // What ParameterSet::allocate creates for the storage mode (sharded modes: the optimizer's shards and
+  // bucket buffers are not the model's).
+  const ParamStorage st = opts.param_storage;
+  const bool b16 = opts.compute_dtype != DType::kF32;
+  if (st != ParamStorage::kExternal) {
+    if (st == ParamStorage::kFull || !b16) plan.parameters.push_back({"params.values", {n}, DType::kF32});
+    if (b16) plan.parameters.push_back({"params.compute", {n}, opts.compute_dtype});
+    if (opts.with_grads && st != ParamStorage::kShardedMasterGrads)
+      plan.parameters.push_back({"params.grads", {n}, opts.grad_dtype});
+  }
   if (cfg.position_embedding_type == PositionEmbeddingType::kRope) {
     const Shape table{cfg.max_position_embeddings, cfg.rotary_dim() / 2};
     plan.parameters.push_back({"rope.cos", table, DType::kF32});

@@ -94,11 +94,13 @@ void ParameterSet::allocate(const DeviceContext& ctx, DType compute_dtype, DType
   compute_dtype_ = compute_dtype;
   grad_dtype_ = with_grads ? grad_dtype : DType::kF32;
   if (storage == ParamStorage::kExternal) return;  // the owner binds the views
-  values_ = ctx.empty({numel_}, DType::kF32);
-  compute_ = compute_dtype == DType::kF32 ? values_ : ctx.empty({numel_}, compute_dtype);
+  const bool masters = storage == ParamStorage::kFull || compute_dtype == DType::kF32;
+  with_grads = with_grads && storage != ParamStorage::kShardedMasterGrads;
+  compute_ = ctx.empty({numel_}, compute_dtype);
+  if (masters) values_ = compute_dtype == DType::kF32 ? compute_ : ctx.empty({numel_}, DType::kF32);
   if (with_grads) grads_ = ctx.zeros({numel_}, grad_dtype);
   for (Parameter& p : params_) {
-    p.value = values_.slice_flat(p.offset, p.shape);
+    if (masters) p.value = values_.slice_flat(p.offset, p.shape);
     p.compute = compute_.slice_flat(p.offset, p.shape);
     if (with_grads) p.grad = grads_.slice_flat(p.offset, p.shape);
   }
@@ -128,7 +130,8 @@ void ParameterSet::initialize_range(uint64_t seed, int64_t begin, int64_t end, f
 }
 
 void ParameterSet::sync_compute(const DeviceContext& ctx) const {
-  LOOM_CHECK(values_.defined(), "[ParameterSet] sync_compute() before allocate()");
+  LOOM_CHECK(values_.defined(), "[ParameterSet] sync_compute() before allocate() (or without f32 master values: "
+             "the distributed optimizer writes the compute copy of sharded storage)");
   if (compute_.raw() == values_.raw()) return;  // f32 compute reads the master weights directly
   ctx.ops().cast(compute_, values_);
 }

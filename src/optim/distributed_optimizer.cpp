@@ -13,6 +13,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
+#include <utility>
 
 namespace loom {
 
@@ -35,9 +37,21 @@ const char* sharding_strategy_name(ShardingStrategy s) {
   return "?";
 }
 
+ParamStorage param_storage_for(ShardingStrategy s) {
+  switch (s) {
+    case ShardingStrategy::kNone: return ParamStorage::kFull;
+    case ShardingStrategy::kOptim: return ParamStorage::kShardedMaster;
+    case ShardingStrategy::kOptimGrads: return ParamStorage::kShardedMasterGrads;
+    case ShardingStrategy::kOptimGradsParams: return ParamStorage::kExternal;
+  }
+  return ParamStorage::kFull;
+}
+
 namespace {
 
 constexpr const char* kWordEmbedding = "embedding.word_embeddings.weight";
+
+int64_t bytes(const Tensor& t) { return t.defined() ? t.nbytes() : 0; }
 
 // The piece of one parameter inside one bucket's owned range: Adam, the norm and checkpoints work on it.
 struct Piece {
@@ -66,14 +80,21 @@ struct Bucket {
   int units_done = 0;             // units whose backward finished (launching micro-batches)
   bool reduced = false;           // reduction launched after its last backward write
   std::unique_ptr<Work> work;
-  Tensor comm;                    // reduction input kept alive: padded copy or ZeRO-3 unit grads
+  Tensor comm;                    // reduction input kept alive: padded copy or the bucket's gradients
   Tensor out;                     // reduce-scatter output (shard elements, grad dtype)
+  Tensor grad_buf;                // ZeRO-2/3: the bucket's gradients while its backward runs (padded)
+  // Parameter all-gather in flight (--overlap-param-gather; ZeRO-3 prefetch).
+  std::unique_ptr<Work> gather_work;
+  Tensor gather_send, gather_recv;
   // ZeRO-3.
   Tensor params_buf;              // gathered compute values (padded elements)
-  int param_refs = 0;             // nested uses (forward inside backward for recomputation)
-  Tensor grad_buf;                // the unit's gradients while its backward runs (padded elements)
+  int param_refs = 0;             // nested uses (forward inside backward for recomputation, tied head)
+  bool prefetched = false;        // params_buf gathered ahead of use; holds one reference
 
   int64_t numel() const { return end - begin; }
+  int64_t transient_bytes() const {
+    return bytes(comm) + bytes(out) + bytes(grad_buf) + bytes(gather_send) + bytes(gather_recv) + bytes(params_buf);
+  }
 };
 
 struct Chunk {
@@ -84,7 +105,7 @@ struct Chunk {
   int64_t shard_numel = 0;       // size of shard space
   Tensor exp_avg, exp_avg_sq;    // (shard_numel) f32
   Tensor grad_shard;             // (shard_numel) f32; undefined when Adam reads ParameterSet grads
-  Tensor master_shard;           // ZeRO-3: (shard_numel) f32
+  Tensor master_shard;           // (shard_numel) f32; undefined when the masters are ParameterSet values
   Tensor compute_shard;          // ZeRO-3 with bf16/f16 compute: (shard_numel) compute dtype
   std::vector<Piece> pieces;
   bool last_microbatch = true;
@@ -102,13 +123,26 @@ struct DistributedOptimizer::Impl {
   int64_t steps = 0;
   bool grads_dirty = false;  // reduced gradients not yet consumed (and zeroed) by step()
   bool tied_embedding = false;
+  std::deque<std::pair<int, int>> inflight;  // ZeRO-2/3 overlapped reductions (chunk, bucket), oldest first
+  int64_t buffers_peak = 0;
 
   Impl(const DeviceContext& c, const ParallelState& p, DDPConfig d, AdamWConfig a)
       : ctx(c), ps(p), ddp(d), adam(a) {}
 
   bool sharded() const { return ddp.sharding != ShardingStrategy::kNone; }
   bool zero3() const { return ddp.sharding == ShardingStrategy::kOptimGradsParams; }
+  // ZeRO-2/3: gradients live in per-bucket buffers and are reduced after every micro-batch.
+  bool bucket_grads_only() const {
+    return ddp.sharding == ShardingStrategy::kOptimGrads || ddp.sharding == ShardingStrategy::kOptimGradsParams;
+  }
   int dp() const { return ps.dp_cp().size(); }
+
+  void note_buffers() {
+    int64_t live = 0;
+    for (const Chunk& ch : chunks)
+      for (const Bucket& b : ch.buckets) live += b.transient_bytes();
+    buffers_peak = std::max(buffers_peak, live);
+  }
 
   // ---- small buffer helpers ----
   void add_into(TensorView dst_f32, TensorView src) const {
@@ -121,9 +155,9 @@ struct DistributedOptimizer::Impl {
     ctx.ops().residual_forward(dst_f32, dst_f32, tmp);
   }
 
-  // The bucket's gradients as the model writes them: ParameterSet grads, or ZeRO-3's unit buffer.
+  // The bucket's gradients as the model writes them: ParameterSet grads, or the bucket buffer.
   TensorView bucket_grads(Chunk& ch, Bucket& b) const {
-    if (zero3()) return b.grad_buf.view().slice_flat(0, Shape{b.numel()});
+    if (bucket_grads_only()) return b.grad_buf.view().slice_flat(0, Shape{b.numel()});
     return ch.set->grads().view().slice_flat(b.begin, Shape{b.numel()});
   }
 
@@ -134,7 +168,7 @@ struct DistributedOptimizer::Impl {
   }
   TensorView piece_master(Chunk& ch, const Piece& p) const {
     const Shape s{p.flat_end - p.flat_begin};
-    if (zero3()) return ch.master_shard.view().slice_flat(p.shard_off, s);
+    if (ch.master_shard.defined()) return ch.master_shard.view().slice_flat(p.shard_off, s);
     return ch.set->values().view().slice_flat(p.flat_begin, s);
   }
 
@@ -158,17 +192,18 @@ struct DistributedOptimizer::Impl {
       return;
     }
     TensorView inp = g;
-    if (zero3()) {
-      b.comm = b.grad_buf;  // padded, zero beyond the unit's elements
+    if (bucket_grads_only()) {
+      b.comm = std::move(b.grad_buf);  // padded, zero beyond the bucket's elements
+      b.grad_buf = Tensor();
       inp = b.comm.view();
       unbind_grads(ch, b);
-      b.grad_buf = Tensor();
     } else if (b.padded != b.numel()) {
       b.comm = ctx.zeros({b.padded}, g.dtype());
       ctx.copy(b.comm.view().slice_flat(0, Shape{b.numel()}), g);
       inp = b.comm.view();
     }
     b.out = ctx.empty({b.shard}, g.dtype());
+    note_buffers();
     b.work = group.reduce_scatter_async(b.out, inp);
   }
 
@@ -188,45 +223,144 @@ struct DistributedOptimizer::Impl {
       return;
     }
     if (!b.out.defined()) return;
-    add_into(ch.grad_shard.view().slice_flat(b.shard_off, Shape{b.shard}), b.out);
+    if (ch.grad_shard.defined()) {
+      add_into(ch.grad_shard.view().slice_flat(b.shard_off, Shape{b.shard}), b.out);
+      // The reduced values now live in the shard; ZeRO-1's full-size gradients restart from zero.
+      if (!bucket_grads_only()) ctx.ops().fill_(bucket_grads(ch, b), 0.0f);
+    } else {
+      // ZeRO-1 with f32 gradients: Adam reads the owned range of the gradient buffer itself (no shard
+      // copy, as Megatron); the rest of the bucket restarts from zero.
+      const TensorView g = bucket_grads(ch, b);
+      ctx.ops().fill_(g, 0.0f);
+      const int64_t own = b.own_end - b.own_begin;
+      if (own > 0)
+        ctx.copy(g.slice_flat(b.own_begin - b.begin, Shape{own}), b.out.view().slice_flat(0, Shape{own}));
+    }
     b.out = Tensor();
     b.comm = Tensor();
-    // The reduced values now live in the shard; the bucket's full-size gradients restart from zero.
-    if (!zero3()) ctx.ops().fill_(bucket_grads(ch, b), 0.0f);
   }
 
-  // ---- ZeRO-3 parameter binding ----
+  // ZeRO-2/3 with --overlap-grad-reduce: at most one bucket reduction stays in flight, so no more than
+  // two bucket buffers (that one and the one backward writes) are ever alive.
+  void track_inflight(int c, int bucket) {
+    inflight.emplace_back(c, bucket);
+    while (inflight.size() > 1) {
+      const auto [oc, ob] = inflight.front();
+      inflight.pop_front();
+      Bucket& o = chunks[size_t(oc)].buckets[size_t(ob)];
+      if (o.work || o.out.defined()) complete(chunks[size_t(oc)], o);
+    }
+  }
+
+  // ---- parameter binding (ZeRO-3) and all-gathers ----
   template <typename F>
   void for_params(Chunk& ch, const Bucket& b, F f) {
     for (Parameter& p : ch.set->all())
       if (p.offset >= b.begin && p.offset < b.end) f(p);
   }
-  void gather(Chunk& ch, Bucket& b) {
-    if (b.param_refs++ > 0 || b.numel() == 0) return;
+  // Where a sharded-but-not-ZeRO-3 bucket's gathered values go: the f32 values (f32 compute, which the
+  // masters are part of) or the compute copy (16-bit compute with an f32 master shard).
+  TensorView gather_target(Chunk& ch, const Bucket& b) const {
+    const Tensor& full = ch.master_shard.defined() ? ch.set->compute_values() : ch.set->values();
+    return full.view().slice_flat(b.begin, Shape{b.numel()});
+  }
+  // Starts the all-gather of the updated parameters of bucket b (ZeRO-1/2): this rank's slice, padded.
+  void start_param_gather(Chunk& ch, Bucket& b) {
+    if (b.numel() == 0) return;
+    const TensorView dst = gather_target(ch, b);
+    b.gather_send = ctx.zeros({b.shard}, dst.dtype());
+    const int64_t own = b.own_end - b.own_begin;
+    if (own > 0) {
+      const TensorView send = b.gather_send.view().slice_flat(0, Shape{own});
+      if (ch.master_shard.defined())
+        ctx.ops().cast(send, ch.master_shard.view().slice_flat(b.shard_off, Shape{own}));
+      else
+        ctx.copy(send, ch.set->values().view().slice_flat(b.own_begin, Shape{own}));
+    }
+    TensorView recv = dst;
+    if (b.padded != b.numel()) {
+      b.gather_recv = ctx.empty({b.padded}, dst.dtype());
+      recv = b.gather_recv.view();
+    }
+    note_buffers();
+    b.gather_work = ps.dp_cp().all_gather_async(recv, b.gather_send);
+  }
+  void finish_param_gather(Chunk& ch, Bucket& b) {
+    if (!b.gather_work) return;
+    b.gather_work->wait();
+    b.gather_work.reset();
+    if (b.gather_recv.defined())
+      ctx.copy(gather_target(ch, b), b.gather_recv.view().slice_flat(0, Shape{b.numel()}));
+    b.gather_send = Tensor();
+    b.gather_recv = Tensor();
+  }
+
+  // ZeRO-3: the unit's compute values gathered into params_buf and bound to its parameters.
+  void start_unit_gather(Chunk& ch, Bucket& b) {
     const DType cdt = ch.set->compute_dtype();
     b.params_buf = ctx.empty({b.padded}, cdt);
     const Tensor& src = ch.compute_shard.defined() ? ch.compute_shard : ch.master_shard;
-    ps.dp_cp().all_gather(b.params_buf, src.view().slice_flat(b.shard_off, Shape{b.shard}));
+    note_buffers();
+    b.gather_work = ps.dp_cp().all_gather_async(b.params_buf, src.view().slice_flat(b.shard_off, Shape{b.shard}));
+  }
+  void bind_params(Chunk& ch, Bucket& b) {
+    if (b.gather_work) {
+      b.gather_work->wait();
+      b.gather_work.reset();
+    }
+    const DType cdt = ch.set->compute_dtype();
     for_params(ch, b, [&](Parameter& p) {
       p.compute = b.params_buf.slice_flat(p.offset - b.begin, p.shape);
       // The f32 master is sharded; only an f32 compute copy doubles as the full value.
       p.value = cdt == DType::kF32 ? p.compute : Tensor();
     });
   }
+  void gather(Chunk& ch, Bucket& b) {
+    if (b.numel() == 0) return;
+    if (b.prefetched) {  // the prefetch's reference becomes this use's
+      b.prefetched = false;
+      bind_params(ch, b);
+      return;
+    }
+    if (b.param_refs++ > 0) return;
+    start_unit_gather(ch, b);
+    bind_params(ch, b);
+  }
+  // --overlap-param-gather under ZeRO-3: start gathering a unit that is about to run.
+  void prefetch(Chunk& ch, Bucket& b) {
+    if (b.numel() == 0 || b.param_refs > 0 || b.prefetched) return;
+    b.param_refs = 1;
+    b.prefetched = true;
+    start_unit_gather(ch, b);
+  }
   void release(Chunk& ch, Bucket& b) {
+    if (b.numel() == 0) return;
     LOOM_CHECK(b.param_refs > 0, "[DistributedOptimizer] unit parameters released more often than gathered (bucket at ",
                b.begin, ")");
-    if (--b.param_refs > 0 || b.numel() == 0) return;
+    if (--b.param_refs > 0) return;
     for_params(ch, b, [&](Parameter& p) {
       p.compute = Tensor();
       p.value = Tensor();
     });
     b.params_buf = Tensor();
   }
+  // Prefetched parameters no unit consumed (a recomputed forward's look-ahead): dropped.
+  void drop_prefetches() {
+    for (Chunk& ch : chunks)
+      for (Bucket& b : ch.buckets)
+        if (b.prefetched) {
+          if (b.gather_work) b.gather_work->wait();
+          b.gather_work.reset();
+          b.prefetched = false;
+          b.param_refs = 0;
+          b.params_buf = Tensor();
+        }
+  }
   void bind_grads(Chunk& ch, Bucket& b) {
     if (b.grad_buf.defined() || b.numel() == 0) return;
     b.grad_buf = ctx.zeros({b.padded}, ch.set->grad_dtype());
     for_params(ch, b, [&](Parameter& p) { p.grad = b.grad_buf.slice_flat(p.offset - b.begin, p.shape); });
+    note_buffers();
   }
   void unbind_grads(Chunk& ch, Bucket& b) {
     for_params(ch, b, [&](Parameter& p) { p.grad = Tensor(); });
@@ -239,37 +373,59 @@ struct DistributedOptimizer::Impl {
                ch.units.size(), " units in chunk ", c, ")");
     return ch.buckets[size_t(ch.unit_bucket[size_t(unit)])];
   }
-  // Whether a finished backward of this micro-batch may start the bucket's reduction now.
+  // The buckets a unit's computation touches: its own, then those of the units it reads.
+  std::vector<Bucket*> buckets_used(int c, int unit) {
+    std::vector<Bucket*> out{&bucket_of(c, unit)};
+    for (int r : chunks[size_t(c)].units[size_t(unit)].reads) {
+      Bucket* b = &bucket_of(c, r);
+      if (std::find(out.begin(), out.end(), b) == out.end()) out.push_back(b);
+    }
+    return out;
+  }
+  // Whether a finished backward of this micro-batch may start a ZeRO-0/1 bucket's reduction now.
   bool launches_now(const Chunk& ch, const Bucket& b) const {
-    if (!ddp.overlap_grad_reduce || b.deferred) return false;
-    return ch.last_microbatch || ddp.sharding == ShardingStrategy::kOptimGrads;
+    return ddp.overlap_grad_reduce && !b.deferred && ch.last_microbatch;
   }
   void before_forward(int c, int unit) {
-    if (zero3()) gather(chunks[size_t(c)], bucket_of(c, unit));
+    Chunk& ch = chunks[size_t(c)];
+    for (Bucket* b : buckets_used(c, unit)) {
+      if (zero3())
+        gather(ch, *b);
+      else
+        finish_param_gather(ch, *b);
+    }
+    if (zero3() && ddp.overlap_param_gather && unit + 1 < int(ch.units.size())) prefetch(ch, bucket_of(c, unit + 1));
   }
   void after_forward(int c, int unit) {
-    if (zero3()) release(chunks[size_t(c)], bucket_of(c, unit));
+    if (!zero3()) return;
+    for (Bucket* b : buckets_used(c, unit)) release(chunks[size_t(c)], *b);
   }
   void before_backward(int c, int unit) {
     Chunk& ch = chunks[size_t(c)];
-    Bucket& b = bucket_of(c, unit);
-    // A previous micro-batch's reduction still reads this bucket's gradients (ZeRO-2) or must be folded
-    // before a new one starts (ZeRO-3).
-    if (b.work || b.out.defined()) complete(ch, b);
-    b.reduced = false;
-    if (zero3()) {
-      gather(ch, b);
-      bind_grads(ch, b);
+    for (Bucket* b : buckets_used(c, unit)) {
+      // A previous micro-batch's reduction of this bucket still in flight: folded before new gradients
+      // are written (and before the bucket is launched again).
+      if (!b->grad_buf.defined() && (b->work || b->out.defined())) complete(ch, *b);
+      b->reduced = false;
+      if (bucket_grads_only()) bind_grads(ch, *b);
+      if (zero3()) gather(ch, *b);
     }
+    if (zero3() && ddp.overlap_param_gather && unit > 0) prefetch(ch, bucket_of(c, unit - 1));
   }
   void after_backward(int c, int unit) {
     Chunk& ch = chunks[size_t(c)];
+    if (zero3())
+      for (Bucket* b : buckets_used(c, unit)) release(ch, *b);
     Bucket& b = bucket_of(c, unit);
-    if (zero3()) {
-      release(ch, b);
-      if (b.deferred) return;  // gradients kept (accumulating) until finish_grad_sync
+    if (bucket_grads_only()) {
+      // Reduced every micro-batch once all of the bucket's units are done; the tied embedding's bucket
+      // keeps accumulating until finish_grad_sync.
+      if (b.deferred || ++b.units_done < b.last_unit - b.first_unit + 1) return;
       launch(ch, b);
-      if (!ddp.overlap_grad_reduce) complete(ch, b);
+      if (!ddp.overlap_grad_reduce)
+        complete(ch, b);
+      else
+        track_inflight(c, int(&b - ch.buckets.data()));
       return;
     }
     if (!launches_now(ch, b)) return;
@@ -314,16 +470,16 @@ DistributedOptimizer::DistributedOptimizer(const DeviceContext& ctx, std::vector
   for (size_t c = 0; c < sets.size(); ++c) {
     ParameterSet* set = sets[c];
     LOOM_CHECK(set != nullptr, "[DistributedOptimizer] chunk ", c, " is null");
-    if (im.zero3())
-      LOOM_CHECK(set->storage() == ParamStorage::kExternal, "[DistributedOptimizer] optim_grads_params needs the "
-                 "model built with ParamStorage::kExternal (chunk ", c, ")");
-    else
-      LOOM_CHECK(set->storage() == ParamStorage::kFull && set->grads().defined(),
-                 "[DistributedOptimizer] chunk ", c, " needs full parameter storage with gradients");
+    LOOM_CHECK(set->storage() == param_storage_for(ddp.sharding), "[DistributedOptimizer] ",
+               sharding_strategy_name(ddp.sharding), " needs chunk ", c, " built with param_storage_for(",
+               sharding_strategy_name(ddp.sharding), ") (ParamStorage ", int(param_storage_for(ddp.sharding)),
+               "), got ParamStorage ", int(set->storage()));
+    LOOM_CHECK(im.bucket_grads_only() || set->grads().defined(), "[DistributedOptimizer] chunk ", c,
+               " has no gradient buffer");
     Chunk& ch = im.chunks.emplace_back();
     ch.set = set;
     ch.units = std::move(units[c]);
-    if (ch.units.empty()) ch.units.push_back({"all", 0, set->numel()});
+    if (ch.units.empty()) ch.units.push_back({"all", 0, set->numel(), {}});
     int64_t covered = 0;
     for (const ParamUnit& u : ch.units) {
       LOOM_CHECK(u.offset == covered && u.numel >= 0, "[DistributedOptimizer] units must tile chunk ", c,
@@ -392,12 +548,15 @@ DistributedOptimizer::DistributedOptimizer(const DeviceContext& ctx, std::vector
     ch.shard_numel = im.sharded() ? shard_off : set->numel();
     ch.exp_avg = ctx.zeros({ch.shard_numel}, DType::kF32);
     ch.exp_avg_sq = ctx.zeros({ch.shard_numel}, DType::kF32);
-    // Adam reads ParameterSet grads directly only without sharding and with f32 gradients.
-    if (im.sharded() || set->grad_dtype() != DType::kF32) ch.grad_shard = ctx.zeros({ch.shard_numel}, DType::kF32);
-    if (im.zero3()) {
+    // Adam reads ParameterSet grads directly (its own range of them under ZeRO-1) when they are f32 and
+    // outlive the reduction; ZeRO-2/3 accumulate the reduced micro-batch gradients in an f32 shard.
+    if (im.bucket_grads_only() || set->grad_dtype() != DType::kF32)
+      ch.grad_shard = ctx.zeros({ch.shard_numel}, DType::kF32);
+    // f32 masters of their own where the set has no f32 values: ZeRO-3, and ZeRO-1/2 with 16-bit compute.
+    if (im.zero3() || (im.sharded() && set->compute_dtype() != DType::kF32))
       ch.master_shard = ctx.zeros({ch.shard_numel}, DType::kF32);
-      if (set->compute_dtype() != DType::kF32) ch.compute_shard = ctx.zeros({ch.shard_numel}, set->compute_dtype());
-    }
+    if (im.zero3() && set->compute_dtype() != DType::kF32)
+      ch.compute_shard = ctx.zeros({ch.shard_numel}, set->compute_dtype());
     im.hooks.push_back(std::make_unique<Impl::ChunkHooks>(impl_.get(), int(c)));
   }
 }
@@ -405,8 +564,10 @@ DistributedOptimizer::DistributedOptimizer(const DeviceContext& ctx, std::vector
 DistributedOptimizer::~DistributedOptimizer() {
   // Unfinished asynchronous reductions read buffers owned here: finish them before anything is freed.
   for (Chunk& ch : impl_->chunks)
-    for (Bucket& b : ch.buckets)
+    for (Bucket& b : ch.buckets) {
       if (b.work) b.work->wait();
+      if (b.gather_work) b.gather_work->wait();
+    }
 }
 
 ShardingStrategy DistributedOptimizer::sharding() const { return impl_->ddp.sharding; }
@@ -420,7 +581,7 @@ void DistributedOptimizer::set_num_steps(int64_t n) {
 
 void DistributedOptimizer::initialize(uint64_t seed) {
   Impl& im = *impl_;
-  if (!im.zero3()) {
+  if (!im.chunks.front().master_shard.defined()) {
     for (Chunk& ch : im.chunks) ch.set->initialize(seed);
     return;
   }
@@ -435,14 +596,17 @@ void DistributedOptimizer::initialize(uint64_t seed) {
 
 void DistributedOptimizer::start_step() {
   Impl& im = *impl_;
+  im.drop_prefetches();
   for (Chunk& ch : im.chunks) {
     if (im.grads_dirty) {  // the last step was skipped: drop its reduced gradients
-      if (ch.grad_shard.defined()) im.ctx.ops().fill_(ch.grad_shard, 0.0f);
-      if (!im.zero3() && !ch.grad_shard.defined()) ch.set->zero_grads(im.ctx);
+      if (ch.grad_shard.defined())
+        im.ctx.ops().fill_(ch.grad_shard, 0.0f);
+      else
+        ch.set->zero_grads(im.ctx);
     }
     for (Bucket& b : ch.buckets) {
-      LOOM_CHECK(!b.work && b.param_refs == 0, "[DistributedOptimizer] start_step() with unit ", b.first_unit,
-                 " of chunk still in use");
+      LOOM_CHECK(!b.work && b.param_refs == 0 && !b.grad_buf.defined(), "[DistributedOptimizer] start_step() with "
+                 "unit ", b.first_unit, " of chunk still in use");
       b.units_done = 0;
       b.reduced = false;
     }
@@ -460,16 +624,19 @@ void DistributedOptimizer::finish_grad_sync() {
   // the same order on the first and the last stage.
   for (Chunk& ch : im.chunks)
     for (Bucket& b : ch.buckets)
-      if (b.deferred && !b.reduced && (!im.zero3() || b.grad_buf.defined()))
+      if (b.deferred && !b.reduced && (!im.bucket_grads_only() || b.grad_buf.defined()))
         im.sum_over(im.ps.embedding(), im.bucket_grads(ch, b), b.emb);
   for (Chunk& ch : im.chunks)
     for (Bucket& b : ch.buckets) {
       if (b.reduced || b.work) continue;
-      if (im.zero3() && !b.grad_buf.defined()) continue;  // reduced by its hook (or no backward ran)
+      if (im.bucket_grads_only() && !b.grad_buf.defined()) continue;  // reduced by its hook (or no backward ran)
       im.launch(ch, b);
     }
   for (Chunk& ch : im.chunks)
-    for (Bucket& b : ch.buckets) im.complete(ch, b);
+    for (Bucket& b : ch.buckets)
+      if (!im.bucket_grads_only() || b.work || b.out.defined()) im.complete(ch, b);
+  im.inflight.clear();
+  im.drop_prefetches();
   im.grads_dirty = true;
 }
 
@@ -480,6 +647,17 @@ double DistributedOptimizer::grad_norm() {
     for (const Piece& p : ch.pieces)
       if (p.count_in_norm) local += im.ctx.ops().sum_squares(im.piece_grad(ch, p));
   // ZeRO shards are disjoint across dp_cp, so the whole world holds each element once.
+  const Communicator& group = im.sharded() ? im.ps.world() : im.ps.mp();
+  return std::sqrt(group.all_reduce_scalar(local, ReduceOp::kSum));
+}
+
+double DistributedOptimizer::param_norm() {
+  Impl& im = *impl_;
+  finish_param_sync();
+  double local = 0.0;
+  for (Chunk& ch : im.chunks)
+    for (const Piece& p : ch.pieces)
+      if (p.count_in_norm) local += im.ctx.ops().sum_squares(im.piece_master(ch, p));
   const Communicator& group = im.sharded() ? im.ps.world() : im.ps.mp();
   return std::sqrt(group.all_reduce_scalar(local, ReduceOp::kSum));
 }
@@ -517,37 +695,38 @@ void DistributedOptimizer::step(float lr, float weight_decay, float grad_scale) 
 
 void DistributedOptimizer::sync_params_from_masters() {
   Impl& im = *impl_;
+  finish_param_sync();
   for (Chunk& ch : im.chunks) {
     if (im.zero3()) {
       // The next forward gathers the compute copy from these shards.
       if (ch.compute_shard.defined()) im.ctx.ops().cast(ch.compute_shard, ch.master_shard);
       continue;
     }
-    if (im.sharded()) {
-      // Every rank's slice of every bucket -> the full values on every rank.
-      const TensorView values = ch.set->values().view();
-      for (Bucket& b : ch.buckets) {
-        if (b.numel() == 0) continue;
-        Tensor send = im.ctx.zeros({b.shard}, DType::kF32);
-        const int64_t own = b.own_end - b.own_begin;
-        if (own > 0)
-          im.ctx.copy(send.view().slice_flat(0, Shape{own}), values.slice_flat(b.own_begin, Shape{own}));
-        const TensorView dst = values.slice_flat(b.begin, Shape{b.numel()});
-        if (b.padded == b.numel()) {
-          im.ps.dp_cp().all_gather(dst, send);
-        } else {
-          Tensor recv = im.ctx.empty({b.padded}, DType::kF32);
-          im.ps.dp_cp().all_gather(recv, send);
-          im.ctx.copy(dst, recv.view().slice_flat(0, Shape{b.numel()}));
-        }
-      }
+    if (!im.sharded()) {
+      ch.set->sync_compute(im.ctx);
+      continue;
     }
-    ch.set->sync_compute(im.ctx);
+    // Every rank's slice of every bucket -> the full parameters on every rank (f32 values, or the 16-bit
+    // compute copy cast from the master shard: the same bits as casting the gathered f32 values). With
+    // --overlap-param-gather all buckets are in flight at once (their staging buffers too) and each
+    // forward waits for its own; otherwise one bucket at a time.
+    for (Bucket& b : ch.buckets) {
+      im.start_param_gather(ch, b);
+      if (!im.ddp.overlap_param_gather) im.finish_param_gather(ch, b);
+    }
   }
+}
+
+void DistributedOptimizer::finish_param_sync() {
+  Impl& im = *impl_;
+  if (im.zero3()) return;  // ZeRO-3 gathers (and prefetches) are completed by the unit that uses them
+  for (Chunk& ch : im.chunks)
+    for (Bucket& b : ch.buckets) im.finish_param_gather(ch, b);
 }
 
 std::vector<StateShard> DistributedOptimizer::state_shards() {
   Impl& im = *impl_;
+  finish_param_sync();
   std::vector<StateShard> out;
   for (size_t c = 0; c < im.chunks.size(); ++c) {
     Chunk& ch = im.chunks[c];
@@ -571,17 +750,14 @@ DistributedOptimizer::Memory DistributedOptimizer::memory() const {
   const Impl& im = *impl_;
   Memory m;
   for (const Chunk& ch : im.chunks) {
-    if (im.zero3()) {
-      m.params += ch.master_shard.nbytes() + (ch.compute_shard.defined() ? ch.compute_shard.nbytes() : 0);
-    } else {
-      const ParameterSet& s = *ch.set;
-      m.params += s.values().nbytes();
-      if (s.compute_values().raw() != s.values().raw()) m.params += s.compute_values().nbytes();
-      m.grads += s.grads().nbytes();
-    }
-    if (ch.grad_shard.defined()) m.grads += ch.grad_shard.nbytes();
-    m.optimizer += ch.exp_avg.nbytes() + ch.exp_avg_sq.nbytes();
+    const ParameterSet& s = *ch.set;
+    m.params += bytes(s.values());
+    if (s.compute_values().defined() && s.compute_values().raw() != s.values().raw()) m.params += bytes(s.compute_values());
+    m.params += bytes(ch.master_shard) + bytes(ch.compute_shard);
+    m.grads += bytes(s.grads()) + bytes(ch.grad_shard);
+    m.optimizer += bytes(ch.exp_avg) + bytes(ch.exp_avg_sq);
   }
+  m.buffers_peak = im.buffers_peak;
   return m;
 }
 

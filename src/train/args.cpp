@@ -246,6 +246,10 @@ const std::vector<Flag>& flags() {
        [](C& c, S v) { c.dist.ddp_bucket_size = parse_int("--ddp-bucket-size", v); }},
       {"--overlap-grad-reduce", "", "reduce gradient buckets during backward",
        [](C& c, S) { c.dist.overlap_grad_reduce = true; }},
+      {"--overlap-param-gather", "",
+       "all-gather updated parameters bucket by bucket behind the next forward (ZeRO-1/2), prefetch the next "
+       "unit's parameters (ZeRO-3)",
+       [](C& c, S) { c.dist.overlap_param_gather = true; }},
       {"--distributed-timeout-minutes", "X", "abort every rank when a collective takes longer (default 10)",
        [](C& c, S v) { c.dist.timeout_minutes = parse_float("--distributed-timeout-minutes", v); }},
       // misc
@@ -304,7 +308,7 @@ std::vector<FlagSpec<TrainConfig>> specs() {
 // Megatron flags for features this build does not have yet: a clear error instead of "unknown flag".
 const std::vector<std::string>& unsupported() {
   static const std::vector<std::string> names = {
-      "--fp8-format", "--fp8-margin", "--fp8-amax-history-len", "--overlap-param-gather",
+      "--fp8-format", "--fp8-margin", "--fp8-amax-history-len",
       "--use-flash-attn", "--use-mcore-models",
       // architecture variants Loom does not build
       "--rotary-seq-len-interpolation-factor", "--no-rope-freq", "--window-attn-skip-freq", "--apply-layernorm-1p",

@@ -52,11 +52,14 @@ void dist_validate(const TrainConfig& c, int world_size) {
       d.sharding_strategy != "optim_grads" && d.sharding_strategy != "optim_grads_params")
     user_error("--data-parallel-sharding-strategy must be no_shard, optim, optim_grads or optim_grads_params, got '",
                d.sharding_strategy, "'");
-  if (d.sharding_strategy == "optim_grads_params" && !c.model.untie_embeddings_and_output_weights)
-    user_error("--data-parallel-sharding-strategy optim_grads_params needs --untie-embeddings-and-output-weights "
-               "(Loom's ZeRO-3 does not gather a tied word embedding for the output layer yet)");
   if (d.use_distributed_optimizer && d.sharding_strategy == "no_shard")
     user_error("--use-distributed-optimizer contradicts --data-parallel-sharding-strategy no_shard");
+  const bool sharded = d.use_distributed_optimizer || (!d.sharding_strategy.empty() && d.sharding_strategy != "no_shard");
+  if (d.overlap_param_gather && !sharded)
+    user_error("--overlap-param-gather needs --use-distributed-optimizer (or --data-parallel-sharding-strategy "
+               "optim, optim_grads or optim_grads_params): without sharding there is no parameter all-gather");
+  if (d.overlap_param_gather && !d.overlap_grad_reduce)
+    user_error("--overlap-param-gather needs --overlap-grad-reduce (as in Megatron)");
 }
 
 }  // namespace

@@ -486,6 +486,7 @@ void Trainer::training_log(const StepOutcome& s) {
   const std::string timers_block =
       timers_.log(timer_names(), double(interval_iters_), distributed_ ? &ps_->world() : nullptr);
   if (!timers_block.empty()) log_ << timers_block << "\n";
+  if (distributed_ && cfg_.logging.timing_log_level >= 2) log_ << communication_block();
   if (!memory_reported_) {
     const AllocStats m = ctx_->memory_stats();
     // This (the printing) rank's memory; Megatron prints the same line per rank.
@@ -493,6 +494,10 @@ void Trainer::training_log(const StepOutcome& s) {
                 "reserved: %.1f | max resident: %.1f\n",
                 ps_->rank(), (long long)iteration_, double(m.current_bytes - base_bytes_) / 1048576.0,
                 double(m.peak_bytes - base_bytes_) / 1048576.0, double(m.reserved_bytes - base_bytes_) / 1048576.0, double(max_rss_bytes()) / 1048576.0);
+    // ZeRO-2/3 allocate gradient buckets and gathered parameters around each use: their peak so far.
+    if (distributed_ && dopt_->sharding() != ShardingStrategy::kNone)
+      log_ << fmt("[Rank %d] (after %lld iterations) ZeRO bucket buffers (MB) | max allocated: %.1f\n", ps_->rank(),
+                  (long long)iteration_, double(dopt_->memory().buffers_peak) / 1048576.0);
     memory_reported_ = true;
   }
   log_ << std::flush;
@@ -519,18 +524,27 @@ void Trainer::training_log(const StepOutcome& s) {
   interval_iters_ = interval_advanced_ = interval_skipped_ = interval_nan_ = 0;
 }
 
+// What this (the printing) rank communicated since the last log line, per iteration: calls, payload
+// (nccl-tests' size convention, see comm_stats) and the time it was blocked waiting — with overlapped
+// reductions that is the exposed communication time. Evaluation and checkpoint traffic in the interval
+// is included. Resets the counters.
+std::string Trainer::communication_block() {
+  const std::vector<CommStat> stats = comm_stats();
+  reset_comm_stats();
+  if (stats.empty() || interval_iters_ == 0) return "";
+  const double n = double(interval_iters_);
+  std::string out = fmt("communication on rank %d per iteration (group operation: calls | MB | ms waiting):\n",
+                        ps_->rank());
+  for (const CommStat& c : stats)
+    out += fmt("    %s %s: %.1f | %.3f | %.2f\n", c.group.c_str(), c.op.c_str(), double(c.calls) / n,
+               double(c.bytes) / n / 1048576.0, c.wait_seconds * 1000.0 / n);
+  return out;
+}
+
 double Trainer::params_norm() const {
   if (!distributed_) return std::sqrt(ctx_->ops().sum_squares(model_->params().values()));
-  // Every rank's parameters, counting replicas once (TP duplicates on TP rank 0, the tied embedding copy on
-  // the first stage, data-parallel replicas on DP rank 0).
-  double sq = 0;
-  if (ps_->dp_rank() == 0 && ps_->cp_rank() == 0)
-    for (const auto& m : chunks_)
-      for (const Parameter& p : m->params().all()) {
-        if (p.tied_embedding_copy || (p.partition_dim < 0 && ps_->tp_rank() != 0) || !p.value.defined()) continue;
-        sq += ctx_->ops().sum_squares(p.value);
-      }
-  return std::sqrt(ps_->world().all_reduce_scalar(sq));
+  // The master weights (sharded or not), replicas counted once; collective over the world.
+  return dopt_->param_norm();
 }
 
 TrainResult Trainer::run() {
@@ -570,6 +584,7 @@ TrainResult Trainer::run() {
 
   SignalGuard signals(cfg_.exit.exit_signal_handler);
   log_ << "training ...\n" << std::flush;
+  reset_comm_stats();  // the communication lines count training steps, not the set-up
   result_.exit_reason = "train-iters";
   bool exiting = false;
   while (iteration_ < cfg_.batch.train_iters) {

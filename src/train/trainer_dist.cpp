@@ -46,9 +46,8 @@ void Trainer::build_model_distributed() {
     mo.parallel.pre_process = ps_->is_pipeline_first_stage() && v == 0;
     mo.parallel.post_process = ps_->is_pipeline_last_stage() && v == V - 1;
     mo.activation_slots = pipeline_activation_slots(PP, V, nmb_);
-    if (sharding == ShardingStrategy::kOptimGradsParams) mo.param_storage = ParamStorage::kExternal;
+    mo.param_storage = param_storage_for(sharding);
     chunks_.push_back(std::make_unique<GPTModel>(cfg_.model, *ctx_, mo));
-    if (sharding != ShardingStrategy::kOptimGradsParams) chunks_.back()->initialize(cfg_.seed);
     sets.push_back(&chunks_.back()->params());
     units.push_back(chunks_.back()->units());
   }
@@ -56,8 +55,9 @@ void Trainer::build_model_distributed() {
   ddp.sharding = sharding;
   ddp.bucket_size = cfg_.dist.ddp_bucket_size;
   ddp.overlap_grad_reduce = cfg_.dist.overlap_grad_reduce;
+  ddp.overlap_param_gather = cfg_.dist.overlap_param_gather;
   dopt_ = std::make_unique<DistributedOptimizer>(*ctx_, sets, units, *ps_, ddp, cfg_.optim.adam);
-  if (sharding == ShardingStrategy::kOptimGradsParams) dopt_->initialize(cfg_.seed);
+  dopt_->initialize(cfg_.seed);
   for (size_t c = 0; c < chunks_.size(); ++c) chunks_[c]->set_hooks(dopt_->hooks(int(c)));
 
   int64_t local = 0;
@@ -69,7 +69,8 @@ void Trainer::build_model_distributed() {
   const DistributedOptimizer::Memory mem = dopt_->memory();
   log_ << " > data-parallel sharding: " << sharding_strategy_name(sharding) << " over " << ps_->dp_cp().size()
        << " ranks; memory per rank (MB): parameters " << double(mem.params) / 1048576.0 << ", gradients "
-       << double(mem.grads) / 1048576.0 << ", optimizer state " << double(mem.optimizer) / 1048576.0 << "\n";
+       << double(mem.grads) / 1048576.0 << ", optimizer state " << double(mem.optimizer) / 1048576.0
+       << " (model states " << mem.states() << " bytes; `loom calc` prints the same figures)\n";
   if (cfg_.precision.bf16 || cfg_.precision.fp16)
     log_ << " > mixed precision: " << (cfg_.precision.bf16 ? "bf16" : "fp16")
          << " compute, fp32 master weights, optimizer state and main grads\n";
@@ -213,7 +214,9 @@ void Trainer::save_checkpoint_sharded() {
   const std::string& root = cfg_.checkpoint.save;
   log_ << "saving checkpoint at iteration " << iteration_ << " to " << root << " (sharded, " << ps_->world_size()
        << " ranks)\n" << std::flush;
-  const bool zero3 = sharding_strategy() == ShardingStrategy::kOptimGradsParams;
+  // With any ZeRO strategy the weights are saved from the masters each rank owns (flat ranges): a 16-bit
+  // run's full f32 values exist nowhere else. Without sharding, from the model's full values.
+  const bool from_masters = sharding_strategy() != ShardingStrategy::kNone;
   std::vector<TensorPiece> pieces;
   std::vector<StateShard> shards = dopt_->state_shards();
   // Optimizer state is saved by whoever owns it; without sharding every data-parallel replica owns all
@@ -229,13 +232,13 @@ void Trainer::save_checkpoint_sharded() {
       t.data = v;
       pieces.push_back(std::move(t));
     };
-    if (zero3) add(p.name, s.master);  // the weights exist only as master shards
+    if (from_masters) add(p.name, s.master);
     if (!cfg_.checkpoint.no_save_optim) {
       add("optimizer.exp_avg." + p.name, s.exp_avg);
       add("optimizer.exp_avg_sq." + p.name, s.exp_avg_sq);
     }
   }
-  if (!zero3)
+  if (!from_masters)
     for (const auto& m : chunks_)
       for (const Parameter& p : m->params().all()) {
         if (!saves_model_piece(*ps_, p)) continue;

@@ -59,6 +59,7 @@ class Trainer {
   void load_checkpoint_sharded(const std::string& dir);
   ShardingStrategy sharding_strategy() const;
   double params_norm() const;
+  std::string communication_block();  // --timing-log-level 2, distributed: per-iteration communication
 
   // The gradient seed of one micro-batch: loss_scale / (unmasked tokens · micro-batches), so the step's
   // gradient is that of Megatron's loss (per-micro-batch token mean, averaged over micro-batches).

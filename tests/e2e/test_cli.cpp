@@ -31,9 +31,17 @@ TEST(Cli, UnknownFlag) {
 }
 
 TEST(Cli, MegatronFlagNotInThisBuild) {
-  expect_one_line_error(run(kModel + "--mock-data --vocab-size 50 --overlap-param-gather"),
-                        "--overlap-param-gather (a flag of Megatron's pretrain_gpt.py) is not supported by Loom "
+  expect_one_line_error(run(kModel + "--mock-data --vocab-size 50 --apply-layernorm-1p"),
+                        "--apply-layernorm-1p (a flag of Megatron's pretrain_gpt.py) is not supported by Loom "
                         "yet");
+}
+
+// Megatron's rules for --overlap-param-gather: a sharded optimizer and --overlap-grad-reduce.
+TEST(Cli, OverlapParamGatherNeedsShardingAndOverlappedReduction) {
+  expect_one_line_error(run(kModel + "--mock-data --vocab-size 50 --overlap-grad-reduce --overlap-param-gather"),
+                        "--overlap-param-gather needs --use-distributed-optimizer");
+  expect_one_line_error(run(kModel + "--mock-data --vocab-size 50 --use-distributed-optimizer --overlap-param-gather"),
+                        "--overlap-param-gather needs --overlap-grad-reduce (as in Megatron)");
 }
 
 TEST(Cli, UniquePrefixAndUnderscoresAsArgparse) {

@@ -73,12 +73,24 @@ class ParamHooks {
 struct ParamUnit {
   std::string name;  // "embedding", "decoder.layers.3", "head" (final norm + output layer)
   int64_t offset = 0, numel = 0;
+  // Other units (indices) whose parameters this unit's forward and backward also read and whose
+  // gradients its backward also writes: the head of a model with a tied word embedding reads the
+  // embedding unit's weight. The hooks of this unit then cover them too.
+  std::vector<int> reads;
 };
 
-// How allocate() backs the parameters. kFull: contiguous master values, compute copy and gradients.
-// kExternal (ZeRO-3): only the layout (offsets) exists; Parameter::value/compute/grad stay undefined
-// until their owner (the distributed optimizer) binds them to gathered buffers around each use.
-enum class ParamStorage { kFull, kExternal };
+// How allocate() backs the parameters (the data-parallel sharding strategy decides; see
+// loom/optim/distributed_optimizer.h):
+//   kFull               contiguous master values, compute copy and gradients (one process, DDP);
+//   kShardedMaster      ZeRO-1: compute copy and gradients only. With f32 compute the compute copy IS the
+//                       f32 values (values() is defined; the optimizer updates its range of it); with
+//                       bf16/f16 there are no full f32 values (values(), Parameter::value undefined): the
+//                       optimizer keeps the master shard and writes the compute copy;
+//   kShardedMasterGrads ZeRO-2: as kShardedMaster without a gradient buffer: the optimizer binds
+//                       Parameter::grad to a bucket buffer while the bucket's backward runs;
+//   kExternal           ZeRO-3: only the layout (offsets) exists; Parameter::value/compute/grad stay
+//                       undefined until their owner binds them to gathered buffers around each use.
+enum class ParamStorage { kFull, kShardedMaster, kShardedMasterGrads, kExternal };
 
 class ParameterSet {
  public:

@@ -9,32 +9,37 @@
 //   kOptimGradsParams  ZeRO-3 / FSDP: parameters too are sharded; a unit's parameters are all-gathered
 //                      just before its forward/backward (ParamHooks) and released after
 // Buckets (--ddp-bucket-size elements) are runs of whole units in backward order; with
-// --overlap-grad-reduce a bucket's reduction starts as soon as its last unit's backward on the last
-// micro-batch is done (asynchronously) and finish_grad_sync() waits for all of them; with
-// --overlap-param-gather the all-gather of updated parameters of ZeRO-1/2 runs bucket by bucket ahead of
-// the next forward.
+// --overlap-grad-reduce a bucket's reduction starts as soon as its last unit's backward is done
+// (asynchronously) and finish_grad_sync() waits for all of them. ZeRO-2/3 reduce every micro-batch's
+// gradients as soon as the bucket is complete (that is what lets the full-size buffer go), keeping at most
+// two bucket buffers alive (one being written, one in flight).
+// --overlap-param-gather: ZeRO-1/2 launch the all-gathers of updated parameters bucket by bucket at the
+// end of step() and each unit's forward waits for its own bucket only; ZeRO-3 prefetches the next unit's
+// parameters (forward order in forward, reverse in backward) while the current one computes.
 // Sequence-parallel parameters' gradients are summed over TP, the tied word embedding's over the
 // embedding group, before the data-parallel reduction. The embedding-group sum (PP > 1 with a tied
 // embedding, detected from Parameter::tied_embedding_copy on the last stage) runs in finish_grad_sync,
 // never inside a backward hook: the first and last stage reach their embedding backward at different
-// times of a pipeline schedule, so a blocking sum inside the hook would deadlock them.
+// times of a pipeline schedule, so a blocking sum inside the hook would deadlock them. A tied output
+// layer in the same chunk as the embedding (ParamUnit::reads) keeps the embedding's gathered parameters
+// (ZeRO-3) and gradient bucket (ZeRO-2/3) bound while the head runs.
 //
 // Sharding is per bucket (as Megatron's DistributedOptimizer): a bucket of L elements is padded to a
 // multiple of DP and rank r owns its r-th 1/DP slice, so each bucket is one reduce-scatter/all-gather
 // with contiguous pieces. ZeRO-3 uses one bucket per unit (what is gathered together is reduced
 // together). Optimizer-owned state is laid out as the concatenation of this rank's bucket slices
-// ("shard space", padding included): exp_avg, exp_avg_sq, the f32 gradient shard and (ZeRO-3) the f32
-// master shard.
+// ("shard space", padding included): exp_avg, exp_avg_sq, the f32 gradient shard (ZeRO-2/3) and the f32
+// master shard (ZeRO-3, and ZeRO-1/2 with bf16/f16 compute).
 //
-// Memory (memory() reports what is allocated, nothing estimated):
-//   kNone              values + compute copy + grads (ParameterSet), exp_avg/exp_avg_sq full size
-//   kOptim             the same ParameterSet buffers; Adam state and an f32 gradient shard are 1/DP
-//   kOptimGrads        as kOptim: gradients are reduce-scattered after every micro-batch (with
-//                      --overlap-grad-reduce) and the bucket's full-size gradients zeroed, but the
-//                      ParameterSet gradient buffer itself still exists full size (the model writes into
-//                      it), so the saving over kOptim is not realised yet
-//   kOptimGradsParams  only 1/DP shards persist (f32 master, compute copy for bf16/f16, gradient, Adam
-//                      state); a unit's gathered parameters and gradients live between its hooks.
+// Memory per rank, bytes per local parameter (Ψ = local parameters, d = DP·CP, c = 2 for bf16/f16;
+// memory() reports what is allocated, nothing estimated; `loom calc` prints the same formulas):
+//   kNone              f32: 4 values + 4 grads + 8 Adam = 16; bf16: 4 + 2 + 4 + 8 = 18
+//   kOptim             f32: 4 values (the rank updates its range of them) + 4 grads + 8/d;
+//                      bf16: 2 compute copy + 4 grads + (4 master + 8 Adam)/d = 6 + 12/d (Megatron's figure)
+//   kOptimGrads        f32: 4 + 12/d; bf16: 2 + 16/d; plus at most two gradient buckets while reducing
+//   kOptimGradsParams  f32: 16/d; bf16: 18/d (f32 master, compute copy, f32 grad, Adam: all shards); plus
+//                      the gathered parameters and gradients of one or two units at a time
+// Memory::buffers_peak measures those transient bucket buffers (and padded communication copies).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -56,7 +61,11 @@ struct DDPConfig {
   ShardingStrategy sharding = ShardingStrategy::kNone;
   int64_t bucket_size = 0;          // --ddp-bucket-size (elements); 0: Megatron's max(40M, 1M · DP)
   bool overlap_grad_reduce = false;   // --overlap-grad-reduce
+  bool overlap_param_gather = false;  // --overlap-param-gather (a sharded strategy only)
 };
+
+// The ParameterSet storage a strategy needs (GPTModel's ModelOptions::param_storage).
+ParamStorage param_storage_for(ShardingStrategy s);
 
 // One parameter's piece of optimizer-owned state on this rank: elements [begin, end) of the parameter's
 // (local, TP-sharded) row-major flattening (all of it without ZeRO).
@@ -71,15 +80,15 @@ class DistributedOptimizer {
  public:
   // chunks: the ParameterSets of this rank's model chunks; units: each chunk's units (forward order),
   // which must tile the chunk's flat buffer (empty: the whole buffer is one unit). kOptimGradsParams needs
-  // sets allocated with ParamStorage::kExternal, the other strategies kFull. Collective over the world
+  // sets allocated with param_storage_for(ddp.sharding). Collective over the world
   // (it agrees on the tied-embedding layout over the embedding group).
   DistributedOptimizer(const DeviceContext& ctx, std::vector<ParameterSet*> chunks,
                        std::vector<std::vector<ParamUnit>> units, const ParallelState& ps, DDPConfig ddp,
                        AdamWConfig adam);
   ~DistributedOptimizer();
 
-  // Initial parameter values (ParameterSet::initialize's rule): the full sets for kNone/kOptim/
-  // kOptimGrads, this rank's f32 master shard for kOptimGradsParams (whose model has no value storage).
+  // Initial parameter values (ParameterSet::initialize's rule): the full f32 values where the sets have
+  // them, else this rank's f32 master shard (then gathered into the compute copy).
   void initialize(uint64_t seed);
   ShardingStrategy sharding() const;
   int num_buckets(int chunk) const;
@@ -93,6 +102,8 @@ class DistributedOptimizer {
   void finish_grad_sync();
   // L2 norm over the whole model (every rank computes the same value), replicas counted once.
   double grad_norm();
+  // The same for the master weights (--log-params-norm). Collective over the world.
+  double param_norm();
   // True when any rank's gradients hold an inf or NaN (fp16 loss scaling).
   bool found_inf();
   // Scales the owned gradients by grad_scale (clip coefficient / loss scale), runs AdamW on the owned
@@ -105,10 +116,16 @@ class DistributedOptimizer {
   std::vector<StateShard> state_shards();
   // After the masters in state_shards() were written (checkpoint load): refresh every rank's parameters.
   void sync_params_from_masters();
-  // Bytes this rank holds: parameters (values + compute), gradients, masters + Adam state (loom calc's
-  // ZeRO figures).
+  // Waits for the parameter all-gathers step() left in flight (--overlap-param-gather); forward hooks
+  // wait for their own bucket, so only code that reads parameters outside a forward needs this.
+  void finish_param_sync();
+  // Bytes this rank holds persistently: parameters (values, compute copy, master shard), gradients
+  // (buffer and/or f32 shard), Adam state — loom calc's ZeRO figures; and the peak of the transient
+  // bucket buffers (gathered parameters, bucket gradients, padded communication copies) seen so far.
   struct Memory {
     int64_t params = 0, grads = 0, optimizer = 0;
+    int64_t buffers_peak = 0;
+    int64_t states() const { return params + grads + optimizer; }
   };
   Memory memory() const;
 

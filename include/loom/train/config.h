@@ -98,6 +98,7 @@ struct DistConfig {
   std::string sharding_strategy;            // --data-parallel-sharding-strategy no_shard|optim|optim_grads|optim_grads_params
   int64_t ddp_bucket_size = 0;              // --ddp-bucket-size (elements; 0: Megatron's default)
   bool overlap_grad_reduce = false;         // --overlap-grad-reduce
+  bool overlap_param_gather = false;        // --overlap-param-gather (sharded strategies, with --overlap-grad-reduce)
   double timeout_minutes = 10.0;            // --distributed-timeout-minutes (Megatron's default)
 };
 

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <filesystem>
 #include <thread>
+#include <tuple>
 
 #include "e2e/e2e_util.h"
 
@@ -84,7 +85,10 @@ struct Layout {
 const Layout kLayouts[] = {
     {2, ""},                                                            // DP2
     {2, "--use-distributed-optimizer"},                                 // DP2 + ZeRO-1
-    {2, "--data-parallel-sharding-strategy optim_grads_params"},        // DP2 + ZeRO-3 (untied models only)
+    {2, "--data-parallel-sharding-strategy optim_grads_params"},        // DP2 + ZeRO-3
+    {2, "--data-parallel-sharding-strategy optim_grads --overlap-grad-reduce"},  // DP2 + ZeRO-2, overlapped
+    {2, "--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather"},  // ZeRO-1, both overlaps
+    {2, "--data-parallel-sharding-strategy optim_grads_params --overlap-grad-reduce --overlap-param-gather"},
     {2, "--tensor-model-parallel-size 2"},                              // TP2
     {2, "--tensor-model-parallel-size 2 --sequence-parallel"},          // TP2 + SP
     {2, "--pipeline-model-parallel-size 2"},                            // PP2 1F1B
@@ -97,9 +101,7 @@ const Layout kLayouts[] = {
 void check_matrix(const char* model, const std::string& name) {
   const std::vector<double> ref = train_losses(model, "", 1, 20);
   ASSERT_EQ(ref.size(), 20u);
-  const bool tied = std::string(model).find("--untie-embeddings-and-output-weights") == std::string::npos;
   for (const Layout& l : kLayouts) {
-    if (tied && std::string(l.flags).find("optim_grads_params") != std::string::npos) continue;
     std::string log;
     const std::vector<double> got = train_losses(model, l.flags, l.np, 20, &log);
     expect_close(ref, got, 1e-5, name + " np " + std::to_string(l.np) + " " + l.flags);
@@ -108,6 +110,71 @@ void check_matrix(const char* model, const std::string& name) {
 
 TEST(DistTrain, GptLayoutsMatchSingleProcess) { check_matrix(kGpt, "GPT"); }
 TEST(DistTrain, LlamaGqaLayoutsMatchSingleProcess) { check_matrix(kLlama, "Llama"); }
+
+// BF16 under DP2: ZeRO-1 gives the same bits as no sharding (its master shard is cast to bf16 before the
+// all-gather, the same rounding as casting gathered f32 masters; two-rank sums do not depend on order),
+// ZeRO-2/3 reduce every micro-batch (another summation order) and stay close. The model-state bytes each
+// rank reports follow the per-parameter formulas (distributed_optimizer.h, `loom calc`).
+TEST(DistTrain, Bf16ZeroStagesAgreeAndReportTheirMemory) {
+  const std::string bf16 = " --bf16 --micro-batch-size 1";
+  std::string log;
+  const std::vector<double> ref = train_losses(kGpt, bf16, 2, 8, &log);
+  ASSERT_EQ(ref.size(), 8u);
+  const auto number_after = [](const std::string& text, const std::string& key) {
+    const size_t k = text.find(key);
+    EXPECT_NE(k, std::string::npos) << key << " not in\n" << text;
+    return k == std::string::npos ? int64_t(-1) : int64_t(std::stoll(text.substr(k + key.size())));
+  };
+  const int64_t P = number_after(log, "model parallel rank (0, 0): ");
+  const int64_t s = (P + 1) / 2;  // one bucket (the default size), padded to a multiple of DP = 2
+  EXPECT_EQ(number_after(log, "(model states "), 18 * P) << log;
+  struct Stage {
+    const char* flags;
+    int64_t states;   // bytes
+    int64_t slack;    // ZeRO-3 pads every unit (6 units) instead of one bucket
+    double rel;
+  };
+  const Stage stages[] = {
+      {"--use-distributed-optimizer", 6 * P + 12 * s, 0, 0.0},
+      {"--data-parallel-sharding-strategy optim_grads", 2 * P + 16 * s, 0, 2e-3},
+      {"--data-parallel-sharding-strategy optim_grads_params", 18 * s, 18 * 6, 2e-3},
+  };
+  for (const Stage& st : stages) {
+    std::string l;
+    const std::vector<double> got = train_losses(kGpt, bf16 + " " + st.flags, 2, 8, &l);
+    if (st.rel == 0.0)
+      EXPECT_EQ(got, ref) << st.flags;
+    else
+      expect_close(ref, got, st.rel, st.flags);
+    const int64_t states = number_after(l, "(model states ");
+    EXPECT_GE(states, st.states) << st.flags;
+    EXPECT_LE(states, st.states + st.slack) << st.flags;
+  }
+}
+
+// A BF16 ZeRO-1/2 run has no full FP32 weights anywhere: its checkpoint holds the master shards, and it
+// moves between strategies. ZeRO-1 -> no sharding is bit-exact (the two give the same bits, above);
+// no sharding -> ZeRO-2 continues within the ZeRO-2 tolerance.
+TEST(DistTrain, Bf16CheckpointsMoveBetweenZeroStages) {
+  const std::string bf16 = " --bf16 --micro-batch-size 1";
+  const std::vector<double> ref = train_losses(kGpt, bf16, 2, 8);
+  ASSERT_EQ(ref.size(), 8u);
+  for (const auto& [save_flags, load_flags, rel] :
+       {std::tuple<std::string, std::string, double>{"--use-distributed-optimizer", "", 0.0},
+        {"", "--data-parallel-sharding-strategy optim_grads", 2e-3}}) {
+    TempDir ck("ckpt");
+    const std::string dir = (ck / "c");
+    const std::vector<double> first =
+        train_losses(kGpt, bf16 + " " + save_flags + " --save " + dir + " --save-interval 4 --exit-interval 4", 2, 8);
+    ASSERT_EQ(first.size(), 4u);
+    const std::vector<double> rest = train_losses(kGpt, bf16 + " " + load_flags + " --load " + dir, 2, 8);
+    const std::vector<double> want(ref.begin() + 4, ref.end());
+    if (rel == 0.0)
+      EXPECT_EQ(rest, want) << save_flags << " -> " << load_flags;
+    else
+      expect_close(want, rest, rel, save_flags + " -> " + load_flags);
+  }
+}
 
 TEST(DistTrain, PrintsTheLayoutOnce) {
   std::string log;

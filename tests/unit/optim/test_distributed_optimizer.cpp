@@ -23,7 +23,7 @@ std::vector<ParamUnit> build_layout(ParameterSet& s) {
   auto unit = [&](const std::string& name, auto add) {
     const int64_t begin = s.numel();
     add();
-    units.push_back({name, begin, s.numel() - begin});
+    units.push_back({name, begin, s.numel() - begin, {}});
   };
   unit("embedding", [&] { s.add("embedding.word_embeddings.weight", {13, 7}, InitKind::kNormal, 0.02f, false); });
   for (int l = 0; l < 2; ++l) {
@@ -68,6 +68,11 @@ struct Case {
   ShardingStrategy sharding;
   bool overlap;
   DType compute;
+  bool overlap_params = false;  // --overlap-param-gather
+  // The head reads the embedding unit (a tied output layer, ParamUnit::reads) and its backward adds a
+  // second gradient to the word embedding. Gradients are then multiples of 2^-10, so every summation
+  // order gives the same bits (ZeRO-2/3 sum per micro-batch first, the others accumulate in place).
+  bool tied = false;
 };
 
 constexpr uint64_t kSeed = 1234;
@@ -75,7 +80,11 @@ constexpr float kLr = 3e-3f, kWd = 0.1f, kScale = 0.5f;
 
 void run_case(const Case& c, bool skip_a_step) {
   SCOPED_TRACE(std::string(sharding_strategy_name(c.sharding)) + (c.overlap ? " overlap " : " ") +
-               dtype_name(c.compute));
+               dtype_name(c.compute) + (c.overlap_params ? " overlap-param-gather" : "") + (c.tied ? " tied" : ""));
+  const auto value = [&](int64_t i, int step, int mb, int slot) {
+    const float v = grad_value(i, step, mb, slot);
+    return c.tied ? std::round(v * 1024.0f) / 1024.0f : v;
+  };
   auto ctx = make_cpu_context();
   auto ps = ParallelState::create(ParallelConfig{}, 1, 0);
 
@@ -87,12 +96,16 @@ void run_case(const Case& c, bool skip_a_step) {
 
   ParameterSet set;
   std::vector<ParamUnit> units = build_layout(set);
+  const int head = int(units.size()) - 1;
+  if (c.tied) units.back().reads = {0};
+  const int64_t emb_numel = units.front().numel;
   const bool zero3 = c.sharding == ShardingStrategy::kOptimGradsParams;
-  set.allocate(*ctx, c.compute, DType::kF32, true, zero3 ? ParamStorage::kExternal : ParamStorage::kFull);
+  set.allocate(*ctx, c.compute, DType::kF32, true, param_storage_for(c.sharding));
   DDPConfig ddp;
   ddp.sharding = c.sharding;
   ddp.bucket_size = 80;  // three buckets: {head, layer 1}, {layer 0}, {embedding}
   ddp.overlap_grad_reduce = c.overlap;
+  ddp.overlap_param_gather = c.overlap_params;
   DistributedOptimizer opt(*ctx, {&set}, {units}, *ps, ddp, AdamWConfig{});
   opt.initialize(kSeed);
   EXPECT_EQ(opt.num_buckets(0), zero3 ? 4 : 3);
@@ -103,8 +116,11 @@ void run_case(const Case& c, bool skip_a_step) {
   for (int step = 0; step < 3; ++step) {
     // Reference: both micro-batches accumulate into one f32 gradient buffer.
     float* rg = ref.grads().data<float>();
-    for (int mb = 0; mb < 2; ++mb)
-      for (int64_t i = 0; i < n; ++i) rg[i] += grad_value(i, step, mb, 0);
+    for (int mb = 0; mb < 2; ++mb) {
+      if (c.tied)
+        for (int64_t i = 0; i < emb_numel; ++i) rg[i] += value(i, step, mb, 1);
+      for (int64_t i = 0; i < n; ++i) rg[i] += value(i, step, mb, 0);
+    }
     double sq = 0;
     for (int64_t i = 0; i < n; ++i) sq += double(rg[i]) * double(rg[i]);
 
@@ -116,9 +132,12 @@ void run_case(const Case& c, bool skip_a_step) {
         opt.set_last_microbatch(0, mb == 1);
         for (int u = 0; u < int(units.size()); ++u) {
           hooks->before_forward(u);
-          // What the model reads: the current compute copy of every parameter of the unit.
+          // What the model reads: the current compute copy of every parameter of the unit (and of the
+          // embedding for a tied head).
           for (const Parameter& p : set.all()) {
-            if (p.offset < units[size_t(u)].offset || p.offset >= units[size_t(u)].offset + units[size_t(u)].numel)
+            const bool tied_read = c.tied && u == head && p.offset < emb_numel;
+            if (!tied_read &&
+                (p.offset < units[size_t(u)].offset || p.offset >= units[size_t(u)].offset + units[size_t(u)].numel))
               continue;
             ASSERT_TRUE(p.compute.defined()) << p.name;
             const Parameter* rp = ref.find(p.name);
@@ -129,11 +148,18 @@ void run_case(const Case& c, bool skip_a_step) {
         }
         for (int u = int(units.size()) - 1; u >= 0; --u) {
           hooks->before_backward(u);
+          if (c.tied && u == head)  // the tied output layer's share of the word embedding's gradient
+            for (Parameter& p : set.all())
+              if (p.offset < emb_numel) {
+                ASSERT_TRUE(p.grad.defined() && p.compute.defined()) << p.name;
+                float* g = p.grad.data<float>();
+                for (int64_t k = 0; k < p.shape.numel(); ++k) g[k] += value(p.offset + k, step, mb, 1);
+              }
           for (Parameter& p : set.all()) {
             if (p.offset < units[size_t(u)].offset || p.offset >= units[size_t(u)].offset + units[size_t(u)].numel)
               continue;
             float* g = p.grad.data<float>();
-            for (int64_t k = 0; k < p.shape.numel(); ++k) g[k] += grad_value(p.offset + k, step, mb, 0);
+            for (int64_t k = 0; k < p.shape.numel(); ++k) g[k] += value(p.offset + k, step, mb, 0);
             if (poisoned && u == 1) g[0] = std::numeric_limits<float>::quiet_NaN();
           }
           hooks->after_backward(u);
@@ -158,11 +184,20 @@ void run_case(const Case& c, bool skip_a_step) {
       ASSERT_EQ(std::memcmp(s.exp_avg_sq.raw(), ref_opt.exp_avg_sq().data<float>() + off, size_t(len) * 4), 0);
     }
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(seen[size_t(i)], 1) << "element " << i;
-    if (!zero3) {
-      ASSERT_EQ(std::memcmp(set.values().raw(), ref.values().raw(), size_t(n) * 4), 0);
+    // Without --overlap-param-gather the parameters are final after step(); with it the next forward's
+    // hooks wait for them (checked by the forward loop above and after the last step below).
+    if (!zero3 && !c.overlap_params) {
+      if (set.values().defined()) {
+        ASSERT_EQ(std::memcmp(set.values().raw(), ref.values().raw(), size_t(n) * 4), 0);
+      }
       ASSERT_EQ(std::memcmp(set.compute_values().raw(), ref.compute_values().raw(), size_t(n) * cbytes), 0);
+    }
+    if (set.grads().defined()) {
       for (int64_t i = 0; i < n; ++i) ASSERT_EQ(set.grads().data<float>()[i], 0.0f);  // ready for next step
     }
+    // What each strategy keeps: full f32 values only where they are the compute copy or no sharding.
+    EXPECT_EQ(set.values().defined(), !zero3 && (c.sharding == ShardingStrategy::kNone || c.compute == DType::kF32));
+    EXPECT_EQ(set.grads().defined(), c.sharding == ShardingStrategy::kNone || c.sharding == ShardingStrategy::kOptim);
   }
   // The last update reaches the compute copy the next forward gathers (checked in the loop for earlier steps).
   for (int u = 0; u < int(units.size()); ++u) {
@@ -188,6 +223,14 @@ const Case kCases[] = {
     {ShardingStrategy::kOptimGrads, true, DType::kF32},
     {ShardingStrategy::kOptimGradsParams, false, DType::kF32},
     {ShardingStrategy::kOptimGradsParams, true, DType::kBF16},
+    {ShardingStrategy::kOptim, true, DType::kBF16, true},
+    {ShardingStrategy::kOptimGrads, true, DType::kF32, true},
+    {ShardingStrategy::kOptimGradsParams, true, DType::kF32, true},
+    {ShardingStrategy::kNone, true, DType::kF32, false, true},
+    {ShardingStrategy::kOptim, false, DType::kBF16, false, true},
+    {ShardingStrategy::kOptimGrads, true, DType::kBF16, true, true},
+    {ShardingStrategy::kOptimGradsParams, false, DType::kBF16, false, true},
+    {ShardingStrategy::kOptimGradsParams, true, DType::kF32, true, true},
 };
 
 }  // namespace
@@ -203,20 +246,25 @@ TEST(DistributedOptimizer, SkippedStepDropsItsGradients) {
 TEST(DistributedOptimizer, MemoryFigures) {
   auto ctx = make_cpu_context();
   auto ps = ParallelState::create(ParallelConfig{}, 1, 0);
-  for (ShardingStrategy s : {ShardingStrategy::kNone, ShardingStrategy::kOptim, ShardingStrategy::kOptimGradsParams}) {
-    ParameterSet set;
-    auto units = build_layout(set);
-    const bool zero3 = s == ShardingStrategy::kOptimGradsParams;
-    set.allocate(*ctx, DType::kBF16, DType::kF32, true, zero3 ? ParamStorage::kExternal : ParamStorage::kFull);
-    DDPConfig ddp;
-    ddp.sharding = s;
-    DistributedOptimizer opt(*ctx, {&set}, {units}, *ps, ddp, AdamWConfig{});
-    const int64_t n = set.numel();
-    const auto m = opt.memory();
-    EXPECT_EQ(m.params, 6 * n);      // f32 master (values or shard) + bf16 compute copy
-    EXPECT_EQ(m.optimizer, 8 * n);   // exp_avg + exp_avg_sq (DP = 1: the shard is everything)
-    EXPECT_EQ(m.grads, s == ShardingStrategy::kNone ? 4 * n : s == ShardingStrategy::kOptim ? 8 * n : 4 * n);
-  }
+  for (DType cdt : {DType::kBF16, DType::kF32})
+    for (ShardingStrategy s : {ShardingStrategy::kNone, ShardingStrategy::kOptim, ShardingStrategy::kOptimGrads,
+                               ShardingStrategy::kOptimGradsParams}) {
+      SCOPED_TRACE(std::string(sharding_strategy_name(s)) + " " + dtype_name(cdt));
+      ParameterSet set;
+      auto units = build_layout(set);
+      set.allocate(*ctx, cdt, DType::kF32, true, param_storage_for(s));
+      DDPConfig ddp;
+      ddp.sharding = s;
+      DistributedOptimizer opt(*ctx, {&set}, {units}, *ps, ddp, AdamWConfig{});
+      const int64_t n = set.numel();
+      const auto m = opt.memory();
+      // DP = 1: every shard is the whole buffer, so the per-parameter bytes of the header's table with d = 1.
+      const int64_t c = cdt == DType::kF32 ? 0 : 2;  // a separate 16-bit compute copy
+      EXPECT_EQ(m.params, (4 + c) * n);  // f32 master (values or shard) + compute copy
+      EXPECT_EQ(m.optimizer, 8 * n);     // exp_avg + exp_avg_sq
+      EXPECT_EQ(m.grads, 4 * n);         // the f32 buffer (no_shard, ZeRO-1) or the f32 shard (ZeRO-2/3)
+      EXPECT_EQ(m.buffers_peak, 0);      // nothing gathered or reduced yet
+    }
 }
 
 TEST(DistributedOptimizer, RejectsWrongStorageAndUnknownNames) {
