@@ -41,7 +41,7 @@ def flags(s):
 # ---------------------------------------------------------------------------------------------------
 MEM_MODEL = ("--num-layers 8 --hidden-size 512 --num-attention-heads 8 --seq-length 128 "
              "--max-position-embeddings 128 --micro-batch-size 1 --global-batch-size 8 --lr 1e-4 "
-             "--mock-data --vocab-size 50257 --eval-iters 0 --log-interval 2 --train-iters 2 --bf16")
+             "--mock-data --vocab-size 50257 --eval-iters 0 --log-interval 2 --train-iters 2")
 STRATEGIES = [("ZeRO-0 (no_shard)", ""), ("ZeRO-1 (optim)", "--use-distributed-optimizer"),
               ("ZeRO-2 (optim_grads)", "--data-parallel-sharding-strategy optim_grads --overlap-grad-reduce"),
               ("ZeRO-3 (optim_grads_params)",
@@ -50,6 +50,7 @@ STRATEGIES = [("ZeRO-0 (no_shard)", ""), ("ZeRO-1 (optim)", "--use-distributed-o
 
 def calc_states(extra, np_):
     out, _ = run(1, ["calc"] + flags(MEM_MODEL) + flags(extra) + ["--num-gpus", str(np_)])
+    assert "data-parallel sharding" in out or not extra, out
     vals = {}
     for key in ("weights", "gradients", "optimizer state", "model states"):
         m = re.search(r"^\s*" + key + r":\s+([\d,]+) B", out, re.M)
@@ -57,9 +58,10 @@ def calc_states(extra, np_):
     return vals, out
 
 
-def memory_table(np_=4):
+def memory_table(np_=4, precision="--bf16"):
     rows = []
     for name, extra in STRATEGIES:
+        extra = (extra + " " + precision).strip()
         out, secs = run(np_, ["train"] + flags(MEM_MODEL) + flags(extra))
         states = int(re.search(r"model states (\d+) bytes", out).group(1))
         p = int(re.search(r"model parallel rank \(0, 0\): (\d+)", out).group(1))
@@ -67,7 +69,8 @@ def memory_table(np_=4):
         rss = float(re.search(r"max resident: ([\d.]+)", out).group(1))
         calc, _ = calc_states(extra, np_)
         rows.append((name, p, states, calc["model states"], float(buf.group(1)) if buf else 0.0, rss))
-    print(f"\n### Memory per rank, DP{np_}, BF16 (GPT 8x512, vocab 50257: parameters per rank below)\n")
+    label = precision.lstrip("-").upper() or "FP32"
+    print(f"\n### Memory per rank, DP{np_}, {label} (GPT 8x512, vocab 50257: parameters per rank below)\n")
     print("| strategy | params/rank | model states (train) | model states (calc) | train − calc | "
           "B/param | bucket buffers peak MB | max RSS MB (printing rank) |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -129,9 +132,10 @@ def comm_table():
                              nmb * 2 * C * (p + (EMB_ROWS + S) * H)}),
         # 2 all-reduces per layer forward (attention, MLP outputs), 2 backward (their input gradients),
         # the vocab-parallel embedding's output and the output layer's input gradient; the vocab-parallel
-        # cross-entropy adds 2 small f32 all-reduces of B·S values (max, then sum of exp and target logit).
+        # cross-entropy adds 2 small f32 all-reduces: the max (B·S values), then the sum of exponentials and
+        # the target logit together (2·B·S values).
         ("TP2", 2, "--tensor-model-parallel-size 2",
-         lambda p, nmb: {("tensor-model-parallel", "all_reduce"): nmb * ((4 * L + 2) * bsh + 2 * B * S * 4)}),
+         lambda p, nmb: {("tensor-model-parallel", "all_reduce"): nmb * ((4 * L + 2) * bsh + 3 * B * S * 4)}),
         # Each all-reduce becomes a reduce-scatter (forward: after row-parallel layers and the embedding;
         # backward: column-parallel input gradients) with a matching all-gather, and backward all-gathers
         # every column-parallel input once more for its weight gradient (as Megatron, which does not keep
@@ -186,32 +190,37 @@ def cp_layer_bytes(cp):
 # ---------------------------------------------------------------------------------------------------
 # 3. Exposed communication time with and without overlap
 # ---------------------------------------------------------------------------------------------------
-def overlap_table():
-    model = COMM_MODEL.replace("--train-iters 3 --log-interval 3", "--train-iters 6 --log-interval 6")
+def overlap_table(reps=3):
+    model = COMM_MODEL.replace("--train-iters 3 --log-interval 3", "--train-iters 20 --log-interval 20")
     cases = [("DP2 no_shard", ""), ("DP2 no_shard", "--overlap-grad-reduce"),
              ("DP2 ZeRO-1", "--use-distributed-optimizer"),
              ("DP2 ZeRO-1", "--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather"),
              ("DP2 ZeRO-3", "--data-parallel-sharding-strategy optim_grads_params"),
              ("DP2 ZeRO-3", "--data-parallel-sharding-strategy optim_grads_params --overlap-grad-reduce "
                             "--overlap-param-gather")]
-    print("\n### Exposed data-parallel communication (ms per iteration, printing rank; small buckets: "
-          "--ddp-bucket-size 200000)\n")
+    print(f"\n### Exposed data-parallel communication (ms per iteration on the printing rank, median of {reps} "
+          "runs of 20 iterations; --ddp-bucket-size 200000: several buckets)\n")
     print("| layout | overlap flags | ms waiting in DP reductions | ms waiting in parameter gathers | "
-          "grads-all-reduce timer (max) | elapsed ms/iter |")
+          "grads-all-reduce timer (max over ranks) | elapsed ms/iter |")
     print("|---|---|---:|---:|---:|---:|")
+    g = "data-parallel (with context-parallel)"
     for name, extra in cases:
-        out, _ = run(2, ["train"] + flags(model) + flags(extra) + ["--ddp-bucket-size", "200000"])
-        st = comm_block(out)
-        g = "data-parallel (with context-parallel)"
-        red = sum(v[2] for (gg, op), v in st.items() if gg == g and op in ("all_reduce", "reduce_scatter"))
-        gat = sum(v[2] for (gg, op), v in st.items() if gg == g and op == "all_gather")
-        el = re.findall(r"elapsed time per iteration \(ms\): ([\d.]+)", out)
-        print(f"| {name} | {extra.replace('--use-distributed-optimizer', '').replace('--data-parallel-sharding-strategy optim_grads_params', '').strip() or '—'} "
-              f"| {red:.1f} | {gat:.1f} | {timer(out, 'grads-all-reduce'):.1f} | {float(el[-1]):.1f} |")
+        cols = []
+        for _ in range(reps):
+            out, _ = run(2, ["train"] + flags(model) + flags(extra) + ["--ddp-bucket-size", "200000"])
+            st = comm_block(out)
+            red = sum(v[2] for (gg, op), v in st.items() if gg == g and op in ("all_reduce", "reduce_scatter"))
+            gat = sum(v[2] for (gg, op), v in st.items() if gg == g and op == "all_gather")
+            el = float(re.findall(r"elapsed time per iteration \(ms\): ([\d.]+)", out)[-1])
+            cols.append((red, gat, timer(out, "grads-all-reduce"), el))
+        med = [sorted(c[i] for c in cols)[reps // 2] for i in range(4)]
+        shown = " ".join(f for f in extra.split() if f.startswith("--overlap")) or "—"
+        print(f"| {name} | {shown} | {med[0]:.1f} | {med[1]:.1f} | {med[2]:.1f} | {med[3]:.1f} |")
 
 
 if __name__ == "__main__":
     print(f"loom: {LOOM}; machine: {os.cpu_count()} cores; ranks are OpenMPI processes with 1 thread each")
-    memory_table()
+    memory_table(4, "--bf16")
+    memory_table(4, "")
     comm_table()
     overlap_table()
