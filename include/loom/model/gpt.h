@@ -147,8 +147,12 @@ RecomputeMethod parse_recompute_method(std::string_view s);
 //       [first_layer, first_layer + num_layers) keep their global names; pre_process: it owns the
 //       embedding; post_process: the final norm, output layer and loss. With tied embeddings and PP > 1 the
 //       post_process stage holds a copy of the word embedding (Parameter::tied_embedding_copy).
-// Dropout masks and initial values are functions of global indices, so every layout computes the same
-// model as one process (up to floating-point summation order).
+// Initial values are functions of global indices, so every layout builds the same model as one process,
+// and without dropout computes the same losses (up to floating-point summation order). Hidden-dropout
+// masks are global under TP, SP and PP too (drawn over the full token x hidden tensor); under CP a rank
+// draws them over its own tokens, and under TP attention dropout draws per-rank masks over its heads
+// (Megatron's model-parallel RNG tracker), so those two differ from a single process's masks (same rate
+// and expectation).
 struct ModelParallel {
   const Communicator* tp = nullptr;  // null or size 1: no tensor parallelism
   bool sequence_parallel = false;    // --sequence-parallel (needs TP > 1)

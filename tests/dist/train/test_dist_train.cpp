@@ -225,6 +225,16 @@ TEST(DistTrain, CheckpointsReshardAcrossLayouts) {
     expect_close({ref.begin() + 10, ref.end()}, single, 1e-5, "TP2xPP2 -> 1 process");
     const std::vector<double> zero = train_losses(model, "--use-distributed-optimizer" + load, 4, 20);
     expect_close({ref.begin() + 10, ref.end()}, zero, 1e-5, "TP2xPP2 -> DP4 ZeRO-1");
+    // Another padded vocabulary is another model: refused up front, naming the flags.
+    TempDir tmp("pad");
+    const CliResult bad = run_shell("OMP_NUM_THREADS=1 " + loom_bin() + " train " + model + " --train-iters 20 --load " +
+                                        (ck / "c") + " --make-vocab-size-divisible-by 256",
+                                    tmp);
+    EXPECT_NE(bad.code, 0);
+    EXPECT_NE(bad.err.find("was saved with padded_vocab_size = 128 but this run has the padded vocabulary size "
+                           "(tokenizer / --vocab-size / --make-vocab-size-divisible-by) = 256"),
+              std::string::npos)
+        << bad.err;
   }
 }
 
