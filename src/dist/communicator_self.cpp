@@ -16,11 +16,11 @@ class DoneWork final : public Work {
 
 class SelfCommunicator final : public Communicator {
  public:
-  explicit SelfCommunicator(std::string name) : name_(std::move(name)) {}
+  SelfCommunicator(std::string name, int global_rank) : name_(std::move(name)), global_rank_(global_rank) {}
   int rank() const override { return 0; }
   int size() const override { return 1; }
   std::string name() const override { return name_; }
-  std::vector<int> global_ranks() const override { return {0}; }
+  std::vector<int> global_ranks() const override { return {global_rank_}; }
   void all_reduce(TensorView, ReduceOp) const override {}
   double all_reduce_scalar(double v, ReduceOp) const override { return v; }
   void broadcast(TensorView, int root) const override {
@@ -44,7 +44,7 @@ class SelfCommunicator final : public Communicator {
   std::unique_ptr<Work> recv_async(TensorView, int peer) const override { no_peer("recv", peer); }
   std::unique_ptr<Communicator> split(int color, int, std::string name) const override {
     if (color < 0) return nullptr;
-    return std::make_unique<SelfCommunicator>(std::move(name));
+    return std::make_unique<SelfCommunicator>(std::move(name), global_rank_);
   }
 
  private:
@@ -59,12 +59,13 @@ class SelfCommunicator final : public Communicator {
     if (out.raw() != inp.raw() && out.nbytes()) std::memcpy(out.raw(), inp.raw(), size_t(out.nbytes()));
   }
   std::string name_;
+  int global_rank_ = 0;
 };
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_self_communicator(std::string name) {
-  return std::make_unique<SelfCommunicator>(std::move(name));
+std::unique_ptr<Communicator> make_self_communicator(std::string name, int global_rank) {
+  return std::make_unique<SelfCommunicator>(std::move(name), global_rank);
 }
 
 }  // namespace loom

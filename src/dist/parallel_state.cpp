@@ -62,7 +62,7 @@ std::unique_ptr<ParallelState> ParallelState::create(const ParallelConfig& cfg, 
   // First and last stage of each pipeline (one rank per pipeline when PP = 1).
   const bool in_embedding = pp == 0 || pp == PP - 1;
   ps->embedding_ = w.split(in_embedding ? tp + TP * (cp + CP * dp) : -1, pp, "embedding");
-  if (!ps->embedding_) ps->embedding_ = make_self_communicator("embedding (not a member)");
+  if (!ps->embedding_) ps->embedding_ = make_self_communicator("embedding (not a member)", ps->rank_);
   ps->world_ = std::move(world);
   return ps;
 }

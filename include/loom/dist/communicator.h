@@ -90,7 +90,8 @@ inline std::unique_ptr<Work> Communicator::send_recv_async(TensorView send, int 
 
 // The single-process group: every collective is the identity (a copy where out and inp differ);
 // send/recv to itself are an error.
-std::unique_ptr<Communicator> make_self_communicator(std::string name);
+// global_rank: what global_ranks() reports (this process's rank in the world; 0 for a one-process run).
+std::unique_ptr<Communicator> make_self_communicator(std::string name, int global_rank = 0);
 
 // ---- process-level runtime (communicator_mpi.cpp, or the stub without MPI) ---------------------------
 

@@ -116,6 +116,7 @@ TEST(MpiParallelState, EveryLayoutMatchesMegatronOrder) {
                       "embedding", me);
         } else {
           EXPECT_EQ(ps->embedding().size(), 1);
+          EXPECT_EQ(ps->embedding().global_ranks(), std::vector<int>{me});  // itself, for messages
         }
         EXPECT_EQ(ps->world().size(), n);
         EXPECT_EQ(ps->world().all_reduce_scalar(1.0), double(n));
