@@ -149,7 +149,43 @@ void GPTModel::ensure_buffers(int64_t B, int64_t T) {
 
 DropoutMask GPTModel::hidden_mask(uint64_t site) const {
   if (!fwd_.training || cfg_.hidden_dropout <= 0.0f) return {};
-  return {cfg_.hidden_dropout, fwd_.dropout_seed, dropout_stream(site, fwd_.micro_batch_index)};
+  return {cfg_.hidden_dropout, fwd_.dropout_seed, dropout_stream(site, fwd_.micro_batch_index), 0};
+}
+
+// Hidden dropout over this rank's B x T_l tokens (rows of C), always the whole (B, T, C) tensor's mask of
+// one process: under CP the rank's tokens are chunks cp_rank and 2·CP−1−cp_rank of each sequence, so every
+// (sequence, chunk) run draws the mask at its global element offset.
+template <typename F>
+void GPTModel::for_hidden_dropout_runs(TensorView out, TensorView inp, const DropoutMask& d, F apply) const {
+  const ModelParallel& mp = opts_.parallel;
+  if (!d.active() || mp.cp_size() == 1) {
+    apply(out, inp, d);
+    return;
+  }
+  const int64_t CP = mp.cp_size(), c = T_ / (2 * CP), C = cfg_.hidden_size, Tl = T_ / CP;
+  LOOM_CHECK(out.numel() == B_ * Tl * C && inp.numel() == out.numel(), "[GPTModel] hidden dropout expects ",
+             B_ * Tl * C, " elements (B x T/CP x C), got ", out.desc(), " and ", inp.desc());
+  const TensorView o = out.reshape({out.numel()}), x = inp.reshape({inp.numel()});
+  for (int64_t b = 0; b < B_; ++b)
+    for (int64_t k = 0; k < 2; ++k) {
+      const int64_t chunk = k == 0 ? mp.cp_rank() : 2 * CP - 1 - mp.cp_rank();
+      const int64_t local = (b * Tl + k * c) * C, global = (b * T_ + chunk * c) * C;
+      DropoutMask run = d;
+      run.offset = d.offset + uint64_t(global);
+      apply(o.slice_flat(local, Shape{c * C}), x.slice_flat(local, Shape{c * C}), run);
+    }
+}
+
+void GPTModel::hidden_dropout_forward(TensorView out, TensorView inp, const DropoutMask& d) const {
+  for_hidden_dropout_runs(out, inp, d, [&](TensorView o, TensorView x, const DropoutMask& m) {
+    dropout_forward(ctx_, o, x, m);
+  });
+}
+
+void GPTModel::hidden_dropout_backward(TensorView dinp, TensorView dout, const DropoutMask& d) const {
+  for_hidden_dropout_runs(dinp, dout, d, [&](TensorView o, TensorView x, const DropoutMask& m) {
+    dropout_backward(ctx_, o, x, m);
+  });
 }
 
 DropoutMask GPTModel::attention_mask(uint64_t site) const {
@@ -159,7 +195,7 @@ DropoutMask GPTModel::attention_mask(uint64_t site) const {
   // local heads), the dropout rate and the expectation do not.
   const int tp = opts_.parallel.tp_size();
   const uint64_t s = tp > 1 ? site ^ mix64(0x7470ull + uint64_t(opts_.parallel.tp_rank())) : site;
-  return {cfg_.attention_dropout, fwd_.dropout_seed, dropout_stream(s, fwd_.micro_batch_index)};
+  return {cfg_.attention_dropout, fwd_.dropout_seed, dropout_stream(s, fwd_.micro_batch_index), 0};
 }
 
 Parameter& GPTModel::output_weight() const {
@@ -199,19 +235,19 @@ TensorView GPTModel::row_parallel_forward(const Linear& lin, TensorView out_full
   const ModelParallel& mp = opts_.parallel;
   if (mp.tp_size() == 1) {
     lin.forward(ctx_, out_full, inp);
-    dropout_forward(ctx_, out_full, out_full, drop);
+    hidden_dropout_forward(out_full, out_full, drop);
     return out_full;
   }
   Parameter* b = lin.bias();
   ctx_.ops().matmul_forward(out_full, inp, lin.weight().compute,
                             b != nullptr && mp.tp_rank() == 0 ? b->compute.view() : TensorView());
   if (mp.sequence_parallel) {
-    dropout_forward(ctx_, out_full, out_full, drop);
+    hidden_dropout_forward(out_full, out_full, drop);
     sp_reduce_scatter(mp.tp, shard_out, out_full);
     return shard_out;
   }
   tp_all_reduce(mp.tp, out_full);
-  dropout_forward(ctx_, out_full, out_full, drop);
+  hidden_dropout_forward(out_full, out_full, drop);
   return out_full;
 }
 
@@ -224,7 +260,7 @@ void GPTModel::row_parallel_backward(const Linear& lin, TensorView dinp, TensorV
   if (!mp.sequence_parallel) {
     TensorView d = dout;
     if (drop.active()) {
-      dropout_backward(ctx_, branch_, dout, drop);
+      hidden_dropout_backward(branch_, dout, drop);
       d = branch_;
     }
     lin.backward(ctx_, dinp, d, inp);
@@ -233,7 +269,7 @@ void GPTModel::row_parallel_backward(const Linear& lin, TensorView dinp, TensorV
   const Dims dm = make_dims(cfg_, opts_, B_, T_);
   const TensorView full = TensorView(branch_).reshape({dm.N, dm.C});
   sp_all_gather(mp.tp, full, dout);
-  dropout_backward(ctx_, full, full, drop);
+  hidden_dropout_backward(full, full, drop);
   ctx_.ops().matmul_backward(dinp, lin.weight().grad, TensorView(), full, inp, lin.weight().compute);
   if (Parameter* b = lin.bias())
     ctx_.ops().bias_backward(b->grad, full.slice_flat(int64_t(mp.tp_rank()) * dm.Nl * dm.C, {dm.Nl, dm.C}));
@@ -358,7 +394,7 @@ void GPTModel::embedding_forward(const GPTBatch& batch) {
   const DropoutMask drop = hidden_mask(embedding_dropout_site());
   if (mp.tp_size() == 1) {
     embedding_->forward(ctx_, x0_, batch.tokens, batch.position_ids);
-    dropout_forward(ctx_, x0_, x0_, drop);
+    hidden_dropout_forward(x0_, x0_, drop);
     return;
   }
   const Dims d = make_dims(cfg_, opts_, B_, T_);
@@ -371,11 +407,11 @@ void GPTModel::embedding_forward(const GPTBatch& batch) {
                                    wpe ? wpe->compute.view() : TensorView(), tp_positions_, mp.tp_rank() == 0,
                                    scratch);
   if (mp.sequence_parallel) {
-    dropout_forward(ctx_, out, out, drop);
+    hidden_dropout_forward(out, out, drop);
     sp_reduce_scatter(mp.tp, x0_, out);
   } else {
     tp_all_reduce(mp.tp, x0_);
-    dropout_forward(ctx_, x0_, x0_, drop);
+    hidden_dropout_forward(x0_, x0_, drop);
   }
 }
 
@@ -384,7 +420,7 @@ void GPTModel::embedding_backward(const GPTBatch& batch) {
   const ModelParallel& mp = opts_.parallel;
   const DropoutMask drop = hidden_mask(embedding_dropout_site());
   if (mp.tp_size() == 1) {
-    dropout_backward(ctx_, dres_, dres_, drop);
+    hidden_dropout_backward(dres_, dres_, drop);
     embedding_->backward(ctx_, dres_, batch.tokens, batch.position_ids);
     return;
   }
@@ -394,7 +430,7 @@ void GPTModel::embedding_backward(const GPTBatch& batch) {
     dout = TensorView(branch_);
     sp_all_gather(mp.tp, dout, dres_);
   }
-  dropout_backward(ctx_, dout, dout, drop);
+  hidden_dropout_backward(dout, dout, drop);
   Parameter* wpe = embedding_->position_embeddings();
   vocab_local_tokens(tp_tokens_, tp_outside_, batch.tokens, d.vocab_start, d.Vl);
   if (wpe) embedding_positions(tp_positions_, batch.position_ids);

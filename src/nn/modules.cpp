@@ -140,12 +140,12 @@ void AttentionCore::backward(const DeviceContext& ctx, TensorView dqkv, TensorVi
 }
 
 void dropout_forward(const DeviceContext& ctx, TensorView out, TensorView inp, const DropoutMask& d) {
-  if (d.active()) ctx.ops().dropout_forward(out, inp, d.p, d.seed, d.stream);
+  if (d.active()) ctx.ops().dropout_forward(out, inp, d.p, d.seed, d.stream, d.offset);
   else if (out.raw() != inp.raw()) ctx.ops().cast(out, inp);
 }
 
 void dropout_backward(const DeviceContext& ctx, TensorView dinp, TensorView dout, const DropoutMask& d) {
-  if (d.active()) ctx.ops().dropout_backward(dinp, dout, d.p, d.seed, d.stream);
+  if (d.active()) ctx.ops().dropout_backward(dinp, dout, d.p, d.seed, d.stream, d.offset);
   else if (dinp.raw() != dout.raw()) ctx.ops().cast(dinp, dout);
 }
 

@@ -148,11 +148,15 @@ class OpTable {
   virtual void bias_backward(TensorView dbias, TensorView dout) const = 0;   // dbias (C) += colsum(dout)
 
   // ---- dropout (Megatron's --hidden-dropout) ---------------------------------------------------------
-  // out = inp * keep / (1 - p) with keep[i] = dropout_keep(seed, stream, i) for the flat element index
-  // i; out may alias inp. The mask is regenerated, never stored. p == 0 is a copy.
-  virtual void dropout_forward(TensorView out, TensorView inp, float p, uint64_t seed, uint64_t stream) const = 0;
+  // out = inp * keep / (1 - p) with keep[i] = dropout_keep(seed, stream, offset + i) for the flat element
+  // index i; out may alias inp. The mask is regenerated, never stored. p == 0 is a copy. offset: where the
+  // tensor starts in the mask's index space (a piece of a larger tensor draws that tensor's mask, e.g. a
+  // context-parallel rank's chunk of the sequence).
+  virtual void dropout_forward(TensorView out, TensorView inp, float p, uint64_t seed, uint64_t stream,
+                               uint64_t offset = 0) const = 0;
   // dinp = dout * keep / (1 - p) with the same mask (overwrite; dinp may alias dout).
-  virtual void dropout_backward(TensorView dinp, TensorView dout, float p, uint64_t seed, uint64_t stream) const = 0;
+  virtual void dropout_backward(TensorView dinp, TensorView dout, float p, uint64_t seed, uint64_t stream,
+                                uint64_t offset = 0) const = 0;
 
   // ---- attention core ------------------------------------------------------------------------------
   // qkv (B, T, NKV * (NH/NKV + 2) * HS) in Megatron's grouped layout: for each query group g, the

@@ -148,11 +148,11 @@ RecomputeMethod parse_recompute_method(std::string_view s);
 //       embedding; post_process: the final norm, output layer and loss. With tied embeddings and PP > 1 the
 //       post_process stage holds a copy of the word embedding (Parameter::tied_embedding_copy).
 // Initial values are functions of global indices, so every layout builds the same model as one process,
-// and without dropout computes the same losses (up to floating-point summation order). Hidden-dropout
-// masks are global under TP, SP and PP too (drawn over the full token x hidden tensor); under CP a rank
-// draws them over its own tokens, and under TP attention dropout draws per-rank masks over its heads
-// (Megatron's model-parallel RNG tracker), so those two differ from a single process's masks (same rate
-// and expectation).
+// and computes the same losses (up to floating-point summation order): hidden-dropout masks are the
+// single process's under every layout (TP/SP draw them over the full token x hidden tensor, CP ranks at
+// their sequence chunks' global offsets), and so are attention-dropout masks under CP (global positions).
+// Only attention dropout under TP differs: a rank draws per-rank masks over its own heads (Megatron's
+// model-parallel RNG tracker; same rate and expectation).
 struct ModelParallel {
   const Communicator* tp = nullptr;  // null or size 1: no tensor parallelism
   bool sequence_parallel = false;    // --sequence-parallel (needs TP > 1)
@@ -318,6 +318,11 @@ class GPTModel {
   void mlp_activation_forward(TensorView fc) const;  // act_ = act(fc) (GeLU, or a GLU of [gate | up])
   GluKind glu_kind() const;                          // the GLU of a gated MLP
   DropoutMask hidden_mask(uint64_t site) const;
+  // Hidden dropout on this rank's tokens with the single process's mask (CP: per sequence chunk).
+  void hidden_dropout_forward(TensorView out, TensorView inp, const DropoutMask& d) const;
+  void hidden_dropout_backward(TensorView dinp, TensorView dout, const DropoutMask& d) const;
+  template <typename F>
+  void for_hidden_dropout_runs(TensorView out, TensorView inp, const DropoutMask& d, F apply) const;
   DropoutMask attention_mask(uint64_t site) const;
   // Tensor-parallel plumbing (identities at TP = 1): a column-parallel layer's input (all-gathered from
   // the token shard under SP), the buffer its input gradient goes to, and the reduction of that gradient

@@ -102,6 +102,7 @@ struct DropoutMask {
   float p = 0;
   uint64_t seed = 0;
   uint64_t stream = 0;
+  uint64_t offset = 0;  // the tensor's first element in the mask's index space (a piece of a larger tensor)
   bool active() const { return p > 0; }
 };
 

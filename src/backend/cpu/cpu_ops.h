@@ -44,8 +44,10 @@ class CpuOps final : public OpTable {
   void gelu_backward(TensorView dinp, TensorView inp, TensorView dout) const override;
   void bias_add_forward(TensorView out, TensorView bias) const override;
   void bias_backward(TensorView dbias, TensorView dout) const override;
-  void dropout_forward(TensorView out, TensorView inp, float p, uint64_t seed, uint64_t stream) const override;
-  void dropout_backward(TensorView dinp, TensorView dout, float p, uint64_t seed, uint64_t stream) const override;
+  void dropout_forward(TensorView out, TensorView inp, float p, uint64_t seed, uint64_t stream,
+                       uint64_t offset = 0) const override;
+  void dropout_backward(TensorView dinp, TensorView dout, float p, uint64_t seed, uint64_t stream,
+                        uint64_t offset = 0) const override;
   void attention_forward(TensorView out, TensorView lse, TensorView qkv, const AttentionParams& p,
                          TensorView segment_ids = {}) const override;
   void attention_backward(TensorView dqkv, TensorView dout, TensorView qkv, TensorView out, TensorView lse,

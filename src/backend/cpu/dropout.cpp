@@ -1,8 +1,9 @@
 // CPU dropout (Megatron's --hidden-dropout): out = inp * keep / (1 - p), and the same for the gradient.
 // Invariants:
-//   - keep[i] = dropout_keep(seed, stream, i, dropout_threshold(p)) for the flat element index i (the rule
-//     of core/rng.h), so the mask is never stored: backward and a recomputed forward regenerate it, and
-//     results do not depend on the thread count or on how the work is split;
+//   - keep[i] = dropout_keep(seed, stream, offset + i, dropout_threshold(p)) for the flat element index i
+//     (the rule of core/rng.h), so the mask is never stored: backward and a recomputed forward regenerate
+//     it, and results do not depend on the thread count, on how the work is split, or on whether the
+//     tensor is drawn whole or as pieces at their offsets;
 //   - the words come 64 elements (16 Philox blocks) per call of philox_words_x64, vectorised;
 //   - kept elements are widened to f32, multiplied by the f32 scale 1 / (1 - p) and rounded once to the
 //     dtype; dropped elements are exactly 0 (a select, so an inf or NaN that is dropped does not leak);
@@ -28,14 +29,18 @@ template <DType D>
 using Elem = std::conditional_t<D == DType::kF32, float, uint16_t>;
 
 template <DType D>
-void dropout_apply(Elem<D>* out, const Elem<D>* inp, int64_t n, uint64_t seed, uint64_t stream, uint32_t threshold,
-                   float scale) {
+void dropout_apply(Elem<D>* out, const Elem<D>* inp, int64_t n, uint64_t seed, uint64_t stream, uint64_t offset,
+                   uint32_t threshold, float scale) {
   const int64_t chunks = (n + kChunk - 1) / kChunk;
+  const uint64_t shift = offset % 4;  // an offset inside a Philox block: words of two block runs
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t e0 = c * kChunk, m = std::min(kChunk, n - e0);
-    alignas(64) uint32_t w[kChunk];
-    philox_words_x64(w, seed, stream, uint64_t(e0) / 4);  // e0 is a multiple of 4: whole blocks
+    alignas(64) uint32_t words[2][kChunk];
+    const uint64_t block = (offset + uint64_t(e0)) / 4;
+    philox_words_x64(words[0], seed, stream, block);
+    if (shift != 0) philox_words_x64(words[1], seed, stream, block + kChunk / 4);
+    const uint32_t* w = &words[0][0] + shift;
     if constexpr (D == DType::kF32) {
       const float* x = inp + e0;
       float* y = out + e0;
@@ -51,8 +56,8 @@ void dropout_apply(Elem<D>* out, const Elem<D>* inp, int64_t n, uint64_t seed, u
   }
 }
 
-void dropout(TensorView out, TensorView inp, float p, uint64_t seed, uint64_t stream, const char* op,
-             const char* out_name, const char* inp_name) {
+void dropout(TensorView out, TensorView inp, float p, uint64_t seed, uint64_t stream, uint64_t offset,
+             const char* op, const char* out_name, const char* inp_name) {
   LOOM_CHECK(p >= 0.0f && p < 1.0f, "[", op, "] expected a dropout probability in [0, 1), got ", p);
   for (const auto& [t, name] : {std::pair{out, out_name}, std::pair{inp, inp_name}}) {
     LOOM_CHECK(t.defined() && t.device().is_cpu(), "[", op, "] expected a host tensor for ", name, ", got ",
@@ -76,27 +81,29 @@ void dropout(TensorView out, TensorView inp, float p, uint64_t seed, uint64_t st
   switch (inp.dtype()) {
     case DType::kF32:
       dropout_apply<DType::kF32>(static_cast<float*>(out.raw()), static_cast<const float*>(inp.raw()), n, seed,
-                                 stream, threshold, scale);
+                                 stream, offset, threshold, scale);
       break;
     case DType::kBF16:
       dropout_apply<DType::kBF16>(static_cast<uint16_t*>(out.raw()), static_cast<const uint16_t*>(inp.raw()), n,
-                                  seed, stream, threshold, scale);
+                                  seed, stream, offset, threshold, scale);
       break;
     default:
       dropout_apply<DType::kF16>(static_cast<uint16_t*>(out.raw()), static_cast<const uint16_t*>(inp.raw()), n,
-                                 seed, stream, threshold, scale);
+                                 seed, stream, offset, threshold, scale);
       break;
   }
 }
 
 }  // namespace
 
-void CpuOps::dropout_forward(TensorView out, TensorView inp, float p, uint64_t seed, uint64_t stream) const {
-  dropout(out, inp, p, seed, stream, "dropout_forward", "out", "inp");
+void CpuOps::dropout_forward(TensorView out, TensorView inp, float p, uint64_t seed, uint64_t stream,
+                             uint64_t offset) const {
+  dropout(out, inp, p, seed, stream, offset, "dropout_forward", "out", "inp");
 }
 
-void CpuOps::dropout_backward(TensorView dinp, TensorView dout, float p, uint64_t seed, uint64_t stream) const {
-  dropout(dinp, dout, p, seed, stream, "dropout_backward", "dinp", "dout");
+void CpuOps::dropout_backward(TensorView dinp, TensorView dout, float p, uint64_t seed, uint64_t stream,
+                              uint64_t offset) const {
+  dropout(dinp, dout, p, seed, stream, offset, "dropout_backward", "dinp", "dout");
 }
 
 }  // namespace loom::cpu

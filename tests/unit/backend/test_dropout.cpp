@@ -162,6 +162,31 @@ TEST(CpuDropout, ForwardMatchesDefinition) {
       }
 }
 
+// A piece drawn at its offset equals the same elements of the whole tensor's dropout, for offsets at and
+// off Philox block boundaries (4 elements) and pieces crossing the 64-element chunks.
+TEST(CpuDropout, PieceAtItsOffsetEqualsTheWholeTensor) {
+  CpuOps ops;
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    const int64_t n = 5000;
+    Buf inp = random_buf(dt, n, 3);
+    Buf whole(dt, n);
+    ops.dropout_forward(whole.view(), inp.view(), 0.4f, 7, 8);
+    for (int64_t off : {int64_t(0), int64_t(1), int64_t(3), int64_t(4), int64_t(61), int64_t(130), int64_t(4001)})
+      for (int64_t len : {int64_t(1), int64_t(7), int64_t(64), int64_t(200), int64_t(999)}) {
+        if (off + len > n) continue;
+        Buf piece(dt, len), src(dt, len);
+        const size_t esz = size_t(dtype_size(dt));
+        std::memcpy(src.bytes.data(), inp.bytes.data() + size_t(off) * esz, size_t(len) * esz);
+        ops.dropout_forward(piece.view(), src.view(), 0.4f, 7, 8, uint64_t(off));
+        ASSERT_EQ(std::memcmp(piece.bytes.data(), whole.bytes.data() + size_t(off) * esz, size_t(len) * esz), 0)
+            << dtype_name(dt) << " offset " << off << " length " << len;
+        Buf grad(dt, len);
+        ops.dropout_backward(grad.view(), src.view(), 0.4f, 7, 8, uint64_t(off));
+        ASSERT_EQ(grad.bytes, piece.bytes) << "backward, offset " << off;
+      }
+  }
+}
+
 // Backward regenerates the forward's mask: with nonzero inputs, dinp is nonzero exactly where out is, and
 // both are x / (1 - p) there (out of the input, dinp of the incoming gradient).
 TEST(CpuDropout, BackwardUsesTheForwardMask) {
