@@ -96,6 +96,12 @@ const Layout kLayouts[] = {
     {2, "--context-parallel-size 2"},                                   // CP2
     {4, "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2"},  // TP2 x PP2
     {8, "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --use-distributed-optimizer"},  // DP2xTP2xPP2
+    // ZeRO-2/3 with the other modes: the tied embedding's copy on the last stage, TP shards, SP sums.
+    {4, "--pipeline-model-parallel-size 2 --data-parallel-sharding-strategy optim_grads_params "
+        "--overlap-grad-reduce --overlap-param-gather"},
+    {4, "--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1 "
+        "--data-parallel-sharding-strategy optim_grads --overlap-grad-reduce"},
+    {4, "--tensor-model-parallel-size 2 --sequence-parallel --data-parallel-sharding-strategy optim_grads_params"},
 };
 
 void check_matrix(const char* model, const std::string& name) {
