@@ -344,25 +344,25 @@ class MpiCommunicator final : public Communicator {
 
   // Blocking calls are the async posts completed at once; their recorded time runs from entry (the
   // staging conversions and the posting block the caller too).
-  void all_reduce(TensorView x, ReduceOp op) const override {
+  template <typename Post>
+  static void blocking(Post post) {
     const auto t0 = Clock::now();
-    post_all_reduce(x, op)->wait_from(t0);
+    post()->wait_from(t0);
+  }
+  void all_reduce(TensorView x, ReduceOp op) const override {
+    blocking([&] { return post_all_reduce(x, op); });
   }
   void all_gather(TensorView out, TensorView inp) const override {
-    const auto t0 = Clock::now();
-    post_all_gather(out, inp)->wait_from(t0);
+    blocking([&] { return post_all_gather(out, inp); });
   }
   void reduce_scatter(TensorView out, TensorView inp) const override {
-    const auto t0 = Clock::now();
-    post_reduce_scatter(out, inp)->wait_from(t0);
+    blocking([&] { return post_reduce_scatter(out, inp); });
   }
   void send(TensorView x, int peer) const override {
-    const auto t0 = Clock::now();
-    post_send(x, peer)->wait_from(t0);
+    blocking([&] { return post_send(x, peer); });
   }
   void recv(TensorView x, int peer) const override {
-    const auto t0 = Clock::now();
-    post_recv(x, peer)->wait_from(t0);
+    blocking([&] { return post_recv(x, peer); });
   }
 
   // Async posts: the time spent posting (staging conversions, MPI's first round) blocks the caller too

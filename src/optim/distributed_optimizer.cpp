@@ -23,8 +23,8 @@ ShardingStrategy parse_sharding_strategy(const std::string& s) {
   if (s == "optim") return ShardingStrategy::kOptim;
   if (s == "optim_grads") return ShardingStrategy::kOptimGrads;
   if (s == "optim_grads_params") return ShardingStrategy::kOptimGradsParams;
-  user_error("--data-parallel-sharding-strategy: unknown strategy '", s,
-             "' (valid: no_shard, optim, optim_grads, optim_grads_params)");
+  user_error("--data-parallel-sharding-strategy must be no_shard, optim, optim_grads or optim_grads_params, got '", s,
+             "'");
 }
 
 const char* sharding_strategy_name(ShardingStrategy s) {
@@ -35,6 +35,24 @@ const char* sharding_strategy_name(ShardingStrategy s) {
     case ShardingStrategy::kOptimGradsParams: return "optim_grads_params";
   }
   return "?";
+}
+
+const char* zero_stage_name(ShardingStrategy s) {
+  switch (s) {
+    case ShardingStrategy::kNone: return "no ZeRO";
+    case ShardingStrategy::kOptim: return "ZeRO-1";
+    case ShardingStrategy::kOptimGrads: return "ZeRO-2";
+    case ShardingStrategy::kOptimGradsParams: return "ZeRO-3";
+  }
+  return "?";
+}
+
+ShardingStrategy resolve_sharding(bool use_distributed_optimizer, const std::string& strategy) {
+  if (strategy.empty()) return use_distributed_optimizer ? ShardingStrategy::kOptim : ShardingStrategy::kNone;
+  const ShardingStrategy s = parse_sharding_strategy(strategy);
+  if (use_distributed_optimizer && s == ShardingStrategy::kNone)
+    user_error("--use-distributed-optimizer contradicts --data-parallel-sharding-strategy no_shard");
+  return s;
 }
 
 ParamStorage param_storage_for(ShardingStrategy s) {
@@ -170,6 +188,19 @@ struct DistributedOptimizer::Impl {
     const Shape s{p.flat_end - p.flat_begin};
     if (ch.master_shard.defined()) return ch.master_shard.view().slice_flat(p.shard_off, s);
     return ch.set->values().view().slice_flat(p.flat_begin, s);
+  }
+
+  // L2 norm over the whole model of what view(chunk, piece) gives for every owned piece, replicas (TP
+  // duplicates, the tied embedding's copy) counted once. ZeRO shards are disjoint across dp_cp, so the
+  // whole world holds each element once; without sharding every DP replica has all of it.
+  template <typename View>
+  double model_norm(View view) {
+    double local = 0.0;
+    for (Chunk& ch : chunks)
+      for (const Piece& p : ch.pieces)
+        if (p.count_in_norm) local += ctx.ops().sum_squares(view(ch, p));
+    const Communicator& group = sharded() ? ps.world() : ps.mp();
+    return std::sqrt(group.all_reduce_scalar(local, ReduceOp::kSum));
   }
 
   // ---- reductions ----
@@ -642,24 +673,13 @@ void DistributedOptimizer::finish_grad_sync() {
 
 double DistributedOptimizer::grad_norm() {
   Impl& im = *impl_;
-  double local = 0.0;
-  for (Chunk& ch : im.chunks)
-    for (const Piece& p : ch.pieces)
-      if (p.count_in_norm) local += im.ctx.ops().sum_squares(im.piece_grad(ch, p));
-  // ZeRO shards are disjoint across dp_cp, so the whole world holds each element once.
-  const Communicator& group = im.sharded() ? im.ps.world() : im.ps.mp();
-  return std::sqrt(group.all_reduce_scalar(local, ReduceOp::kSum));
+  return im.model_norm([&](Chunk& ch, const Piece& p) { return im.piece_grad(ch, p); });
 }
 
 double DistributedOptimizer::param_norm() {
-  Impl& im = *impl_;
   finish_param_sync();
-  double local = 0.0;
-  for (Chunk& ch : im.chunks)
-    for (const Piece& p : ch.pieces)
-      if (p.count_in_norm) local += im.ctx.ops().sum_squares(im.piece_master(ch, p));
-  const Communicator& group = im.sharded() ? im.ps.world() : im.ps.mp();
-  return std::sqrt(group.all_reduce_scalar(local, ReduceOp::kSum));
+  Impl& im = *impl_;
+  return im.model_norm([&](Chunk& ch, const Piece& p) { return im.piece_master(ch, p); });
 }
 
 bool DistributedOptimizer::found_inf() {

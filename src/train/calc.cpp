@@ -115,28 +115,11 @@ CalcInput make_calc_input(const TrainConfig& cfg, const CalcOptions& opts) {
   in.num_gpus = opts.num_gpus.value_or(model_parallel);
   if (in.num_gpus < 1 || in.num_gpus % model_parallel != 0)
     user_error("--num-gpus (", in.num_gpus, ") must be a positive multiple of TP x PP x CP = ", model_parallel);
-  // Data-parallel sharding, resolved as the trainer resolves it (Trainer::sharding_strategy) with the
-  // checks of TrainConfig::validate.
-  const std::string& strategy = cfg.dist.sharding_strategy;
-  if (strategy.empty()) {
-    in.sharding = cfg.dist.use_distributed_optimizer ? CalcSharding::kOptim : CalcSharding::kNoShard;
-  } else if (strategy == "no_shard") {
-    if (cfg.dist.use_distributed_optimizer)
-      user_error("--use-distributed-optimizer contradicts --data-parallel-sharding-strategy no_shard: give one");
-    in.sharding = CalcSharding::kNoShard;
-  } else if (strategy == "optim") {
-    in.sharding = CalcSharding::kOptim;
-  } else if (strategy == "optim_grads") {
-    in.sharding = CalcSharding::kOptimGrads;
-  } else if (strategy == "optim_grads_params") {
-    in.sharding = CalcSharding::kOptimGradsParams;
-  } else {
-    user_error("--data-parallel-sharding-strategy must be no_shard, optim, optim_grads or optim_grads_params, got '",
-               strategy, "'");
-  }
+  // Data-parallel sharding, resolved as the trainer resolves it (same function, same errors).
+  in.sharding = resolve_sharding(cfg.dist.use_distributed_optimizer, cfg.dist.sharding_strategy);
   if (cfg.dist.ddp_bucket_size < 0) user_error("--ddp-bucket-size must be >= 1, got ", cfg.dist.ddp_bucket_size);
   in.ddp_bucket_size = cfg.dist.ddp_bucket_size;
-  if (in.sharding != CalcSharding::kNoShard && in.zero_group_size() == 1)
+  if (in.sharding != ShardingStrategy::kNone && in.zero_group_size() == 1)
     in.notes.push_back("ZeRO shards over 1 rank: no saving (DP x CP = 1; --num-gpus sets DP)");
   in.sequence_parallel = opts.sequence_parallel;
   if (in.sequence_parallel && t == 1)
@@ -219,25 +202,6 @@ CalcInput make_calc_input(const TrainConfig& cfg, const CalcOptions& opts) {
   return in;
 }
 
-const char* calc_sharding_name(CalcSharding s) {
-  switch (s) {
-    case CalcSharding::kNoShard: return "no_shard";
-    case CalcSharding::kOptim: return "optim";
-    case CalcSharding::kOptimGrads: return "optim_grads";
-    case CalcSharding::kOptimGradsParams: return "optim_grads_params";
-  }
-  return "?";
-}
-
-const char* calc_zero_stage(CalcSharding s) {
-  switch (s) {
-    case CalcSharding::kNoShard: return "no ZeRO";
-    case CalcSharding::kOptim: return "ZeRO-1";
-    case CalcSharding::kOptimGrads: return "ZeRO-2";
-    case CalcSharding::kOptimGradsParams: return "ZeRO-3";
-  }
-  return "?";
-}
 
 namespace {
 
@@ -306,20 +270,20 @@ CalcReport compute_calc(const CalcInput& in) {
   const int cb = b16 ? 2 : 4, master_and_copy = 4 + (b16 ? 2 : 0);
   const int grad_size = in.num_gpus > 1 ? 4 : int(dtype_size(in.precision.grad_dtype()));
   switch (in.sharding) {
-    case CalcSharding::kNoShard:
+    case ShardingStrategy::kNone:
       r.weight_per_param = {master_and_copy, 0};
       r.grad_per_param = {grad_size, 0};
       r.optimizer_per_param = {8, 0};
       break;
-    case CalcSharding::kOptim:
-    case CalcSharding::kOptimGrads:
+    case ShardingStrategy::kOptim:
+    case ShardingStrategy::kOptimGrads:
       // Every rank runs forward/backward on the full compute-dtype weights; FP32 runs step their 1/d range
       // of those same weights in place, 16-bit runs keep a separate FP32 master shard.
       r.weight_per_param = {cb, b16 ? 4 : 0};
-      r.grad_per_param = in.sharding == CalcSharding::kOptim ? StateBytesPerParam{4, 0} : StateBytesPerParam{0, 4};
+      r.grad_per_param = in.sharding == ShardingStrategy::kOptim ? StateBytesPerParam{4, 0} : StateBytesPerParam{0, 4};
       r.optimizer_per_param = {0, 8};
       break;
-    case CalcSharding::kOptimGradsParams:
+    case ShardingStrategy::kOptimGradsParams:
       r.weight_per_param = {0, master_and_copy};
       r.grad_per_param = {0, 4};
       r.optimizer_per_param = {0, 8};
@@ -333,11 +297,11 @@ CalcReport compute_calc(const CalcInput& in) {
   r.last_grad_bytes = r.grad_per_param.bytes(Plast, d);
   r.last_optimizer_bytes = r.optimizer_per_param.bytes(Plast, d);
   r.layer_params = layer_per_rank;
-  if (in.sharding == CalcSharding::kOptimGrads) {
+  if (in.sharding == ShardingStrategy::kOptimGrads) {
     // The same default as the trainer's DDP buckets (Megatron's), over the dp_cp group.
     r.bucket_size = in.ddp_bucket_size > 0 ? in.ddp_bucket_size : std::max<int64_t>(40'000'000, 1'000'000 * d);
     r.transient_bytes = 4 * std::min(P1, 2 * r.bucket_size);
-  } else if (in.sharding == CalcSharding::kOptimGradsParams) {
+  } else if (in.sharding == ShardingStrategy::kOptimGradsParams) {
     r.transient_bytes = std::min<int64_t>(2, L_stage) * layer_per_rank * (cb + 4);
   }
 
@@ -571,36 +535,36 @@ std::string format_calc_report(const CalcReport& r) {
      << short_count(double(r.params_first_stage)) << ")";
   if (p > 1) os << "; last stage " << commas(r.params_last_stage);
   os << "\n";
-  const CalcSharding sh = in.sharding;
+  const ShardingStrategy sh = in.sharding;
   const int64_t d = r.zero_group;
-  const bool zero = sh != CalcSharding::kNoShard;
+  const bool zero = sh != ShardingStrategy::kNone;
   const std::string group = "DP " + std::to_string(in.data_parallel_size()) + " x CP " + std::to_string(c);
   if (zero)
-    os << "  data-parallel sharding: " << calc_sharding_name(sh) << " (" << calc_zero_stage(sh) << ") over d = " << d
+    os << "  data-parallel sharding: " << sharding_strategy_name(sh) << " (" << zero_stage_name(sh) << ") over d = " << d
        << " ranks (" << group << "); a shard is ceil(P/d) = " << commas((r.params_first_stage + d - 1) / d)
        << " params\n";
   else
     os << "  data-parallel sharding: no_shard (no ZeRO) over d = " << d << " ranks (" << group
        << "): every rank holds all its stage's model states\n";
   // "(ZeRO-1, d = 8)" after each per-parameter figure of a sharded run.
-  const std::string zero_tag = zero ? " (" + std::string(calc_zero_stage(sh)) + ", d = " + std::to_string(d) + ")" : "";
+  const std::string zero_tag = zero ? " (" + std::string(zero_stage_name(sh)) + ", d = " + std::to_string(d) + ")" : "";
   const bool grads_f32 = r.grad_per_param.full + r.grad_per_param.sharded == 4;
   std::string weights_what, grads_what, optimizer_what;
   switch (sh) {
-    case CalcSharding::kNoShard:
+    case ShardingStrategy::kNone:
       weights_what = b16 ? "FP32 master + 16-bit copy" : "FP32";
       grads_what = std::string(grads_f32 ? "FP32" : "FP16") + " main grads" +
                    (grads_f32 && in.precision.grad_dtype() != DType::kF32 ? " (always FP32 with more than one rank)" : "");
       optimizer_what = "Adam m and v in FP32 (no ZeRO sharding)";
       break;
-    case CalcSharding::kOptim:
-    case CalcSharding::kOptimGrads:
+    case ShardingStrategy::kOptim:
+    case ShardingStrategy::kOptimGrads:
       weights_what = b16 ? "16-bit copy + FP32 master shard" : "FP32 weights, the masters (the rank steps its 1/d range)";
-      grads_what = sh == CalcSharding::kOptim ? "FP32 main grads, reduce-scattered after backward"
+      grads_what = sh == ShardingStrategy::kOptim ? "FP32 main grads, reduce-scattered after backward"
                                               : "FP32 main-grad shard";
       optimizer_what = "Adam m and v shards in FP32";
       break;
-    case CalcSharding::kOptimGradsParams:
+    case ShardingStrategy::kOptimGradsParams:
       weights_what = b16 ? "FP32 master shard + 16-bit copy shard" : "FP32 weight shard (the masters)";
       grads_what = "FP32 main-grad shard";
       optimizer_what = "Adam m and v shards in FP32";
@@ -614,11 +578,11 @@ std::string format_calc_report(const CalcReport& r) {
      << zero_tag << ": " << optimizer_what << "\n";
   os << "  model states:           " << bytes_line(r.states_bytes()) << "  "
      << per_param_text(r.weight_per_param + r.grad_per_param + r.optimizer_per_param) << zero_tag << "\n";
-  if (sh == CalcSharding::kOptimGrads)
+  if (sh == ShardingStrategy::kOptimGrads)
     os << "  gradient buckets:       " << bytes_line(r.transient_bytes)
        << "  transient, not model states: FP32 gradients of up to 2 buckets of " << commas(r.bucket_size)
        << " (one written by backward, one being reduce-scattered): 4*min(P, 2*bucket)\n";
-  if (sh == CalcSharding::kOptimGradsParams)
+  if (sh == ShardingStrategy::kOptimGradsParams)
     os << "  gathered layers:        " << bytes_line(r.transient_bytes)
        << "  transient, not model states: the gathered parameters (" << (b16 ? 2 : 4)
        << " B) and FP32 gradients of about two layers of " << commas(r.layer_params)

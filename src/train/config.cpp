@@ -1,5 +1,6 @@
 #include "loom/train/config.h"
 
+#include "loom/optim/distributed_optimizer.h"
 #include "loom/pipeline/schedule.h"
 
 namespace loom {
@@ -48,13 +49,7 @@ void dist_validate(const TrainConfig& c, int world_size) {
     user_error("--num-layers-per-virtual-pipeline-stage cannot be combined with uneven first/last stages");
   if (!(d.timeout_minutes > 0)) user_error("--distributed-timeout-minutes must be > 0, got ", d.timeout_minutes);
   if (d.ddp_bucket_size < 0) user_error("--ddp-bucket-size must be >= 1, got ", d.ddp_bucket_size);
-  if (!d.sharding_strategy.empty() && d.sharding_strategy != "no_shard" && d.sharding_strategy != "optim" &&
-      d.sharding_strategy != "optim_grads" && d.sharding_strategy != "optim_grads_params")
-    user_error("--data-parallel-sharding-strategy must be no_shard, optim, optim_grads or optim_grads_params, got '",
-               d.sharding_strategy, "'");
-  if (d.use_distributed_optimizer && d.sharding_strategy == "no_shard")
-    user_error("--use-distributed-optimizer contradicts --data-parallel-sharding-strategy no_shard");
-  const bool sharded = d.use_distributed_optimizer || (!d.sharding_strategy.empty() && d.sharding_strategy != "no_shard");
+  const bool sharded = resolve_sharding(d.use_distributed_optimizer, d.sharding_strategy) != ShardingStrategy::kNone;
   if (d.overlap_param_gather && !sharded)
     user_error("--overlap-param-gather needs --use-distributed-optimizer (or --data-parallel-sharding-strategy "
                "optim, optim_grads or optim_grads_params): without sharding there is no parameter all-gather");

@@ -17,9 +17,7 @@
 namespace loom {
 
 ShardingStrategy Trainer::sharding_strategy() const {
-  const std::string& s = cfg_.dist.sharding_strategy;
-  if (!s.empty()) return parse_sharding_strategy(s);
-  return cfg_.dist.use_distributed_optimizer ? ShardingStrategy::kOptim : ShardingStrategy::kNone;
+  return resolve_sharding(cfg_.dist.use_distributed_optimizer, cfg_.dist.sharding_strategy);
 }
 
 void Trainer::build_model_distributed() {

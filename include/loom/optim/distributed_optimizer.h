@@ -56,6 +56,10 @@ enum class ShardingStrategy { kNone, kOptim, kOptimGrads, kOptimGradsParams };
 // --data-parallel-sharding-strategy values: no_shard | optim | optim_grads | optim_grads_params.
 ShardingStrategy parse_sharding_strategy(const std::string& s);
 const char* sharding_strategy_name(ShardingStrategy s);
+const char* zero_stage_name(ShardingStrategy s);  // "no ZeRO", "ZeRO-1", "ZeRO-2", "ZeRO-3"
+// The strategy of --use-distributed-optimizer (optim) and --data-parallel-sharding-strategy (wins when
+// given); UserError for an unknown strategy or --use-distributed-optimizer with no_shard.
+ShardingStrategy resolve_sharding(bool use_distributed_optimizer, const std::string& strategy);
 
 struct DDPConfig {
   ShardingStrategy sharding = ShardingStrategy::kNone;

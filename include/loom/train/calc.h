@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/optim/distributed_optimizer.h"
 #include "loom/train/config.h"
 
 namespace loom {
@@ -41,12 +42,6 @@ struct CalcOptions {
   bool sequence_parallel = false;       // --sequence-parallel: Megatron's SP, for the activation estimate
 };
 
-// Data-parallel sharding of the model states (--data-parallel-sharding-strategy, or
-// --use-distributed-optimizer alone = kOptim). Calc's own enum: the layer it models is optim's
-// ShardingStrategy, which the train layer's calc does not need to link against.
-enum class CalcSharding { kNoShard, kOptim, kOptimGrads, kOptimGradsParams };
-const char* calc_sharding_name(CalcSharding s);  // "no_shard", "optim", "optim_grads", "optim_grads_params"
-const char* calc_zero_stage(CalcSharding s);     // "no ZeRO", "ZeRO-1", "ZeRO-2", "ZeRO-3"
 
 // Everything compute_calc() needs, already validated and resolved.
 struct CalcInput {
@@ -63,7 +58,7 @@ struct CalcInput {
   GpuSpec gpu;                    // peak table row (the --gpu choice)
   double mfu = 0.4;               // used when gpu_tflops is not set
   std::optional<double> gpu_tflops;  // achieved TFLOP/s per GPU, counting every executed FLOP
-  CalcSharding sharding = CalcSharding::kNoShard;  // resolved as the trainer resolves it
+  ShardingStrategy sharding = ShardingStrategy::kNone;  // resolved as the trainer resolves it
   int64_t ddp_bucket_size = 0;    // --ddp-bucket-size in elements; 0: max(40,000,000, 1,000,000 * d)
   std::vector<std::string> notes;    // assumptions made while resolving (defaults filled in), printed first
 

@@ -444,7 +444,7 @@ TEST(CalcZero, SmallModelParameters) {
   EXPECT_EQ(r.layer_params, kSmallLayer);
   EXPECT_EQ(r.input.data_parallel_size(), 2);
   EXPECT_EQ(r.zero_group, 4);  // DP 2 x CP 2
-  EXPECT_EQ(r.input.sharding, CalcSharding::kNoShard);
+  EXPECT_EQ(r.input.sharding, ShardingStrategy::kNone);
 }
 
 TEST(CalcZero, Bf16EachStrategy) {
@@ -500,8 +500,8 @@ TEST(CalcZero, DistributedOptimizerFlagResolvesLikeTheTrainer) {
   const auto dist_opt = [](const std::string& strategy) {
     return small_zero(strategy, true, 8, [](TrainConfig& c, CalcOptions&) { c.dist.use_distributed_optimizer = true; });
   };
-  EXPECT_EQ(dist_opt("").input.sharding, CalcSharding::kOptim);
-  EXPECT_EQ(dist_opt("optim_grads").input.sharding, CalcSharding::kOptimGrads);  // the strategy wins
+  EXPECT_EQ(dist_opt("").input.sharding, ShardingStrategy::kOptim);
+  EXPECT_EQ(dist_opt("optim_grads").input.sharding, ShardingStrategy::kOptimGrads);  // the strategy wins
   expect_states(dist_opt(""), {215372, 344592, 86152});
   expect_calc_error(
       [](TrainConfig& c, CalcOptions&) {
