@@ -226,6 +226,23 @@ class OpTable {
   virtual void fill_(TensorView x, float value) const = 0;
   // Converts between float dtypes (f32, bf16, f16, fp8) with round-to-nearest-even.
   virtual void cast(TensorView out, TensorView inp) const = 0;
+
+  // ---- FP8 with per-tensor scaling (Transformer Engine's delayed scaling; loom/fp8/fp8.h) -------------
+  // Scales, inverse scales and amaxes are (1) f32 tensors on the op's device, never host values, so a
+  // step needs no device-to-host copy. out (fp8 e4m3/e5m2) = saturate(round(inp · scale[0])) with
+  // round-to-nearest-even; amax[0] = max(amax[0], max |inp|) — +inf when inp holds a NaN or an inf (an
+  // order-safe value for max-reductions across ranks), which the scaling update treats as "keep the
+  // scale". inp: f32, bf16 or f16.
+  virtual void fp8_quantize(TensorView out, TensorView inp, TensorView scale, TensorView amax) const = 0;
+  // out (f32, bf16 or f16) = f32(inp) · scale_inv[0], rounded once to out's dtype.
+  virtual void fp8_dequantize(TensorView out, TensorView inp, TensorView scale_inv) const = 0;
+  // Delayed scaling for n tensors of one fp8 format. amax_history (L, n) f32, row 0 the amaxes recorded
+  // this step; scale, scale_inv (n) f32. Per tensor: amax = max over the L rows (use_max) or row 0
+  // (most_recent); if amax > 0 and finite, scale = (fp8_max / amax) / 2^margin (an infinite result —
+  // amax far below fp8_max — becomes the largest finite f32), else the scale is kept; scale_inv = 1 /
+  // scale. Then the history rolls by one row (row i+1 <- row i, the oldest dropped) and row 0 is zeroed.
+  virtual void fp8_update_scaling(TensorView amax_history, TensorView scale, TensorView scale_inv, float fp8_max,
+                                  int margin, bool use_max) const = 0;
 };
 
 }  // namespace loom

@@ -69,6 +69,10 @@ class CpuOps final : public OpTable {
   void scale_(TensorView x, float s) const override;
   void fill_(TensorView x, float value) const override;
   void cast(TensorView out, TensorView inp) const override;
+  void fp8_quantize(TensorView out, TensorView inp, TensorView scale, TensorView amax) const override;
+  void fp8_dequantize(TensorView out, TensorView inp, TensorView scale_inv) const override;
+  void fp8_update_scaling(TensorView amax_history, TensorView scale, TensorView scale_inv, float fp8_max, int margin,
+                          bool use_max) const override;
 };
 
 }  // namespace loom::cpu

@@ -1,0 +1,147 @@
+// CPU FP8 ops with per-tensor scaling: quantise (scale, saturate, round, amax), dequantise, and the
+// delayed-scaling update (see loom/backend/ops.h for the contracts).
+// Invariants:
+//   - quantisation rounds x · scale (computed in f32, as Transformer Engine's kernels do) to the fp8
+//     format with the core's saturating round-to-nearest-even (loom::f32_to_fp8_*): |values| beyond the
+//     largest finite fp8 become ± that value, NaN stays NaN;
+//   - amax is the max of |x| over the input, +inf when any element is NaN or infinite (std::max would
+//     drop a NaN depending on the argument order, and MPI's MAX does not order NaN, so non-finite inputs
+//     are tracked separately and recorded as +inf); independent of the thread count (max is exact);
+//   - the scaling update is the issue's / DESIGN.md's rule, element by element in f32.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/lowp.h"
+#include "loom/core/dtype.h"
+
+namespace loom::cpu {
+
+namespace {
+
+constexpr int64_t kChunk = 1024;                     // elements widened to f32 at a time
+constexpr int64_t kParallelMin = int64_t(1) << 15;  // elements; below this a thread team costs more than it saves
+
+bool is_fp8(DType dt) { return dt == DType::kF8E4M3 || dt == DType::kF8E5M2; }
+
+void expect_scalar(const TensorView& t, const char* op, const char* name) {
+  LOOM_CHECK(t.defined() && t.device().is_cpu() && t.dtype() == DType::kF32 && t.numel() == 1, "[", op,
+             "] expected ", name, " as a (1) f32 host tensor, got ", t.desc());
+}
+
+void expect_host(const TensorView& t, const char* op, const char* name) {
+  LOOM_CHECK(t.defined() && t.device().is_cpu(), "[", op, "] expected a host tensor for ", name, ", got ", t.desc());
+}
+
+}  // namespace
+
+void CpuOps::fp8_quantize(TensorView out, TensorView inp, TensorView scale, TensorView amax) const {
+  constexpr const char* op = "fp8_quantize";
+  expect_host(out, op, "out");
+  expect_host(inp, op, "inp");
+  expect_scalar(scale, op, "scale");
+  expect_scalar(amax, op, "amax");
+  LOOM_CHECK(is_fp8(out.dtype()), "[", op, "] expected out e4m3 or e5m2, got ", out.desc());
+  LOOM_CHECK(is_compute_dtype(inp.dtype()), "[", op, "] expected inp f32, bf16 or f16, got ", inp.desc());
+  LOOM_CHECK(out.numel() == inp.numel(), "[", op, "] out ", out.desc(), " and inp ", inp.desc(),
+             " differ in element count");
+  const int64_t n = inp.numel();
+  const float s = *scale.data<float>();
+  const bool e4m3 = out.dtype() == DType::kF8E4M3;
+  auto* dst = static_cast<uint8_t*>(out.raw());
+  const int64_t nchunks = (n + kChunk - 1) / kChunk;
+  float local_max = 0.0f;
+  bool non_finite = false;
+#pragma omp parallel for schedule(static) if (n > kParallelMin) reduction(max : local_max) reduction(|| : non_finite)
+  for (int64_t c = 0; c < nchunks; ++c) {
+    const int64_t i0 = c * kChunk, len = std::min(kChunk, n - i0);
+    float* x = thread_scratch(0, size_t(kChunk));
+    widen(x, elem_ptr(inp.raw(), inp.dtype(), i0), inp.dtype(), len);
+    for (int64_t i = 0; i < len; ++i) {
+      const float a = std::fabs(x[i]);
+      if (!std::isfinite(a)) non_finite = true;
+      else local_max = std::max(local_max, a);
+      const float y = x[i] * s;
+      dst[i0 + i] = e4m3 ? f32_to_fp8_e4m3(y) : f32_to_fp8_e5m2(y);
+    }
+  }
+  float* am = amax.data<float>();
+  if (non_finite || !std::isfinite(*am))
+    *am = std::numeric_limits<float>::infinity();
+  else
+    *am = std::max(*am, local_max);
+}
+
+void CpuOps::fp8_dequantize(TensorView out, TensorView inp, TensorView scale_inv) const {
+  constexpr const char* op = "fp8_dequantize";
+  expect_host(out, op, "out");
+  expect_host(inp, op, "inp");
+  expect_scalar(scale_inv, op, "scale_inv");
+  LOOM_CHECK(is_fp8(inp.dtype()), "[", op, "] expected inp e4m3 or e5m2, got ", inp.desc());
+  LOOM_CHECK(is_compute_dtype(out.dtype()), "[", op, "] expected out f32, bf16 or f16, got ", out.desc());
+  LOOM_CHECK(out.numel() == inp.numel(), "[", op, "] out ", out.desc(), " and inp ", inp.desc(),
+             " differ in element count");
+  const int64_t n = inp.numel();
+  const float si = *scale_inv.data<float>();
+  const bool e4m3 = inp.dtype() == DType::kF8E4M3;
+  // The 256 values of the format, decoded and scaled once: each element is then a table lookup.
+  float table[256];
+  for (int v = 0; v < 256; ++v) table[v] = (e4m3 ? fp8_e4m3_to_f32(uint8_t(v)) : fp8_e5m2_to_f32(uint8_t(v))) * si;
+  const auto* src = static_cast<const uint8_t*>(inp.raw());
+  const int64_t nchunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t c = 0; c < nchunks; ++c) {
+    const int64_t i0 = c * kChunk, len = std::min(kChunk, n - i0);
+    if (out.dtype() == DType::kF32) {
+      float* y = out.data<float>() + i0;
+      for (int64_t i = 0; i < len; ++i) y[i] = table[src[i0 + i]];
+      continue;
+    }
+    float* y = thread_scratch(0, size_t(kChunk));
+    for (int64_t i = 0; i < len; ++i) y[i] = table[src[i0 + i]];
+    narrow(elem_ptr(out.raw(), out.dtype(), i0), out.dtype(), y, len);
+  }
+}
+
+void CpuOps::fp8_update_scaling(TensorView amax_history, TensorView scale, TensorView scale_inv, float fp8_max,
+                                int margin, bool use_max) const {
+  constexpr const char* op = "fp8_update_scaling";
+  for (const auto& [t, name] : {std::pair{amax_history, "amax_history"}, std::pair{scale, "scale"},
+                                std::pair{scale_inv, "scale_inv"}}) {
+    expect_host(t, op, name);
+    LOOM_CHECK(t.dtype() == DType::kF32, "[", op, "] expected ", name, " f32, got ", t.desc());
+  }
+  LOOM_CHECK(amax_history.ndim() == 2, "[", op, "] expected amax_history (L, n), got ", amax_history.desc());
+  const int64_t L = amax_history.size(0), n = amax_history.size(1);
+  LOOM_CHECK(L >= 1 && scale.numel() == n && scale_inv.numel() == n, "[", op, "] amax_history ",
+             amax_history.desc(), " needs scale and scale_inv of ", n, " elements, got ", scale.desc(), " and ",
+             scale_inv.desc());
+  LOOM_CHECK(fp8_max > 0 && margin >= 0, "[", op, "] expected fp8_max > 0 and margin >= 0, got ", fp8_max, ", ",
+             margin);
+  float* h = amax_history.data<float>();
+  float* sc = scale.data<float>();
+  float* si = scale_inv.data<float>();
+  const float two_m = std::ldexp(1.0f, margin);
+  for (int64_t j = 0; j < n; ++j) {
+    float amax = h[j];
+    if (use_max)
+      for (int64_t r = 1; r < L && !std::isnan(amax); ++r) {
+        const float v = h[r * n + j];
+        amax = std::isnan(v) ? v : std::max(amax, v);
+      }
+    if (amax > 0.0f && std::isfinite(amax)) {
+      float s = (fp8_max / amax) / two_m;
+      if (std::isinf(s)) s = std::numeric_limits<float>::max();
+      sc[j] = s;
+    }
+    si[j] = 1.0f / sc[j];
+  }
+  // Roll: row r+1 <- row r (the oldest row drops out), row 0 <- 0 for the next step's amaxes.
+  if (L > 1) std::memmove(h + n, h, size_t((L - 1) * n) * sizeof(float));
+  std::fill(h, h + n, 0.0f);
+}
+
+}  // namespace loom::cpu
