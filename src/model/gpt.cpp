@@ -33,6 +33,19 @@ GPTModel::GPTModel(const GPTConfig& cfg, const DeviceContext& ctx, const ModelOp
     units_.push_back(std::move(u));
   }
   first_layer_unit_ = embedding_unit_ >= 0 ? 1 : 0;
+  if (opts_.fp8) {
+    // Sites: qkv, proj, fc1, fc2 of every local layer, then the output layer (post_process).
+    const int sites = int(4 * int64_t(layers_.size())) + (opts_.parallel.post_process ? 1 : 0);
+    fp8_ = std::make_unique<Fp8State>();
+    if (sites > 0) {
+      fp8_->fwd = std::make_unique<Fp8ScalingGroup>(ctx, opts_.fp8->forward_dtype(), 2 * sites, *opts_.fp8);
+      fp8_->bwd = std::make_unique<Fp8ScalingGroup>(ctx, opts_.fp8->backward_dtype(), sites, *opts_.fp8);
+      for (int s = 0; s < sites; ++s)
+        fp8_->gemms.emplace_back(fp8_->fwd.get(), 2 * s, 2 * s + 1, fp8_->bwd.get(), s, opts_.fp8->wgrad);
+    } else {
+      fp8_.reset();  // an embedding-only stage has no GEMM
+    }
+  }
   // A tied output layer in the same instance reads (and its backward writes) the word embedding.
   if (!output_layer_ && head_unit_ >= 0 && embedding_unit_ >= 0) units_[size_t(head_unit_)].reads = {embedding_unit_};
   if (cfg.position_embedding_type == PositionEmbeddingType::kRope)
@@ -48,6 +61,98 @@ GPTModel::GPTModel(const GPTConfig& cfg, const DeviceContext& ctx, const ModelOp
 }
 
 GPTModel::~GPTModel() = default;
+
+// ---- FP8 -------------------------------------------------------------------------------------------
+
+int GPTModel::fp8_num_sites() const { return fp8_ ? int(fp8_->gemms.size()) : 0; }
+
+void GPTModel::fp8_begin_step() {
+  if (!fp8_) return;
+  for (Fp8Gemm& g : fp8_->gemms) g.begin_step();
+}
+
+void GPTModel::fp8_update_scaling(const std::vector<const Communicator*>& groups) {
+  if (!fp8_) return;
+  for (const Communicator* c : groups)
+    if (c != nullptr && c->size() > 1) {
+      fp8_->fwd->reduce_amaxes(*c);
+      fp8_->bwd->reduce_amaxes(*c);
+    }
+  fp8_->fwd->update();
+  fp8_->bwd->update();
+}
+
+void GPTModel::fp8_discard_amaxes() {
+  if (!fp8_) return;
+  ctx_.ops().fill_(fp8_->fwd->current_amaxes(), 0.0f);
+  ctx_.ops().fill_(fp8_->bwd->current_amaxes(), 0.0f);
+}
+
+std::string GPTModel::fp8_state_name(int site) const {
+  LOOM_CHECK(site >= 0 && site < fp8_num_sites(), "[GPTModel] FP8 site ", site, " out of range (", fp8_num_sites(), ")");
+  if (site == fp8_output_site()) return "output_layer.fp8_state";
+  static const char* kNames[] = {"self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1",
+                                 "mlp.linear_fc2"};
+  const int64_t layer = opts_.parallel.first_layer + site / 4;
+  return "decoder.layers." + std::to_string(layer) + "." + kNames[site % 4] + ".fp8_state";
+}
+
+Tensor GPTModel::fp8_state(int site) const {
+  LOOM_CHECK(site >= 0 && site < fp8_num_sites(), "[GPTModel] FP8 site ", site, " out of range");
+  const Fp8ScalingGroup* groups[3] = {fp8_->fwd.get(), fp8_->fwd.get(), fp8_->bwd.get()};
+  const int slots[3] = {2 * site, 2 * site + 1, site};
+  const int64_t L = fp8_->fwd->amax_history().size(0);
+  Tensor out = Tensor::empty({3, 1 + L}, DType::kF32);
+  for (int r = 0; r < 3; ++r) {
+    ctx_.copy(out.view().slice_flat(r * (1 + L), Shape{1}), groups[r]->scale(slots[r]));
+    const int64_t n = groups[r]->size();
+    for (int64_t h = 0; h < L; ++h)
+      ctx_.copy(out.view().slice_flat(r * (1 + L) + 1 + h, Shape{1}),
+                groups[r]->amax_history().view().slice_flat(h * n + slots[r], Shape{1}));
+  }
+  return out;
+}
+
+void GPTModel::fp8_set_state(int site, TensorView st) {
+  LOOM_CHECK(site >= 0 && site < fp8_num_sites(), "[GPTModel] FP8 site ", site, " out of range");
+  const int64_t L = fp8_->fwd->amax_history().size(0);
+  LOOM_CHECK(st.dtype() == DType::kF32 && st.numel() == 3 * (1 + L), "[GPTModel] FP8 state of site ", site,
+             " must be (3, ", 1 + L, ") f32, got ", st.desc());
+  Tensor host = Tensor::empty({3, 1 + L}, DType::kF32);
+  ctx_.copy(host, st.reshape({3, 1 + L}));
+  const Fp8ScalingGroup* groups[3] = {fp8_->fwd.get(), fp8_->fwd.get(), fp8_->bwd.get()};
+  const int slots[3] = {2 * site, 2 * site + 1, site};
+  for (int r = 0; r < 3; ++r) {
+    const float scale = host.data<float>()[r * (1 + L)];
+    Tensor s = Tensor::empty({1}, DType::kF32), si = Tensor::empty({1}, DType::kF32);
+    s.data<float>()[0] = scale;
+    si.data<float>()[0] = 1.0f / scale;
+    ctx_.copy(groups[r]->scale(slots[r]), s);
+    ctx_.copy(groups[r]->scale_inv(slots[r]), si);
+    const int64_t n = groups[r]->size();
+    for (int64_t h = 0; h < L; ++h)
+      ctx_.copy(groups[r]->amax_history().view().slice_flat(h * n + slots[r], Shape{1}),
+                host.view().slice_flat(r * (1 + L) + 1 + h, Shape{1}));
+  }
+  fp8_begin_step();
+}
+
+void GPTModel::gemm_forward(int site, TensorView out, TensorView inp, const Parameter& w, TensorView bias) const {
+  if (fp8_) {
+    fp8_->gemms[size_t(site)].forward(ctx_, out, inp, w.compute, bias);
+    return;
+  }
+  ctx_.ops().matmul_forward(out, inp, w.compute, bias);
+}
+
+void GPTModel::gemm_backward(int site, TensorView dinp, const Parameter& w, TensorView dbias, TensorView dout,
+                             TensorView inp) const {
+  if (fp8_) {
+    fp8_->gemms[size_t(site)].backward(ctx_, dinp, w.grad, dbias, dout, inp, w.compute);
+    return;
+  }
+  ctx_.ops().matmul_backward(dinp, w.grad, dbias, dout, inp, w.compute);
+}
 
 void GPTModel::store_slot() {
   SlotState& s = slots_[size_t(slot_)];
@@ -230,17 +335,16 @@ void GPTModel::reduce_column_input_grad() const {
 // the reduction; under SP dropout runs before the reduce-scatter on every rank's partial sum with the
 // single-process mask of the full (N, C) tensor (dropout is linear in its input, so the reduced result is
 // the single-process one).
-TensorView GPTModel::row_parallel_forward(const Linear& lin, TensorView out_full, TensorView inp,
+TensorView GPTModel::row_parallel_forward(int site, const Linear& lin, TensorView out_full, TensorView inp,
                                           const DropoutMask& drop, TensorView shard_out) const {
   const ModelParallel& mp = opts_.parallel;
+  Parameter* b = lin.bias();
   if (mp.tp_size() == 1) {
-    lin.forward(ctx_, out_full, inp);
+    gemm_forward(site, out_full, inp, lin.weight(), b != nullptr ? b->compute.view() : TensorView());
     hidden_dropout_forward(out_full, out_full, drop);
     return out_full;
   }
-  Parameter* b = lin.bias();
-  ctx_.ops().matmul_forward(out_full, inp, lin.weight().compute,
-                            b != nullptr && mp.tp_rank() == 0 ? b->compute.view() : TensorView());
+  gemm_forward(site, out_full, inp, lin.weight(), b != nullptr && mp.tp_rank() == 0 ? b->compute.view() : TensorView());
   if (mp.sequence_parallel) {
     hidden_dropout_forward(out_full, out_full, drop);
     sp_reduce_scatter(mp.tp, shard_out, out_full);
@@ -254,7 +358,7 @@ TensorView GPTModel::row_parallel_forward(const Linear& lin, TensorView out_full
 // dout: d(branch output) in the residual layout. Without SP it is replicated: every rank computes the
 // whole (replicated) bias gradient. With SP it is all-gathered first and the bias gradient sums this
 // rank's token rows only (a partial sum: the bias is marked sequence_parallel).
-void GPTModel::row_parallel_backward(const Linear& lin, TensorView dinp, TensorView dout, TensorView inp,
+void GPTModel::row_parallel_backward(int site, const Linear& lin, TensorView dinp, TensorView dout, TensorView inp,
                                      const DropoutMask& drop) const {
   const ModelParallel& mp = opts_.parallel;
   if (!mp.sequence_parallel) {
@@ -263,14 +367,14 @@ void GPTModel::row_parallel_backward(const Linear& lin, TensorView dinp, TensorV
       hidden_dropout_backward(branch_, dout, drop);
       d = branch_;
     }
-    lin.backward(ctx_, dinp, d, inp);
+    gemm_backward(site, dinp, lin.weight(), lin.bias() ? lin.bias()->grad.view() : TensorView(), d, inp);
     return;
   }
   const Dims dm = make_dims(cfg_, opts_, B_, T_);
   const TensorView full = TensorView(branch_).reshape({dm.N, dm.C});
   sp_all_gather(mp.tp, full, dout);
   hidden_dropout_backward(full, full, drop);
-  ctx_.ops().matmul_backward(dinp, lin.weight().grad, TensorView(), full, inp, lin.weight().compute);
+  gemm_backward(site, dinp, lin.weight(), TensorView(), full, inp);
   if (Parameter* b = lin.bias())
     ctx_.ops().bias_backward(b->grad, full.slice_flat(int64_t(mp.tp_rank()) * dm.Nl * dm.C, {dm.Nl, dm.C}));
 }
@@ -281,17 +385,20 @@ void GPTModel::forward_layer(int64_t l, TensorView segment_ids) {
   const bool sp = opts_.parallel.sequence_parallel;
   const TensorView x = layer_input(l);
   L.ln1.forward(ctx_, a.ln1, a.ln1_saved, x);
-  L.qkv.forward(ctx_, a.qkv, column_input(a.ln1));
+  gemm_forward(fp8_site(l, 0), a.qkv, column_input(a.ln1), L.qkv.weight(),
+               L.qkv.bias() ? L.qkv.bias()->compute.view() : TensorView());
   if (L.qk_norm) L.qk_norm->forward(ctx_, a.qkv, a.qk_saved, qk_a_);
   if (rope_) rope_->forward(ctx_, a.qkv, L.attn.params(), cp_positions_);  // in place: attention reads rotated q, k
   attention_forward(L, a, segment_ids, attention_mask(L.attn_dropout_site));
   // Bias-dropout-add: the bias is part of the linear output, dropout follows, then the residual add.
-  const TensorView attn_out = row_parallel_forward(L.proj, branch_, a.att, hidden_mask(L.proj_dropout_site), dln_);
+  const TensorView attn_out =
+      row_parallel_forward(fp8_site(l, 1), L.proj, branch_, a.att, hidden_mask(L.proj_dropout_site), dln_);
   L.ln2.forward_residual(ctx_, a.residual2, a.ln2, a.ln2_saved, x, attn_out);
-  L.fc1.forward(ctx_, a.fc, column_input(a.ln2));
+  gemm_forward(fp8_site(l, 2), a.fc, column_input(a.ln2), L.fc1.weight(),
+               L.fc1.bias() ? L.fc1.bias()->compute.view() : TensorView());
   mlp_activation_forward(a.fc);
-  row_parallel_forward(L.fc2, sp ? TensorView(branch_) : TensorView(a.out), act_, hidden_mask(L.mlp_dropout_site),
-                       a.out);
+  row_parallel_forward(fp8_site(l, 3), L.fc2, sp ? TensorView(branch_) : TensorView(a.out), act_,
+                       hidden_mask(L.mlp_dropout_site), a.out);
   ctx_.ops().residual_forward(a.out, a.out, a.residual2);
 }
 
@@ -354,7 +461,7 @@ void GPTModel::backward_layer(int64_t l, TensorView segment_ids) {
   const OpTable& ops = ctx_.ops();
   // MLP branch: dres is d(out) = d(residual2) through the skip connection.
   mlp_activation_forward(a.fc);  // recompute instead of saving B·T·F per layer
-  row_parallel_backward(L.fc2, dfc_, dres_, act_, hidden_mask(L.mlp_dropout_site));  // dfc_ = d(act output)
+  row_parallel_backward(fp8_site(l, 3), L.fc2, dfc_, dres_, act_, hidden_mask(L.mlp_dropout_site));  // dfc_ = d(act)
   TensorView dfc1 = dfc_;
   if (cfg_.gated_mlp()) {
     // d[gate | up] is twice as wide as dfc_; it overwrites fc1's output in place (the op allows dinp to
@@ -366,13 +473,14 @@ void GPTModel::backward_layer(int64_t l, TensorView segment_ids) {
   } else {
     ops.gelu_backward(dfc_, a.fc, dfc_);
   }
-  L.fc1.backward(ctx_, column_input_grad(), dfc1, column_input(a.ln2));
+  gemm_backward(fp8_site(l, 2), column_input_grad(), L.fc1.weight(), L.fc1.bias() ? L.fc1.bias()->grad.view() : TensorView(),
+                dfc1, column_input(a.ln2));
   reduce_column_input_grad();
   L.ln2.backward(ctx_, dres_, dln_, a.residual2, a.ln2_saved);
   // Attention branch: dres is now d(residual2) = d(x) through the skip connection.
   if (opts_.recompute_granularity == RecomputeGranularity::kSelective)
     attention_forward(L, a, segment_ids, a.attn_saved.dropout);
-  row_parallel_backward(L.proj, datt_, dres_, a.att, hidden_mask(L.proj_dropout_site));
+  row_parallel_backward(fp8_site(l, 1), L.proj, datt_, dres_, a.att, hidden_mask(L.proj_dropout_site));
   if (opts_.parallel.cp_size() > 1)
     ContextParallelAttention::backward(ctx_, dqkv_, datt_, a.qkv, a.att, a.attn_saved.lse,
                                        L.attn.with_dropout(a.attn_saved.dropout), *opts_.parallel.cp,
@@ -381,7 +489,8 @@ void GPTModel::backward_layer(int64_t l, TensorView segment_ids) {
     L.attn.backward(ctx_, dqkv_, datt_, a.qkv, a.att, a.attn_saved, segment_ids);
   if (rope_) rope_->backward(ctx_, dqkv_, L.attn.params(), cp_positions_);
   if (L.qk_norm) L.qk_norm->backward(ctx_, dqkv_, a.qk_saved, qk_a_, qk_b_);
-  L.qkv.backward(ctx_, column_input_grad(), dqkv_, column_input(a.ln1));
+  gemm_backward(fp8_site(l, 0), column_input_grad(), L.qkv.weight(), L.qkv.bias() ? L.qkv.bias()->grad.view() : TensorView(),
+                dqkv_, column_input(a.ln1));
   reduce_column_input_grad();
   L.ln1.backward(ctx_, dres_, dln_, layer_input(l), a.ln1_saved);
 }
@@ -492,7 +601,7 @@ float GPTModel::forward(const GPTBatch& batch, float dloss_scale, const ForwardO
   call_hook(&ParamHooks::before_forward, head_unit_);
   const Dims d = make_dims(cfg_, opts_, B, T);
   final_ln_->forward(ctx_, lnf_, lnf_saved_, layer_input(nl));
-  ops.matmul_forward(logits_, column_input(lnf_), output_weight().compute, TensorView());
+  gemm_forward(fp8_output_site(), logits_, column_input(lnf_), output_weight(), TensorView());
   const int64_t N = d.N;
   const TensorView mask = batch.loss_mask.defined() ? batch.loss_mask.reshape({N}) : TensorView();
   // CP: each rank's gradient is CP x its share of d(mean loss), so the average over dp_cp (DP x CP
@@ -540,8 +649,8 @@ void GPTModel::backward(const GPTBatch& batch_in) {
     const Dims d = make_dims(cfg_, opts_, B_, T_);
     // Output layer: dlnf = dlogits · W; dW += dlogits^T · lnf (W: output_layer.weight, or the tied Wte).
     Parameter& w = output_weight();
-    ops.matmul_backward(column_input_grad(), w.grad, TensorView(), logits_.reshape({d.N, d.Vl}), column_input(lnf_),
-                        w.compute);
+    gemm_backward(fp8_output_site(), column_input_grad(), w, TensorView(), logits_.reshape({d.N, d.Vl}),
+                  column_input(lnf_));
     reduce_column_input_grad();
     ops.fill_(dres_, 0.0f);
     final_ln_->backward(ctx_, dres_, dln_, layer_input(nl), lnf_saved_);

@@ -182,6 +182,12 @@ RecomputeMethod parse_recompute_method(std::string_view s) {
 void ModelOptions::validate(const GPTConfig& cfg) const {
   if (compute_dtype != DType::kF32 && compute_dtype != DType::kBF16 && compute_dtype != DType::kF16)
     user_error("the compute dtype must be f32, bf16 (--bf16) or f16 (--fp16), got ", dtype_name(compute_dtype));
+  if (fp8) {
+    if (compute_dtype == DType::kF32)
+      user_error("--fp8-format needs 16-bit compute (--bf16 or --fp16): FP8 GEMMs read 16-bit activations and "
+                 "weights, as in Transformer Engine");
+    fp8->validate();
+  }
   if (grad_dtype != DType::kF32 && grad_dtype != compute_dtype)
     user_error("gradients must be f32 (--accumulate-allreduce-grads-in-fp32) or in the compute dtype ",
                dtype_name(compute_dtype), ", got ", dtype_name(grad_dtype));

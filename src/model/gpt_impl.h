@@ -10,6 +10,7 @@
 
 #include "loom/core/rng.h"
 #include "loom/model/gpt.h"
+#include "loom/nn/fp8_gemm.h"
 #include "loom/parallel/tensor_parallel.h"
 
 namespace loom {
@@ -81,6 +82,13 @@ inline Linear make_linear(ParameterSet& ps, const std::string& prefix, int64_t i
 
 }  // namespace gpt_detail
 using namespace gpt_detail;  // private header of the model layer
+
+// FP8: two scaling groups (forward: input and weight of every GEMM site; backward: its output gradient)
+// and one Fp8Gemm per site.
+struct GPTModel::Fp8State {
+  std::unique_ptr<Fp8ScalingGroup> fwd, bwd;
+  std::vector<Fp8Gemm> gemms;
+};
 
 struct GPTModel::Layer {
   // Declaration order is parameter order in the flat buffers: norms, attention, MLP (GPT-2's order, with

@@ -157,6 +157,18 @@ const std::vector<Flag>& flags() {
        [](C& c, S) { c.precision.attention_softmax_in_fp32 = true; }},
       {"--accumulate-allreduce-grads-in-fp32", "", "FP32 main grads with --fp16 (always on with --bf16)",
        [](C& c, S) { c.precision.accumulate_allreduce_grads_in_fp32 = true; }},
+      {"--fp8-format", "S", "FP8 GEMMs in every linear layer: e4m3 | hybrid (E5M2 gradients); needs --bf16/--fp16",
+       [](C& c, S v) { c.precision.fp8_format = v; }},
+      {"--fp8-margin", "N", "FP8 scale = (fp8_max / amax) / 2^margin (default 0)",
+       [](C& c, S v) { c.precision.fp8_margin = int(parse_int("--fp8-margin", v)); }},
+      {"--fp8-amax-history-len", "N", "steps of amax history per FP8 tensor (default 1)",
+       [](C& c, S v) { c.precision.fp8_amax_history_len = int(parse_int("--fp8-amax-history-len", v)); }},
+      {"--fp8-amax-compute-algo", "S", "max | most_recent: the amax the FP8 scale follows (default most_recent)",
+       [](C& c, S v) { c.precision.fp8_amax_compute_algo = v; }},
+      {"--fp8-wgrad", "", "weight gradients from FP8 operands (the default)",
+       [](C& c, S) { c.precision.fp8_wgrad = true; }},
+      {"--no-fp8-wgrad", "", "weight gradients in the compute dtype instead of FP8",
+       [](C& c, S) { c.precision.fp8_wgrad = false; }},
       // recomputation and dropout
       {"--recompute-granularity", "S", "full | selective activation recomputation",
        [](C& c, S v) { c.recompute.granularity = v; }},
@@ -308,7 +320,6 @@ std::vector<FlagSpec<TrainConfig>> specs() {
 // Megatron flags for features this build does not have yet: a clear error instead of "unknown flag".
 const std::vector<std::string>& unsupported() {
   static const std::vector<std::string> names = {
-      "--fp8-format", "--fp8-margin", "--fp8-amax-history-len",
       "--use-flash-attn", "--use-mcore-models",
       // architecture variants Loom does not build
       "--rotary-seq-len-interpolation-factor", "--no-rope-freq", "--window-attn-skip-freq", "--apply-layernorm-1p",

@@ -59,6 +59,27 @@ void dist_validate(const TrainConfig& c, int world_size) {
 
 }  // namespace
 
+std::optional<Fp8Recipe> PrecisionConfig::fp8_recipe() const {
+  if (fp8_format.empty()) {
+    const char* stray = fp8_margin ? "--fp8-margin"
+                        : fp8_amax_history_len ? "--fp8-amax-history-len"
+                        : !fp8_amax_compute_algo.empty() ? "--fp8-amax-compute-algo"
+                        : fp8_wgrad ? (*fp8_wgrad ? "--fp8-wgrad" : "--no-fp8-wgrad")
+                                    : nullptr;
+    if (stray) user_error(stray, " has no effect without --fp8-format e4m3|hybrid");
+    return std::nullopt;
+  }
+  Fp8Recipe r;
+  r.format = parse_fp8_format(fp8_format);
+  r.margin = fp8_margin.value_or(0);
+  r.amax_history_len = fp8_amax_history_len.value_or(1);
+  if (!fp8_amax_compute_algo.empty()) r.amax_compute_algo = parse_amax_compute_algo(fp8_amax_compute_algo);
+  r.wgrad = fp8_wgrad.value_or(true);
+  r.validate();
+  if (!bf16 && !fp16) user_error("--fp8-format needs --bf16 or --fp16 (FP8 GEMMs read 16-bit activations and weights)");
+  return r;
+}
+
 void TrainConfig::validate(int world_size) const {
   const auto need = [](bool ok, const char* flag) {
     if (!ok) user_error("missing required flag ", flag);
@@ -98,6 +119,7 @@ void TrainConfig::validate(int world_size) const {
                  ") x data-parallel size (", dp, ") = ", unit);
   }
   dist_validate(*this, world_size);
+  (void)precision.fp8_recipe();  // throws for invalid FP8 flags
   if (optim.lr < 0) user_error("--lr must be >= 0, got ", optim.lr);
   if (optim.min_lr < 0 || optim.min_lr > optim.lr)
     user_error("--min-lr (", optim.min_lr, ") must be in [0, --lr (", optim.lr, ")]");

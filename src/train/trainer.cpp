@@ -128,6 +128,7 @@ ModelOptions Trainer::model_options() const {
   if (!cfg_.recompute.granularity.empty()) o.recompute_granularity = parse_recompute_granularity(cfg_.recompute.granularity);
   if (!cfg_.recompute.method.empty()) o.recompute_method = parse_recompute_method(cfg_.recompute.method);
   o.recompute_num_layers = cfg_.recompute.num_layers.value_or(0);
+  o.fp8 = cfg_.precision.fp8_recipe();
   return o;
 }
 
@@ -197,6 +198,13 @@ void Trainer::build_model() {
   base_bytes_ = ctx_->memory_stats().current_bytes;
   log_ << "device: " << ctx_->description() << "\n";
   const ModelOptions mo = model_options();
+  if (mo.fp8)
+    log_ << " > fp8: " << fp8_format_name(mo.fp8->format) << " (E4M3 forward, "
+         << (mo.fp8->format == Fp8Format::kHybrid ? "E5M2" : "E4M3") << " gradients), delayed scaling: margin "
+         << mo.fp8->margin << ", amax history " << mo.fp8->amax_history_len << " ("
+         << amax_compute_algo_name(mo.fp8->amax_compute_algo) << "), weight gradients "
+         << (mo.fp8->wgrad ? "in fp8" : "in " + std::string(dtype_name(mo.compute_dtype)))
+         << (ctx_->device().is_cpu() ? "; emulated on the CPU (quantise, dequantise, f32 GEMM)" : "") << "\n";
   if (distributed_) {
     build_model_distributed();
   } else {
@@ -295,6 +303,7 @@ Trainer::StepOutcome Trainer::train_step() {
   out.lr = sched_->lr();
 
   timers_.start("forward-backward", 1);
+  model_->fp8_begin_step();
   double loss_sum = 0;
   for (int64_t mb = 0; mb < nmb_; ++mb) {
     timers_.start("batch-generator", 2);
@@ -314,6 +323,7 @@ Trainer::StepOutcome Trainer::train_step() {
     if (dloss != 0.0f) model_->backward(gb);
     timers_.stop("backward-compute");
   }
+  fp8_after_backward();
   timers_.stop("forward-backward");
   out.loss = loss_sum / double(nmb_);
 
@@ -360,7 +370,16 @@ Trainer::StepOutcome Trainer::train_step() {
 }
 
 double Trainer::evaluate(const std::shared_ptr<const SampleDataset>& ds, int64_t& consumed_samples) {
-  if (distributed_) return evaluate_distributed(ds, consumed_samples);
+  // FP8: the weights changed since the last step's quantisation, and evaluation amaxes must not steer
+  // the training scales.
+  for (GPTModel* m : models()) m->fp8_begin_step();
+  const double loss =
+      distributed_ ? evaluate_distributed(ds, consumed_samples) : evaluate_single(ds, consumed_samples);
+  for (GPTModel* m : models()) m->fp8_discard_amaxes();
+  return loss;
+}
+
+double Trainer::evaluate_single(const std::shared_ptr<const SampleDataset>& ds, int64_t& consumed_samples) {
   LoaderConfig lc = loader_config(consumed_samples);
   lc.prefetch_depth = 0;
   Loader loader(ds, lc);
@@ -539,6 +558,32 @@ std::string Trainer::communication_block() {
     out += fmt("    %s %s: %.1f | %.3f | %.2f\n", c.group.c_str(), c.op.c_str(), double(c.calls) / n,
                double(c.bytes) / n / 1048576.0, c.wait_seconds * 1000.0 / n);
   return out;
+}
+
+std::vector<GPTModel*> Trainer::models() const {
+  std::vector<GPTModel*> out;
+  if (model_) out.push_back(model_.get());
+  for (const auto& m : chunks_) out.push_back(m.get());
+  return out;
+}
+
+NamedTensors Trainer::fp8_state_tensors(std::vector<Tensor>& holder) const {
+  NamedTensors out;
+  holder.clear();
+  for (GPTModel* m : models())
+    for (int s = 0; s < m->fp8_num_sites(); ++s) holder.push_back(m->fp8_state(s));
+  size_t k = 0;
+  for (GPTModel* m : models())
+    for (int s = 0; s < m->fp8_num_sites(); ++s) out.emplace_back(m->fp8_state_name(s), holder[k++]);
+  return out;
+}
+
+void Trainer::fp8_after_backward() {
+  // Tensor-parallel ranks hold shards of one tensor, DP x CP ranks replicas of it (or of its tokens): one
+  // scale for all of them, from the max of their amaxes.
+  std::vector<const Communicator*> groups;
+  if (distributed_) groups = {&ps_->tp(), &ps_->dp_cp()};
+  for (GPTModel* m : models()) m->fp8_update_scaling(groups);
 }
 
 double Trainer::params_norm() const {

@@ -141,6 +141,10 @@ std::string Trainer::metadata_json() const {
   }
   if (!cfg_.checkpoint.no_save_rng)
     j["rng"] = {{"generator", "philox4x32-10"}, {"dropout_seed", dropout_seed_}, {"micro_batches", micro_batches_done_}};
+  if (const std::optional<Fp8Recipe> r = cfg_.precision.fp8_recipe()) {
+    j["fp8"] = {{"format", fp8_format_name(r->format)}, {"amax_history_len", r->amax_history_len}};
+    if (!distributed_) j["files"]["fp8"] = "fp8_state.safetensors";
+  }
   return j.dump(2) + "\n";
 }
 
@@ -161,6 +165,10 @@ void Trainer::save_checkpoint() {
   write_checkpoint_tensors(staging, "model.safetensors", model_tensors(ps), {{"format", "pt"}});
   if (!cfg_.checkpoint.no_save_optim)
     write_checkpoint_tensors(staging, "optimizer.safetensors", optimizer_tensors(ps, *adamw_), {{"format", "pt"}});
+  if (model_->fp8()) {
+    std::vector<Tensor> holder;
+    write_checkpoint_tensors(staging, "fp8_state.safetensors", fp8_state_tensors(holder), {{"format", "pt"}});
+  }
   write_checkpoint_text(staging, "metadata.json", metadata_json());
   commit_checkpoint(root, iteration_);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -215,6 +223,15 @@ void Trainer::load_checkpoint() {
     user_error("checkpoint ", dir, " was saved by a single process (model.safetensors); a distributed run loads "
                "sharded checkpoints only: resume it once with one process and --save, or use --finetune after "
                "`loom convert` to Hugging Face");
+  if (models().front()->fp8() != meta.contains("fp8"))
+    log_ << " > note: checkpoint " << dir << (meta.contains("fp8") ? " holds FP8 scaling state, which this run (no "
+            "--fp8-format) does not use" : " has no FP8 scaling state: the FP8 scales start at 1") << "\n";
+  if (meta.contains("fp8") && models().front()->fp8()) {
+    const int64_t saved = get_field<int64_t>(meta["fp8"], "amax_history_len", meta_path);
+    if (saved != cfg_.precision.fp8_recipe()->amax_history_len)
+      user_error("checkpoint ", dir, " keeps ", saved, " steps of FP8 amax history; this run has "
+                 "--fp8-amax-history-len ", cfg_.precision.fp8_recipe()->amax_history_len, ": use the same length");
+  }
   const bool load_optim = !cfg_.checkpoint.finetune && !cfg_.checkpoint.no_load_optim;
   if (load_optim && !meta.contains("optimizer"))
     user_error("checkpoint ", dir, " holds no optimizer state (saved with --no-save-optim); pass --no-load-optim "
@@ -226,6 +243,12 @@ void Trainer::load_checkpoint() {
     const SafetensorsFile f = SafetensorsFile::open(dir + "/model.safetensors");
     load_tensors_checked(f, model_tensors(ps));
     ps.sync_compute(*ctx_);
+    if (model_->fp8() && meta.contains("fp8")) {
+      std::vector<Tensor> holder;
+      const NamedTensors st = fp8_state_tensors(holder);
+      load_tensors_checked(SafetensorsFile::open(dir + "/fp8_state.safetensors"), st);
+      for (int s = 0; s < model_->fp8_num_sites(); ++s) model_->fp8_set_state(s, holder[size_t(s)]);
+    }
   }
 
   if (cfg_.checkpoint.finetune) {

@@ -91,6 +91,7 @@ Trainer::StepOutcome Trainer::train_step_distributed() {
   }
   timers_.stop("batch-generator");
   dopt_->start_step();
+  for (auto& m : chunks_) m->fp8_begin_step();
   PipelineStepConfig pc;
   pc.num_microbatches = nmb_;
   pc.dropout_seed = dropout_seed_;
@@ -113,6 +114,7 @@ Trainer::StepOutcome Trainer::train_step_distributed() {
   timers_.start("grads-all-reduce", 1);
   dopt_->finish_grad_sync();
   timers_.stop("grads-all-reduce");
+  fp8_after_backward();
   timers_.stop("forward-backward");
   // The last stage's mean over micro-batches, averaged over data-parallel replicas, known on every rank.
   const bool last = ps_->is_pipeline_last_stage();
@@ -244,6 +246,17 @@ void Trainer::save_checkpoint_sharded() {
         t.data = p.value;
         pieces.push_back(std::move(t));
       }
+  // FP8 scaling state: identical on the TP and DP x CP replicas after the amax reduction; one rank of
+  // them saves it, under per-layer names (any layout reads it back).
+  std::vector<Tensor> fp8_holder;
+  if (ps_->tp_rank() == 0 && ps_->dp_rank() == 0 && ps_->cp_rank() == 0)
+    for (const auto& [name, view] : fp8_state_tensors(fp8_holder)) {
+      TensorPiece t;
+      t.name = name;
+      t.global_shape = view.shape();
+      t.data = view;
+      pieces.push_back(std::move(t));
+    }
   const std::string layout = "{\"tp\":" + std::to_string(ps_->tp_size()) + ",\"pp\":" + std::to_string(ps_->pp_size()) +
                              ",\"cp\":" + std::to_string(ps_->cp_size()) + ",\"dp\":" + std::to_string(ps_->dp_size()) +
                              ",\"sharding\":\"" + sharding_strategy_name(sharding_strategy()) + "\"}";
@@ -251,6 +264,12 @@ void Trainer::save_checkpoint_sharded() {
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   log_ << "  successfully saved checkpoint from iteration " << iteration_ << " to " << root << " [ t "
        << fmt_ms(ms) << " ms ]\n" << std::flush;
+}
+
+void Trainer::load_fp8_state(const ShardedCheckpoint& ck) {
+  for (GPTModel* m : models())
+    for (int s = 0; s < m->fp8_num_sites(); ++s)
+      if (ck.contains(m->fp8_state_name(s))) m->fp8_set_state(s, ck.read_full(m->fp8_state_name(s), DType::kF32));
 }
 
 void Trainer::load_checkpoint_sharded(const std::string& dir) {
@@ -274,6 +293,7 @@ void Trainer::load_checkpoint_sharded(const std::string& dir) {
     }
     ck.read(targets);
     model_->sync_compute();
+    load_fp8_state(ck);
     return;
   }
   // Weights: every parameter value this rank has (ZeRO-3: none), and the master shards.
@@ -302,6 +322,7 @@ void Trainer::load_checkpoint_sharded(const std::string& dir) {
     }
   }
   ck.read(targets);
+  load_fp8_state(ck);
   dopt_->sync_params_from_masters();
   for (const auto& m : chunks_)
     if (m->params().storage() == ParamStorage::kFull) m->sync_compute();

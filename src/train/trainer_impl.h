@@ -7,6 +7,8 @@
 #include <ostream>
 #include <string>
 
+#include "loom/ckpt/safetensors.h"
+#include "loom/ckpt/sharded.h"
 #include "loom/data/loader.h"
 #include "loom/model/gpt.h"
 #include "loom/optim/distributed_optimizer.h"
@@ -42,6 +44,7 @@ class Trainer {
   void build_model();
   StepOutcome train_step();
   double evaluate(const std::shared_ptr<const SampleDataset>& ds, int64_t& consumed_samples);
+  double evaluate_single(const std::shared_ptr<const SampleDataset>& ds, int64_t& consumed_samples);
   void evaluate_and_print(const std::string& prefix, bool test_set, bool periodic);
   void training_log(const StepOutcome& s);
   void write_tensorboard_step(const StepOutcome& s, double params_norm);
@@ -60,6 +63,12 @@ class Trainer {
   ShardingStrategy sharding_strategy() const;
   double params_norm() const;
   std::string communication_block();  // --timing-log-level 2, distributed: per-iteration communication
+  // FP8: this rank's model instances (the model, or its pipeline chunks); their scaling state as named
+  // host tensors (checkpoints; `holder` keeps them alive), and its restoration from a checkpoint.
+  std::vector<GPTModel*> models() const;
+  NamedTensors fp8_state_tensors(std::vector<Tensor>& holder) const;
+  void load_fp8_state(const ShardedCheckpoint& ck);  // the sites the checkpoint has
+  void fp8_after_backward();  // reduce this step's amaxes over TP and DP x CP, update the scales
 
   // The gradient seed of one micro-batch: loss_scale / (unmasked tokens · micro-batches), so the step's
   // gradient is that of Megatron's loss (per-micro-batch token mean, averaged over micro-batches).

@@ -3,8 +3,9 @@
 // end with byte-identical model.safetensors / optimizer.safetensors / metadata.json. Three ways to stop:
 // --exit-interval (in-process), SIGTERM with --exit-signal-handler and kill -9 after a --save-interval
 // save (both on the loom binary, since a signal has to hit a separate process). Each runs with fp32,
-// --bf16 and --fp16 (a dynamic loss scale that changes during the run), with Megatron's default dropout
-// on so that the dropout RNG state has to be restored too.
+// --bf16, --fp16 (a dynamic loss scale that changes during the run) and FP8 (delayed scaling with an
+// amax history: fp8_state.safetensors must restore it), with Megatron's default dropout on so that the
+// dropout RNG state has to be restored too.
 //
 // The child's stdout is a pipe shrunk to one page: a child that runs ahead of the reader blocks on its
 // log lines, so it cannot get more than ~12 iterations past the line the test reacts to, which keeps the
@@ -58,6 +59,9 @@ Args tiny_args(const std::string& precision, int64_t iters) {
             "--lr", "1e-3", "--min-lr", "1e-4", "--lr-warmup-iters", "3", "--lr-decay-style", "cosine",
             "--mock-data", "--vocab-size", "100", "--log-interval", "1", "--eval-iters", "0", "--seed", "77"};
   if (precision == "bf16") a.push_back("--bf16");
+  // FP8 (emulated): a 4-step amax history with "max" makes the scaling state matter across a resume.
+  if (precision == "fp8")
+    a = cat(a, {"--bf16", "--fp8-format", "hybrid", "--fp8-amax-history-len", "4", "--fp8-amax-compute-algo", "max"});
   // 65536 doubles every 4 clean iterations and overflows (fp16 dlogits) near 2^22: the scale changes
   // during every run, so a resume that loses the scaler state shows up.
   if (precision == "fp16") a = cat(a, {"--fp16", "--initial-loss-scale", "65536", "--loss-scale-window", "4"});
@@ -89,7 +93,9 @@ std::map<int64_t, std::string> lm_loss_by_iteration(const std::string& log) {
 }
 
 void expect_same_checkpoint_files(const std::string& a, const std::string& b) {
-  for (const char* f : {"model.safetensors", "optimizer.safetensors", "metadata.json"}) {
+  for (const char* f : {"model.safetensors", "optimizer.safetensors", "metadata.json", "fp8_state.safetensors"}) {
+    const bool optional = std::string(f) == "fp8_state.safetensors";  // FP8 runs only
+    if (optional && !fs::exists(a + "/" + f) && !fs::exists(b + "/" + f)) continue;
     const std::string x = read_file(a + "/" + f), y = read_file(b + "/" + f);
     EXPECT_FALSE(x.empty()) << a << "/" << f;
     EXPECT_TRUE(x == y) << f << " differs between " << a << " and " << b;
@@ -352,5 +358,5 @@ TEST(TrainSignal, SigtermWhileStdoutIsBlockedKeepsTheLog) {
   for (int64_t it = 1; it <= k; ++it) EXPECT_TRUE(lines.count(it)) << "no log line for iteration " << it;
 }
 
-INSTANTIATE_TEST_SUITE_P(Precisions, TrainResume, ::testing::Values("fp32", "bf16", "fp16"),
+INSTANTIATE_TEST_SUITE_P(Precisions, TrainResume, ::testing::Values("fp32", "bf16", "fp16", "fp8"),
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });

@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "loom/dist/communicator.h"
+#include "loom/fp8/fp8.h"
 #include "loom/nn/modules.h"
 
 namespace loom {
@@ -189,6 +190,9 @@ struct ModelOptions {
   // Micro-batches whose activations can be alive at once (pipeline schedules keep up to PP of them in
   // flight); each slot has its own saved activations, scratch is shared. >= 1.
   int activation_slots = 1;
+  // FP8 GEMMs (--fp8-format ...): every linear layer (qkv, proj, fc1, fc2) and the output layer run under
+  // this delayed-scaling recipe (loom/nn/fp8_gemm.h); needs bf16 or f16 compute. Unset: no FP8.
+  std::optional<Fp8Recipe> fp8;
   void validate(const GPTConfig& cfg) const;  // throws UserError naming the Megatron flags
 };
 
@@ -291,6 +295,23 @@ class GPTModel {
   // The (B, T) micro-batch shape must be fixed before input() exists: allocates the buffers.
   void prepare(int64_t B, int64_t T);
 
+  // ---- FP8 (ModelOptions::fp8) ----
+  bool fp8() const { return fp8_ != nullptr; }
+  // A new step (or an evaluation after an optimizer step): weights are quantised again at their next use.
+  void fp8_begin_step();
+  // After a step's backward: this step's amaxes reduced (max) over `groups` — the ranks holding the same
+  // tensors: tensor- and data-parallel replicas — then every scale updated (the recipe's rule).
+  void fp8_update_scaling(const std::vector<const Communicator*>& groups);
+  // Drops the amaxes recorded since the last update (evaluation forwards must not steer training scales).
+  void fp8_discard_amaxes();
+  // The scaling state of GEMM site s (linear layers in order qkv, proj, fc1, fc2 per local layer, then the
+  // output layer): rows input, weight, grad; columns scale, then the amax history (most recent first).
+  // Checkpoints save it under fp8_state_name(s) and restore it with fp8_set_state.
+  int fp8_num_sites() const;
+  std::string fp8_state_name(int site) const;
+  Tensor fp8_state(int site) const;            // (3, 1 + history length) f32, host
+  void fp8_set_state(int site, TensorView st);  // the same shape
+
   // Every buffer a model built with (cfg, opts) allocates for (B, T) micro-batches; validates both.
   static GPTMemoryPlan memory_plan(const GPTConfig& cfg, const ModelOptions& opts, int64_t B, int64_t T);
   // Bytes of the activation buffers allocated now (0 before the first forward); equals
@@ -330,10 +351,18 @@ class GPTModel {
   TensorView column_input(TensorView shard) const;
   TensorView column_input_grad() const;
   void reduce_column_input_grad() const;
-  TensorView row_parallel_forward(const Linear& lin, TensorView out_full, TensorView inp, const DropoutMask& drop,
-                                  TensorView shard_out) const;
-  void row_parallel_backward(const Linear& lin, TensorView dinp, TensorView dout, TensorView inp,
+  TensorView row_parallel_forward(int site, const Linear& lin, TensorView out_full, TensorView inp,
+                                  const DropoutMask& drop, TensorView shard_out) const;
+  void row_parallel_backward(int site, const Linear& lin, TensorView dinp, TensorView dout, TensorView inp,
                              const DropoutMask& drop) const;
+  // One linear layer's GEMMs (FP8 site `site` when FP8 is on; the plain matmul otherwise):
+  // out = inp · W^T (+ bias); dinp overwritten, dW and dbias accumulate (empty views skip).
+  void gemm_forward(int site, TensorView out, TensorView inp, const Parameter& w, TensorView bias) const;
+  void gemm_backward(int site, TensorView dinp, const Parameter& w, TensorView dbias, TensorView dout,
+                     TensorView inp) const;
+  int fp8_site(int64_t local_layer, int which) const { return int(4 * local_layer) + which; }  // 0 qkv .. 3 fc2
+  int fp8_output_site() const { return int(4 * int64_t(layers_.size())); }
+  struct Fp8State;
   void attention_forward(const Layer& L, LayerActs& a, TensorView segment_ids, const DropoutMask& drop);
   void embedding_forward(const GPTBatch& batch);
   void embedding_backward(const GPTBatch& batch);
@@ -346,6 +375,7 @@ class GPTModel {
   const DeviceContext& ctx_;
   std::vector<ParamUnit> units_;
   ParamHooks* hooks_ = nullptr;
+  std::unique_ptr<Fp8State> fp8_;
   ParameterSet params_;
   std::unique_ptr<Embedding> embedding_;   // pre_process only
   std::vector<std::unique_ptr<Layer>> layers_;  // the local layers [first_layer, first_layer + num_layers)

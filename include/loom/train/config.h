@@ -9,6 +9,7 @@
 
 #include "loom/data/tokenizer.h"
 #include "loom/dist/parallel_state.h"
+#include "loom/fp8/fp8.h"
 #include "loom/model/gpt.h"
 #include "loom/optim/optimizer.h"
 
@@ -67,6 +68,15 @@ struct PrecisionConfig {
   int64_t hysteresis = 2;                     // --hysteresis (overflows tolerated before the scale halves)
   bool attention_softmax_in_fp32 = false;     // --attention-softmax-in-fp32 (Loom's softmax is always f32)
   bool accumulate_allreduce_grads_in_fp32 = false;  // --accumulate-allreduce-grads-in-fp32 (forced by --bf16)
+  // FP8 (Transformer Engine's delayed scaling; emulated on the CPU backend). fp8_format set = FP8 on.
+  std::string fp8_format;                     // --fp8-format e4m3|hybrid ("" = off)
+  std::optional<int> fp8_margin;              // --fp8-margin (default 0)
+  std::optional<int> fp8_amax_history_len;    // --fp8-amax-history-len (default 1)
+  std::string fp8_amax_compute_algo;          // --fp8-amax-compute-algo max|most_recent (default most_recent)
+  std::optional<bool> fp8_wgrad;              // --fp8-wgrad / --no-fp8-wgrad (default on)
+  // The recipe when --fp8-format is given (defaults filled in); UserError for invalid values, for FP8
+  // without 16-bit compute, and for an --fp8-* flag without --fp8-format.
+  std::optional<Fp8Recipe> fp8_recipe() const;
   DType compute_dtype() const { return bf16 ? DType::kBF16 : fp16 ? DType::kF16 : DType::kF32; }
   // Megatron: main grads are f32 for bf16 (forced) and with the flag, else the model's dtype.
   DType grad_dtype() const { return fp16 && !accumulate_allreduce_grads_in_fp32 ? DType::kF16 : DType::kF32; }
