@@ -36,6 +36,20 @@ TEST(Cli, MegatronFlagNotInThisBuild) {
                         "yet");
 }
 
+// FP8 flags: a sub-flag without --fp8-format is not silently ignored; FP8 needs 16-bit compute; the values
+// are checked and named.
+TEST(Cli, Fp8FlagsAreValidated) {
+  const std::string data = "--mock-data --vocab-size 50 ";
+  expect_one_line_error(run(kModel + data + "--fp8-margin 1"), "--fp8-margin has no effect without --fp8-format");
+  expect_one_line_error(run(kModel + data + "--no-fp8-wgrad"), "--no-fp8-wgrad has no effect without --fp8-format");
+  expect_one_line_error(run(kModel + data + "--fp8-format hybrid"), "--fp8-format needs --bf16 or --fp16");
+  expect_one_line_error(run(kModel + data + "--bf16 --fp8-format e5m2"), "--fp8-format must be e4m3 or hybrid, got 'e5m2'");
+  expect_one_line_error(run(kModel + data + "--bf16 --fp8-format e4m3 --fp8-amax-compute-algo mean"),
+                        "--fp8-amax-compute-algo must be max or most_recent, got 'mean'");
+  expect_one_line_error(run(kModel + data + "--bf16 --fp8-format e4m3 --fp8-amax-history-len 0"),
+                        "--fp8-amax-history-len must be >= 1, got 0");
+}
+
 // Megatron's rules for --overlap-param-gather: a sharded optimizer and --overlap-grad-reduce.
 TEST(Cli, OverlapParamGatherNeedsShardingAndOverlappedReduction) {
   expect_one_line_error(run(kModel + "--mock-data --vocab-size 50 --overlap-grad-reduce --overlap-param-gather"),
