@@ -42,6 +42,12 @@ GPTModel::GPTModel(const GPTConfig& cfg, const DeviceContext& ctx, const ModelOp
       fp8_->bwd = std::make_unique<Fp8ScalingGroup>(ctx, opts_.fp8->backward_dtype(), sites, *opts_.fp8);
       for (int s = 0; s < sites; ++s)
         fp8_->gemms.emplace_back(fp8_->fwd.get(), 2 * s, 2 * s + 1, fp8_->bwd.get(), s, opts_.fp8->wgrad);
+      for (size_t l = 0; l < layers_.size(); ++l) {
+        const Layer& L = *layers_[l];
+        const Linear* lins[4] = {&L.qkv, &L.proj, &L.fc1, &L.fc2};
+        for (int k = 0; k < 4; ++k) fp8_->gemms[size_t(fp8_site(int64_t(l), k))].reserve(ctx, lins[k]->weight().shape);
+      }
+      if (opts_.parallel.post_process) fp8_->gemms[size_t(fp8_output_site())].reserve(ctx, output_weight().shape);
     } else {
       fp8_.reset();  // an embedding-only stage has no GEMM
     }

@@ -243,6 +243,35 @@ GPTMemoryPlan GPTModel::memory_plan(const GPTConfig& cfg, const ModelOptions& op
     plan.parameters.push_back({"rope.cos", table, DType::kF32});
     plan.parameters.push_back({"rope.sin", table, DType::kF32});
   }
+  if (opts.fp8) {
+    // FP8 (emulated): every GEMM site keeps its dequantised weight (f32) for the step, and the scaling
+    // state: amax history (L, sites) and scale, scale_inv per tensor (2 forward, 1 backward per site).
+    int64_t weights = 0, sites = 0;
+    const auto ends_with = [](const std::string& a, const std::string& b) {
+      return a.size() >= b.size() && a.compare(a.size() - b.size(), b.size(), b) == 0;
+    };
+    for (const Parameter& p : declared.all())
+      for (const char* w : {"linear_qkv.weight", "linear_proj.weight", "linear_fc1.weight", "linear_fc2.weight",
+                            "output_layer.weight"})
+        if (ends_with(p.name, w)) {
+          weights += p.shape.numel();
+          ++sites;
+        }
+    // A tied output layer reads the word embedding (or the last stage's copy of it).
+    if (opts.parallel.post_process && !cfg.untie_embeddings_and_output_weights) {
+      const Parameter* e = declared.find("embedding.word_embeddings.weight");
+      if (e) {
+        weights += e->shape.numel();
+        ++sites;
+      }
+    }
+    if (sites > 0) {
+      plan.parameters.push_back({"fp8.weight_cache", {weights}, DType::kF32});
+      const int64_t L = opts.fp8->amax_history_len;
+      plan.parameters.push_back({"fp8.forward_state", {(L + 2) * 2 * sites}, DType::kF32});
+      plan.parameters.push_back({"fp8.backward_state", {(L + 2) * sites}, DType::kF32});
+    }
+  }
   for (BufferSlot& s : activation_layout(cfg, opts, B, T, nullptr)) plan.activations.push_back(std::move(s.buffer));
   return plan;
 }

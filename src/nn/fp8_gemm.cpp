@@ -5,18 +5,20 @@
 
 namespace loom {
 
-Tensor Fp8Gemm::quantize_dequantize(const DeviceContext& ctx, TensorView x, const Fp8ScalingGroup& group,
-                                    int slot) const {
+Tensor Fp8Gemm::quantize_dequantize(const DeviceContext& ctx, TensorView x, const Fp8ScalingGroup& group, int slot,
+                                    Tensor out) const {
   Tensor q = ctx.empty(x.shape(), group.dtype());
   ctx.ops().fp8_quantize(q, x, group.scale(slot), group.amax(slot));
-  Tensor d = ctx.empty(x.shape(), DType::kF32);
-  ctx.ops().fp8_dequantize(d, q, group.scale_inv(slot));
-  return d;
+  if (!out.defined()) out = ctx.empty(x.shape(), DType::kF32);
+  ctx.ops().fp8_dequantize(out, q, group.scale_inv(slot));
+  return out;
 }
 
 const Tensor& Fp8Gemm::weight_deq(const DeviceContext& ctx, TensorView weight) const {
   if (!weight_valid_) {
-    weight_deq_ = quantize_dequantize(ctx, weight, *fwd_, weight_slot_);
+    const bool reuse = weight_deq_.defined() && weight_deq_.numel() == weight.numel();
+    weight_deq_ = quantize_dequantize(ctx, weight, *fwd_, weight_slot_, reuse ? weight_deq_ : Tensor());
+    if (weight_deq_.shape() != weight.shape()) weight_deq_ = weight_deq_.reshape(weight.shape());
     weight_valid_ = true;
   }
   return weight_deq_;

@@ -28,6 +28,9 @@ class Fp8Gemm {
         wgrad_(wgrad) {}
   // A new step: the weights changed (or their scale did), so the next use quantises them again.
   void begin_step() { weight_valid_ = false; }
+  // Allocates the dequantised-weight cache up front (f32, the weight's shape), so a model's buffers exist
+  // from construction on (GPTModel::memory_plan counts it).
+  void reserve(const DeviceContext& ctx, const Shape& weight_shape) { weight_deq_ = ctx.empty(weight_shape, DType::kF32); }
 
   // out = inp · weight^T + bias (see the header comment); inp, weight in the compute dtype, bias null or
   // in the compute dtype, out in the compute dtype or f32.
@@ -37,8 +40,9 @@ class Fp8Gemm {
                 TensorView inp, TensorView weight) const;
 
  private:
-  // deq(q(x)) with slot `slot` of `group`, as f32 (M, K) shaped like x.
-  Tensor quantize_dequantize(const DeviceContext& ctx, TensorView x, const Fp8ScalingGroup& group, int slot) const;
+  // deq(q(x)) with slot `slot` of `group`, as f32 shaped like x (into `out` when given).
+  Tensor quantize_dequantize(const DeviceContext& ctx, TensorView x, const Fp8ScalingGroup& group, int slot,
+                             Tensor out = Tensor()) const;
   const Tensor& weight_deq(const DeviceContext& ctx, TensorView weight) const;
 
   const Fp8ScalingGroup* fwd_ = nullptr;

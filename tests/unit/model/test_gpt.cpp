@@ -208,8 +208,11 @@ TEST_P(GPTMemory, PlanEqualsAllocatedBytes) {
   const MicroBatch mb = make_batch(0, cfg.vocab_size, false);
   Tensor tok = Tensor::empty({1, 8}, DType::kI32), tgt = Tensor::empty({1, 8}, DType::kI32);
   for (int64_t i = 0; i < 8; ++i) tok.data<int32_t>()[i] = tgt.data<int32_t>()[i] = int32_t(i);
+  ModelOptions fp8 = recompute(G::kNone, M::kNone, 0, DType::kBF16);
+  fp8.fp8 = Fp8Recipe{};
+  fp8.fp8->amax_history_len = 3;
   for (const ModelOptions& o : {recompute(G::kNone), recompute(G::kSelective, M::kNone, 0, DType::kBF16),
-                                recompute(G::kFull, M::kUniform, 2), recompute(G::kFull, M::kBlock, 3), f16_grads}) {
+                                recompute(G::kFull, M::kUniform, 2), recompute(G::kFull, M::kBlock, 3), f16_grads, fp8}) {
     SCOPED_TRACE(describe(o));
     const int64_t before = ctx->memory_stats().current_bytes;
     GPTModel m(cfg, *ctx, o);
