@@ -9,6 +9,7 @@
 //     are tracked separately and recorded as +inf); independent of the thread count (max is exact);
 //   - the scaling update is the issue's / DESIGN.md's rule, element by element in f32.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -26,6 +27,32 @@ constexpr int64_t kChunk = 1024;                     // elements widened to f32 
 constexpr int64_t kParallelMin = int64_t(1) << 15;  // elements; below this a thread team costs more than it saves
 
 bool is_fp8(DType dt) { return dt == DType::kF8E4M3 || dt == DType::kF8E5M2; }
+
+// f32 -> fp8 with saturation, bit-identical to the core's loom::f32_to_fp8_e4m3 / _e5m2 (checked over a
+// sweep of the f32 range in test_fp8.cpp) but branch-light: normal results round to nearest even on the
+// f32 bits (a carry out of the mantissa moves into the exponent by itself), subnormal ones scale exactly
+// by a power of two and round with nearbyint, anything above the largest finite value (infinities
+// included) saturates, NaN keeps its sign.
+template <int kMbits, int kBias, uint32_t kNanBits, uint32_t kMaxBits>
+inline uint8_t encode_fp8(float x) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  const uint32_t sign = (u >> 24) & 0x80u;
+  const uint32_t a = u & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) return uint8_t(sign | kNanBits);
+  constexpr uint32_t kMinNormal = uint32_t(127 + 1 - kBias) << 23;  // 2^(1 - bias) as f32 bits
+  if (a < kMinNormal) {
+    // Units of the smallest subnormal, 2^(1 - bias - mbits); 2^mbits lands on the smallest normal.
+    const float q = std::nearbyint(std::bit_cast<float>(a) * std::ldexp(1.0f, kMbits - 1 + kBias));
+    return uint8_t(sign | uint32_t(q));
+  }
+  constexpr int kShift = 23 - kMbits;
+  const uint32_t r = a + ((1u << (kShift - 1)) - 1u) + ((a >> kShift) & 1u);
+  const uint32_t e = (r >> 23) - 127u + uint32_t(kBias);  // >= 1 here
+  const uint32_t code = (e << kMbits) | ((r >> kShift) & ((1u << kMbits) - 1u));
+  return uint8_t(sign | (a >= 0x7F800000u || e > 0x7Fu || code > kMaxBits ? kMaxBits : code));
+}
+inline uint8_t encode_e4m3(float x) { return encode_fp8<3, 7, 0x7F, 0x7E>(x); }
+inline uint8_t encode_e5m2(float x) { return encode_fp8<2, 15, 0x7E, 0x7B>(x); }
 
 void expect_scalar(const TensorView& t, const char* op, const char* name) {
   LOOM_CHECK(t.defined() && t.device().is_cpu() && t.dtype() == DType::kF32 && t.numel() == 1, "[", op,
@@ -65,7 +92,7 @@ void CpuOps::fp8_quantize(TensorView out, TensorView inp, TensorView scale, Tens
       if (!std::isfinite(a)) non_finite = true;
       else local_max = std::max(local_max, a);
       const float y = x[i] * s;
-      dst[i0 + i] = e4m3 ? f32_to_fp8_e4m3(y) : f32_to_fp8_e5m2(y);
+      dst[i0 + i] = e4m3 ? encode_e4m3(y) : encode_e5m2(y);
     }
   }
   float* am = amax.data<float>();
