@@ -142,6 +142,9 @@ CalcInput make_calc_input(const TrainConfig& cfg, const CalcOptions& opts) {
   // Precision and recomputation: the same rules as `loom train`.
   in.precision = cfg.precision;
   if (in.precision.bf16 && in.precision.fp16) user_error("--bf16 and --fp16 are mutually exclusive");
+  if (in.precision.fp8_recipe())  // validates the --fp8-* flags as `loom train` does
+    in.notes.push_back("--fp8-format: throughput uses the GPU's dense FP8 peak; memory excludes the FP8 weight "
+                       "copies (about 1 B per linear-layer parameter in Transformer Engine)");
   in.recompute = cfg.recompute;
   const std::string& g = in.recompute.granularity;
   if (!g.empty() && g != "full" && g != "selective")
@@ -369,6 +372,12 @@ CalcReport compute_calc(const CalcInput& in) {
 
   // Throughput and time. X counts every executed FLOP (Megatron's reported TFLOP/s include recomputation).
   r.peak_tflops = is_16bit(in.precision) ? in.gpu.bf16_tflops : in.gpu.tf32_tflops;
+  if (!in.precision.fp8_format.empty()) {
+    if (!in.gpu.fp8_tflops)
+      user_error("--fp8-format: the ", in.gpu.description, " (--gpu ", in.gpu.name, ") has no FP8 tensor cores; "
+                 "choose --gpu H100, H200 or B200");
+    r.peak_tflops = *in.gpu.fp8_tflops;
+  }
   r.achieved_tflops = in.gpu_tflops.value_or(in.mfu * r.peak_tflops);
   const double cluster = double(in.num_gpus) * r.achieved_tflops * 1e12;  // n*X in FLOP/s
   r.seconds_per_iteration = r.flops_run / cluster;
@@ -477,7 +486,9 @@ std::string format_calc_report(const CalcReport& r) {
   const int t = in.parallel.tensor_model_parallel_size, p = in.parallel.pipeline_model_parallel_size,
             c = in.parallel.context_parallel_size;
   const bool b16 = is_16bit(in.precision);
-  const std::string dtype = in.precision.bf16 ? "bf16" : in.precision.fp16 ? "fp16" : "fp32";
+  const bool fp8 = !in.precision.fp8_format.empty();
+  const std::string dtype = std::string(in.precision.bf16 ? "bf16" : in.precision.fp16 ? "fp16" : "fp32") +
+                            (fp8 ? " with FP8 GEMMs (" + in.precision.fp8_format + ")" : "");
   std::ostringstream os;
 
   for (const std::string& n : in.notes) os << "note: " << n << "\n";
@@ -628,10 +639,10 @@ std::string format_calc_report(const CalcReport& r) {
   os << "  achieved per GPU:  " << fixed(r.achieved_tflops, 1) << " TFLOP/s (X)";
   if (in.gpu_tflops)
     os << " from --gpu-tflops = " << fixed(r.achieved_tflops / r.peak_tflops, 3) << " of the " << in.gpu.description
-       << " dense " << (b16 ? "BF16/FP16" : "TF32") << " peak " << fixed(r.peak_tflops, 0);
+       << " dense " << (fp8 ? "FP8" : b16 ? "BF16/FP16" : "TF32") << " peak " << fixed(r.peak_tflops, 0);
   else
-    os << " = MFU " << fixed(in.mfu, 2) << " x " << in.gpu.description << " dense " << (b16 ? "BF16" : "TF32")
-       << " peak " << fixed(r.peak_tflops, 0);
+    os << " = MFU " << fixed(in.mfu, 2) << " x " << in.gpu.description << " dense "
+       << (fp8 ? "FP8" : b16 ? "BF16" : "TF32") << " peak " << fixed(r.peak_tflops, 0);
   os << "\n";
   os << "  time per iteration:  " << sig(r.seconds_per_iteration) << " s  (this run's FLOPs / (n*X), n = "
      << in.num_gpus << ")\n";

@@ -113,6 +113,20 @@ TEST(CalcCli, ZeroMemoryPerRank) {
   EXPECT_NE(line(one.out, "model states:").find("2,240,566,272 B"), std::string::npos) << one.out;  // 18 * P
 }
 
+// --fp8-format: the throughput uses the GPU's dense FP8 peak (H100: 1979 TFLOP/s, so MFU 0.4 gives
+// 791.6), an A100 (no FP8) is refused naming --gpu, and FP8 sub-flags are validated as by `loom train`.
+TEST(CalcCli, Fp8UsesTheFp8Peak) {
+  const CliResult r = calc(kGpt2 + "--num-gpus 8 --gpu H100 --mfu 0.4 --fp8-format hybrid");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(line(r.out, "achieved per GPU:").find("791.6 TFLOP/s (X) = MFU 0.40 x H100 SXM dense FP8 peak 1979"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("with FP8 GEMMs (hybrid)"), std::string::npos) << r.out;
+  expect_calc_error(calc(kGpt2 + "--gpu A100 --fp8-format e4m3"),
+                    "--fp8-format: the A100 SXM (--gpu A100) has no FP8 tensor cores; choose --gpu H100");
+  expect_calc_error(calc(kGpt2 + "--fp8-margin 2"), "--fp8-margin has no effect without --fp8-format");
+}
+
 TEST(CalcCli, Help) {
   const CliResult r = calc("--help");
   EXPECT_EQ(r.code, 0);
