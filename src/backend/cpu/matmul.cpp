@@ -16,12 +16,15 @@
 //           is copied.
 //           AMX and VCVTNEPS2BF16 flush bf16 subnormals (|x| < 1.2e-38) to zero; every other value is
 //           the RNE rounding of the f32 accumulation;
+//           On CPUs without AVX-512 this oneDNN has no bf16 matmul kernel: bf16 then goes through
+//           gemm_widened like f16 (probed at first use);
 //   f16  -> gemm_widened: this oneDNN version has no CPU f16 matmul (it needs AVX512-FP16/AMX-FP16
 //           kernels), so tiles are widened to f32 and multiplied by sgemm: f32 speed plus the widening
 //           (5-30% more time, single thread).
 // Primitives are cached by (shapes, strides, dtypes, bias dtype, accumulate) because creating one costs far
 // more than running a small one. The bias gradient is a column sum done by bias_backward (fixed-order,
 // deterministic).
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -60,6 +63,34 @@ struct GemmKey {
   bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
 };
 
+// dnnl_sgemm with a work split that does not depend on the thread count. oneDNN's own threading may cut
+// the K reduction between threads (it does on AVX2 machines for N <= 48-ish and for large K), which makes
+// the result depend on OMP_NUM_THREADS; here the output is cut along its larger dimension into at most 16
+// pieces fixed by the shape, each piece one single-threaded sgemm (inside the parallel region oneDNN runs
+// serially) that reduces over the whole K, so every thread count gives the same bits. Cost: up to ~1.5x on
+// large-K products (dweight), near 1x elsewhere (2 cores, AVX2; bench/RESULTS.md).
+void sgemm_fixed_split(char ta, char tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+                       const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  const bool by_m = M >= N;
+  const int64_t D = by_m ? M : N;
+  const int64_t P = std::max<int64_t>(1, std::min<int64_t>(16, (D + 63) / 64));
+  const int64_t step = ((D + P - 1) / P + 7) / 8 * 8;
+  int status = int(dnnl_success);
+#pragma omp parallel for schedule(static) if (P > 1) reduction(max : status)
+  for (int64_t t = 0; t < P; ++t) {
+    const int64_t d0 = t * step;
+    if (d0 >= D) continue;
+    const int64_t db = std::min(step, D - d0);
+    const int64_t m0 = by_m ? d0 : 0, n0 = by_m ? 0 : d0, mb = by_m ? db : M, nb = by_m ? N : db;
+    const float* a = ta == 'N' ? A + m0 * lda : A + m0;
+    const float* b = tb == 'N' ? B + n0 : B + n0 * ldb;
+    const dnnl_status_t st = dnnl_sgemm(ta, tb, mb, nb, K, 1.0f, a, lda, b, ldb, beta, C + m0 * ldc + n0, ldc);
+    if (st != dnnl_success) status = std::max(status, int(st));
+  }
+  LOOM_CHECK(status == int(dnnl_success), "[matmul] dnnl_sgemm failed with status ", status, " for M=", M, " N=", N,
+             " K=", K);
+}
+
 struct Gemm {
   memory::desc a, b, c, bias;
   dnnl::matmul prim;
@@ -77,12 +108,9 @@ class DnnlRuntime {
     if (key.ta == DType::kF32 && key.tb == DType::kF32 && key.tc == DType::kF32 && !key.bias) {
       // f32: oneDNN's BLAS-style sgemm (row-major) runs every GPT shape at the machine's f32 peak,
       // while the matmul primitive's brgemm falls to half of it on some transposed products.
-      const dnnl_status_t st = dnnl_sgemm(key.trans_a ? 'T' : 'N', key.trans_b ? 'T' : 'N', key.M, key.N, key.K,
-                                          1.0f, static_cast<const float*>(a), key.lda, static_cast<const float*>(b),
-                                          key.ldb, key.accumulate ? 1.0f : 0.0f,
-                                          static_cast<float*>(c), key.N);
-      LOOM_CHECK(st == dnnl_success, "[matmul] dnnl_sgemm failed with status ", int(st), " for M=", key.M,
-                 " N=", key.N, " K=", key.K);
+      sgemm_fixed_split(key.trans_a ? 'T' : 'N', key.trans_b ? 'T' : 'N', key.M, key.N, key.K,
+                        static_cast<const float*>(a), key.lda, static_cast<const float*>(b), key.ldb,
+                        key.accumulate ? 1.0f : 0.0f, static_cast<float*>(c), key.N);
       return;
     }
     std::lock_guard<std::mutex> lock(mu_);
@@ -150,7 +178,26 @@ DType compute_dtype(const char* op, TensorView t, const char* name) {
 
 // oneDNN's matmul primitive takes bf16 (AMX / AVX512-BF16); f16 needs AVX512-FP16 + AMX-FP16 kernels this
 // oneDNN version does not have, so f16 products go through gemm_widened.
-bool primitive_takes(DType dt) { return dt == DType::kBF16; }
+// Whether it does depends on the CPU: this oneDNN has bf16 matmul kernels for AVX-512 machines only, so
+// on an AVX2-only CPU bf16 goes through gemm_widened too (probed once by creating a small primitive).
+bool bf16_primitive_available() {
+  static const bool ok = [] {
+    try {
+      const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+      const memory::desc a({4, 16}, memory::data_type::bf16, memory::format_tag::ab);
+      const memory::desc b({16, 8}, memory::data_type::bf16, memory::format_tag::ab);
+      const memory::desc c({4, 8}, memory::data_type::f32, memory::format_tag::ab);
+      const dnnl::matmul::desc d(a, b, c);
+      const dnnl::matmul::primitive_desc pd(d, eng);
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return ok;
+}
+
+bool primitive_takes(DType dt) { return dt == DType::kBF16 && bf16_primitive_available(); }
 
 // ---- f16 products: f32 tiles through sgemm ----------------------------------------------------------
 // C (M, N) [+]= op(A) · op(B) (+ bias) for operands the matmul primitive cannot take: tiles of op(A) and
@@ -198,10 +245,8 @@ void gemm_widened(const GemmKey& k, const void* a, const void* b, void* c, const
         else
           widen_block(tb, b, k.tb, k.ldb, k0, kb, n0, nb);
         const float beta = (k0 > 0 || k.accumulate) ? 1.0f : 0.0f;
-        const dnnl_status_t st = dnnl_sgemm(k.trans_a ? 'T' : 'N', k.trans_b ? 'T' : 'N', mb, nb, kb, 1.0f, ta,
-                                            k.trans_a ? mb : kb, tb, k.trans_b ? kb : nb, beta, cf, ldc);
-        LOOM_CHECK(st == dnnl_success, "[matmul] dnnl_sgemm failed with status ", int(st), " for a ", mb, "x", nb,
-                   "x", kb, " tile");
+        sgemm_fixed_split(k.trans_a ? 'T' : 'N', k.trans_b ? 'T' : 'N', mb, nb, kb, ta, k.trans_a ? mb : kb, tb,
+                          k.trans_b ? kb : nb, beta, cf, ldc);
       }
       const float* bf = bias ? bias_f32.data() + n0 : nullptr;
 #pragma omp parallel for schedule(static) if (mb * nb > (int64_t(1) << 15))
