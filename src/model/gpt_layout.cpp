@@ -266,7 +266,8 @@ GPTMemoryPlan GPTModel::memory_plan(const GPTConfig& cfg, const ModelOptions& op
       }
     }
     if (sites > 0) {
-      plan.parameters.push_back({"fp8.weight_cache", {weights}, DType::kF32});
+      // q(W) and its transpose (the dgrad GEMM's K-contiguous operand), 1 byte per element each.
+      plan.parameters.push_back({"fp8.weight_cache", {2 * weights}, DType::kF8E4M3});
       const int64_t L = opts.fp8->amax_history_len;
       plan.parameters.push_back({"fp8.forward_state", {(L + 2) * 2 * sites}, DType::kF32});
       plan.parameters.push_back({"fp8.backward_state", {(L + 2) * sites}, DType::kF32});

@@ -1,72 +1,73 @@
-// FP8 GEMM emulation of one linear layer (loom/nn/fp8_gemm.h).
+// FP8 GEMMs of one linear layer (loom/nn/fp8_gemm.h).
 #include "loom/nn/fp8_gemm.h"
 
 #include "loom/core/check.h"
 
 namespace loom {
 
-Tensor Fp8Gemm::quantize_dequantize(const DeviceContext& ctx, TensorView x, const Fp8ScalingGroup& group, int slot,
-                                    Tensor out) const {
-  Tensor q = ctx.empty(x.shape(), group.dtype());
-  ctx.ops().fp8_quantize(q, x, group.scale(slot), group.amax(slot));
-  if (!out.defined()) out = ctx.empty(x.shape(), DType::kF32);
-  ctx.ops().fp8_dequantize(out, q, group.scale_inv(slot));
-  return out;
+namespace {
+// (R, C) view of a tensor whose last dim is C.
+TensorView as_2d(TensorView t) {
+  const int64_t c = t.size(t.ndim() - 1);
+  return t.reshape({t.numel() / c, c});
+}
+}  // namespace
+
+void Fp8Gemm::reserve(const DeviceContext& ctx, const Shape& weight_shape) {
+  LOOM_CHECK(fwd_ != nullptr && weight_shape.ndim() == 2, "[Fp8Gemm] reserve expects a 2-D weight");
+  weight_q_ = ctx.empty(weight_shape, fwd_->dtype());
+  weight_qt_ = ctx.empty({weight_shape[1], weight_shape[0]}, fwd_->dtype());
 }
 
-const Tensor& Fp8Gemm::weight_deq(const DeviceContext& ctx, TensorView weight) const {
-  if (!weight_valid_) {
-    const bool reuse = weight_deq_.defined() && weight_deq_.numel() == weight.numel();
-    weight_deq_ = quantize_dequantize(ctx, weight, *fwd_, weight_slot_, reuse ? weight_deq_ : Tensor());
-    if (weight_deq_.shape() != weight.shape()) weight_deq_ = weight_deq_.reshape(weight.shape());
-    weight_valid_ = true;
+Tensor Fp8Gemm::quantize(const DeviceContext& ctx, TensorView x, const Fp8ScalingGroup& group, int slot) const {
+  Tensor q = ctx.empty(x.shape(), group.dtype());
+  ctx.ops().fp8_quantize(q, x, group.scale(slot), group.amax(slot));
+  return q;
+}
+
+void Fp8Gemm::quantize_weight(const DeviceContext& ctx, TensorView weight) const {
+  if (weight_valid_) return;
+  const int64_t N = weight.size(0), K = weight.size(1);
+  if (!weight_q_.defined() || weight_q_.numel() != weight.numel()) {
+    weight_q_ = ctx.empty({N, K}, fwd_->dtype());
+    weight_qt_ = ctx.empty({K, N}, fwd_->dtype());
   }
-  return weight_deq_;
+  ctx.ops().fp8_quantize(weight_q_, weight, fwd_->scale(weight_slot_), fwd_->amax(weight_slot_));
+  ctx.ops().transpose(weight_qt_.reshape({K, N}), weight_q_.reshape({N, K}));
+  weight_valid_ = true;
 }
 
 void Fp8Gemm::forward(const DeviceContext& ctx, TensorView out, TensorView inp, TensorView weight,
                       TensorView bias) const {
   LOOM_CHECK(fwd_ != nullptr && bwd_ != nullptr, "[Fp8Gemm] forward on a site without scaling groups");
-  const Tensor x = quantize_dequantize(ctx, inp, *fwd_, input_slot_);
-  const Tensor& w = weight_deq(ctx, weight);
-  Tensor b;
-  if (bias.defined()) {
-    b = ctx.empty(bias.shape(), DType::kF32);
-    ctx.ops().cast(b, bias);
-  }
-  if (out.dtype() == DType::kF32) {
-    ctx.ops().matmul_forward(out, x, w, b);
-    return;
-  }
-  Tensor o = ctx.empty(out.shape(), DType::kF32);
-  ctx.ops().matmul_forward(o, x, w, b);
-  ctx.ops().cast(out, o);
+  const Tensor x = quantize(ctx, inp, *fwd_, input_slot_);
+  quantize_weight(ctx, weight);
+  ctx.ops().fp8_gemm(out, x, fwd_->scale_inv(input_slot_), weight_q_, fwd_->scale_inv(weight_slot_), bias, false);
 }
 
 void Fp8Gemm::backward(const DeviceContext& ctx, TensorView dinp, TensorView dweight, TensorView dbias,
                        TensorView dout, TensorView inp, TensorView weight) const {
   LOOM_CHECK(fwd_ != nullptr && bwd_ != nullptr, "[Fp8Gemm] backward on a site without scaling groups");
-  const Tensor g = quantize_dequantize(ctx, dout, *bwd_, grad_slot_);
-  const Tensor& w = weight_deq(ctx, weight);
-  if (dinp.defined()) {
-    // f32 product (the operands are f32), rounded once into a 16-bit dinp.
-    const Tensor d = dinp.dtype() == DType::kF32 ? Tensor() : ctx.empty(dinp.shape(), DType::kF32);
-    const TensorView target = d.defined() ? d.view() : dinp;
-    ctx.ops().matmul_backward(target, TensorView(), TensorView(), g, TensorView(), w);
-    if (d.defined()) ctx.ops().cast(dinp, d);
-  }
+  const TensorView g2 = as_2d(dout);
+  const int64_t M = g2.size(0), N = g2.size(1), K = weight.size(1);
+  const Tensor g = quantize(ctx, g2, *bwd_, grad_slot_);  // (M, N)
+  quantize_weight(ctx, weight);
+  if (dinp.defined())  // dx (M, K) = deq(g) (M, N) · deq(W^T) (K, N)^T
+    ctx.ops().fp8_gemm(dinp, g, bwd_->scale_inv(grad_slot_), weight_qt_, fwd_->scale_inv(weight_slot_),
+                       TensorView(), false);
   if (dweight.defined()) {
-    if (wgrad_) {
-      const Tensor x = quantize_dequantize(ctx, inp, *fwd_, input_slot_);
-      ctx.ops().matmul_backward(TensorView(), dweight, TensorView(), g, x, w);
+    if (wgrad_) {  // dW (N, K) += deq(g^T) (N, M) · deq(x^T) (K, M)^T
+      const Tensor x = quantize(ctx, as_2d(inp), *fwd_, input_slot_);
+      Tensor gt = ctx.empty({N, M}, g.dtype()), xt = ctx.empty({K, M}, x.dtype());
+      ctx.ops().transpose(gt, g);
+      ctx.ops().transpose(xt, x);
+      ctx.ops().fp8_gemm(dweight, gt, bwd_->scale_inv(grad_slot_), xt, fwd_->scale_inv(input_slot_), TensorView(),
+                         true);
     } else {
       ctx.ops().matmul_backward(TensorView(), dweight, TensorView(), dout, inp, weight);
     }
   }
-  if (dbias.defined()) {
-    const int64_t n = dout.size(dout.ndim() - 1);
-    ctx.ops().bias_backward(dbias, dout.reshape({dout.numel() / n, n}));
-  }
+  if (dbias.defined()) ctx.ops().bias_backward(dbias, g2);
 }
 
 }  // namespace loom

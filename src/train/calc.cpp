@@ -144,7 +144,7 @@ CalcInput make_calc_input(const TrainConfig& cfg, const CalcOptions& opts) {
   if (in.precision.bf16 && in.precision.fp16) user_error("--bf16 and --fp16 are mutually exclusive");
   if (in.precision.fp8_recipe())  // validates the --fp8-* flags as `loom train` does
     in.notes.push_back("--fp8-format: throughput uses the GPU's dense FP8 peak; memory excludes the FP8 weight "
-                       "copies (about 1 B per linear-layer parameter in Transformer Engine)");
+                       "caches (2 B per linear-layer parameter: the FP8 weight and its transpose)");
   in.recompute = cfg.recompute;
   const std::string& g = in.recompute.granularity;
   if (!g.empty() && g != "full" && g != "selective")

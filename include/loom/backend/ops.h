@@ -243,6 +243,16 @@ class OpTable {
   // scale. Then the history rolls by one row (row i+1 <- row i, the oldest dropped) and row 0 is zeroed.
   virtual void fp8_update_scaling(TensorView amax_history, TensorView scale, TensorView scale_inv, float fp8_max,
                                   int margin, bool use_max) const = 0;
+  // FP8 GEMM (the tensor-core "TN" form: both operands K-contiguous):
+  //   out (M, N) [+]= (a (M, K) · a_scale_inv[0]) · (b (N, K) · b_scale_inv[0])^T + bias (N)
+  // a, b fp8 (E4M3 or E5M2; not both E5M2); scale_inv (1) f32 on the device; bias optional, f32 or out's
+  // dtype; out f32, bf16 or f16. Products and sums in f32, the result rounded once to out's dtype;
+  // accumulate: out += result (out's old value added in f32) instead of out = result. Leading dims of a
+  // and out are flattened.
+  virtual void fp8_gemm(TensorView out, TensorView a, TensorView a_scale_inv, TensorView b, TensorView b_scale_inv,
+                        TensorView bias, bool accumulate) const = 0;
+  // out (C, R) = inp (R, C)^T for 2-D tensors of any dtype (1, 2 or 4 bytes per element; same dtype).
+  virtual void transpose(TensorView out, TensorView inp) const = 0;
 };
 
 }  // namespace loom

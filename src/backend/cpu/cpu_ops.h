@@ -73,6 +73,9 @@ class CpuOps final : public OpTable {
   void fp8_dequantize(TensorView out, TensorView inp, TensorView scale_inv) const override;
   void fp8_update_scaling(TensorView amax_history, TensorView scale, TensorView scale_inv, float fp8_max, int margin,
                           bool use_max) const override;
+  void fp8_gemm(TensorView out, TensorView a, TensorView a_scale_inv, TensorView b, TensorView b_scale_inv,
+                TensorView bias, bool accumulate) const override;
+  void transpose(TensorView out, TensorView inp) const override;
 };
 
 }  // namespace loom::cpu

@@ -171,4 +171,74 @@ void CpuOps::fp8_update_scaling(TensorView amax_history, TensorView scale, Tenso
   std::fill(h, h + n, 0.0f);
 }
 
+// Emulation: dequantise both operands to f32 (exact: an fp8 value times a power-of-two-ish f32 scale
+// inverse is what the tensor cores multiply too, up to the order of the scaling), one f32 GEMM with the
+// bias, then the accumulate/round step. Bit-identical to quantise -> dequantise -> f32 matmul_forward.
+void CpuOps::fp8_gemm(TensorView out, TensorView a, TensorView a_scale_inv, TensorView b, TensorView b_scale_inv,
+                      TensorView bias, bool accumulate) const {
+  constexpr const char* op = "fp8_gemm";
+  expect_host(out, op, "out");
+  expect_host(a, op, "a");
+  expect_host(b, op, "b");
+  expect_scalar(a_scale_inv, op, "a_scale_inv");
+  expect_scalar(b_scale_inv, op, "b_scale_inv");
+  LOOM_CHECK(is_fp8(a.dtype()) && is_fp8(b.dtype()), "[", op, "] expected fp8 operands, got a ", a.desc(), ", b ",
+             b.desc());
+  LOOM_CHECK(!(a.dtype() == DType::kF8E5M2 && b.dtype() == DType::kF8E5M2), "[", op,
+             "] E5M2 x E5M2 has no tensor-core GEMM; quantise one operand as E4M3");
+  LOOM_CHECK(is_compute_dtype(out.dtype()), "[", op, "] expected out f32, bf16 or f16, got ", out.desc());
+  LOOM_CHECK(b.ndim() == 2 && a.ndim() >= 1, "[", op, "] expected b (N, K), got ", b.desc());
+  const int64_t N = b.size(0), K = b.size(1);
+  LOOM_CHECK(a.size(a.ndim() - 1) == K && a.numel() % K == 0, "[", op, "] a ", a.desc(), " and b ", b.desc(),
+             " disagree on K");
+  const int64_t M = a.numel() / K;
+  LOOM_CHECK(out.numel() == M * N, "[", op, "] expected out with ", M, " x ", N, " elements, got ", out.desc());
+  Tensor af = Tensor::empty({M, K}, DType::kF32), bf = Tensor::empty({N, K}, DType::kF32);
+  fp8_dequantize(af, a.reshape({M, K}), a_scale_inv);
+  fp8_dequantize(bf, b, b_scale_inv);
+  Tensor biasf;
+  if (bias.defined()) {
+    LOOM_CHECK(bias.numel() == N, "[", op, "] expected bias with ", N, " elements, got ", bias.desc());
+    biasf = Tensor::empty({N}, DType::kF32);
+    cast(biasf, bias.reshape({N}));
+  }
+  const bool direct = out.dtype() == DType::kF32 && !accumulate;
+  Tensor r = direct ? Tensor() : Tensor::empty({M, N}, DType::kF32);
+  TensorView res = direct ? out.reshape({M, N}) : r.view();
+  matmul_forward(res, af, bf, biasf);
+  if (direct) return;
+  if (accumulate) {
+    Tensor old = Tensor::empty({M, N}, DType::kF32);
+    cast(old, out.reshape({M, N}));
+    residual_forward(r, old, r);
+  }
+  cast(out.reshape({M, N}), r);
+}
+
+void CpuOps::transpose(TensorView out, TensorView inp) const {
+  constexpr const char* op = "transpose";
+  expect_host(out, op, "out");
+  expect_host(inp, op, "inp");
+  LOOM_CHECK(inp.ndim() == 2 && out.ndim() == 2 && out.size(0) == inp.size(1) && out.size(1) == inp.size(0),
+             "[", op, "] expected out (C, R) for inp (R, C), got out ", out.desc(), ", inp ", inp.desc());
+  LOOM_CHECK(out.dtype() == inp.dtype(), "[", op, "] expected one dtype, got out ", out.desc(), ", inp ", inp.desc());
+  const int64_t R = inp.size(0), C = inp.size(1);
+  const size_t es = dtype_size(inp.dtype());
+  LOOM_CHECK(es == 1 || es == 2 || es == 4, "[", op, "] expected 1-, 2- or 4-byte elements, got ", inp.desc());
+  constexpr int64_t kTile = 32;  // cache-sized tiles; each output element is written once
+  auto run = [&](auto tag) {
+    using E = decltype(tag);
+    const E* src = static_cast<const E*>(inp.raw());
+    E* dst = static_cast<E*>(out.raw());
+#pragma omp parallel for collapse(2) schedule(static) if (R * C > kParallelMin)
+    for (int64_t r0 = 0; r0 < R; r0 += kTile)
+      for (int64_t c0 = 0; c0 < C; c0 += kTile)
+        for (int64_t r = r0; r < std::min(R, r0 + kTile); ++r)
+          for (int64_t c = c0; c < std::min(C, c0 + kTile); ++c) dst[c * R + r] = src[r * C + c];
+  };
+  if (es == 1) run(uint8_t{});
+  else if (es == 2) run(uint16_t{});
+  else run(uint32_t{});
+}
+
 }  // namespace loom::cpu

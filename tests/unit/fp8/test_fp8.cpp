@@ -6,15 +6,20 @@
 //     in-range values is within the format's half-ulp (2^-4 relative for E4M3, 2^-3 for E5M2);
 //   - fp8_update_scaling follows the rule of loom/fp8/fp8.h: max vs most_recent, margin, amax 0 / inf keep
 //     the scale, an infinite scale clamps to FLT_MAX, scale_inv = 1 / scale, the history rolls;
+//   - fp8_gemm equals the f64 product of the decoded, scaled operands plus bias (f32 accumulation), with
+//     accumulate adding into the old output and 16-bit outputs rounded once; E5M2 x E5M2 is refused;
+//   - transpose moves 1-, 2- and 4-byte elements exactly;
 //   - Fp8ScalingGroup wires them (scales start at 1; recipe formats; flag parsing and validation errors).
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
 
+#include "loom/backend/device_context.h"
 #include "loom/core/dtype.h"
 #include "loom/dist/communicator.h"
 #include "loom/fp8/fp8.h"
@@ -182,6 +187,66 @@ TEST(Fp8Ops, DelayedScalingUpdateRule) {
   Tensor h = host_f32({1e-39f}, Shape{1, 1}), sc = scalar(1.0f), si = scalar(1.0f);
   ctx->ops().fp8_update_scaling(h, sc, si, fmax, 0, false);
   EXPECT_EQ(sc.data<float>()[0], std::numeric_limits<float>::max());
+}
+
+TEST(Fp8Ops, GemmMatchesTheDefinition) {
+  auto ctx = make_cpu_context();
+  for (auto [M, N, K] : {std::array<int64_t, 3>{1, 1, 1}, {5, 3, 7}, {37, 19, 24}, {16, 32, 48}})
+    for (DType out_dt : {DType::kF32, DType::kBF16})
+      for (bool accumulate : {false, true})
+        for (bool with_bias : {false, true}) {
+          SCOPED_TRACE(testing::Message() << M << "x" << N << "x" << K << " out " << dtype_name(out_dt)
+                                          << (accumulate ? " accumulate" : "") << (with_bias ? " bias" : ""));
+          const std::vector<float> av = sample(M * K, 11, 1.0f), bv = sample(N * K, 12, 1.0f);
+          Tensor a = Tensor::empty({M, K}, DType::kF8E4M3), b = Tensor::empty({N, K}, DType::kF8E5M2);
+          for (int64_t i = 0; i < M * K; ++i) a.data<uint8_t>()[i] = encode(DType::kF8E4M3, av[size_t(i)]);
+          for (int64_t i = 0; i < N * K; ++i) b.data<uint8_t>()[i] = encode(DType::kF8E5M2, bv[size_t(i)]);
+          const float sa = 0.125f, sb = 3.0f;
+          Tensor bias = host_f32(sample(N, 13, 0.0f), Shape{N});
+          Tensor out32 = host_f32(sample(M * N, 14, 0.0f), Shape{M, N});
+          Tensor out = Tensor::empty({M, N}, out_dt);
+          ctx->ops().cast(out, out32);
+          Tensor old = Tensor::empty({M, N}, DType::kF32);
+          ctx->ops().cast(old, out);
+          ctx->ops().fp8_gemm(out, a, scalar(sa), b, scalar(sb), with_bias ? bias.view() : TensorView(), accumulate);
+          Tensor got = Tensor::empty({M, N}, DType::kF32);
+          ctx->ops().cast(got, out);
+          double worst = 0;
+          for (int64_t i = 0; i < M; ++i)
+            for (int64_t j = 0; j < N; ++j) {
+              double want = with_bias ? double(bias.data<float>()[j]) : 0.0;
+              for (int64_t k = 0; k < K; ++k)
+                want += double(decode(DType::kF8E4M3, a.data<uint8_t>()[i * K + k]) * sa) *
+                        double(decode(DType::kF8E5M2, b.data<uint8_t>()[j * K + k]) * sb);
+              if (accumulate) want += old.data<float>()[i * N + j];
+              const double err = std::fabs(got.data<float>()[i * N + j] - want) / std::max(1.0, std::fabs(want));
+              worst = std::max(worst, err);
+            }
+          EXPECT_LT(worst, out_dt == DType::kF32 ? 1e-5 : 8e-3);
+        }
+  Tensor e5 = Tensor::empty({2, 2}, DType::kF8E5M2), o = Tensor::empty({2, 2}, DType::kF32);
+  EXPECT_THROW(ctx->ops().fp8_gemm(o, e5, scalar(1), e5, scalar(1), TensorView(), false), Error);
+  Tensor a3 = Tensor::empty({2, 3}, DType::kF8E4M3);
+  EXPECT_THROW(ctx->ops().fp8_gemm(o, a3, scalar(1), e5, scalar(1), TensorView(), false), Error);  // K differs
+}
+
+TEST(Fp8Ops, TransposeMovesEveryElement) {
+  auto ctx = make_cpu_context();
+  for (DType dt : {DType::kF8E4M3, DType::kBF16, DType::kF32})
+    for (auto [R, C] : {std::array<int64_t, 2>{1, 1}, {1, 7}, {5, 1}, {33, 65}, {217, 64}}) {
+      Tensor x = Tensor::empty({R, C}, dt), y = Tensor::empty({C, R}, dt);
+      auto* xb = static_cast<uint8_t*>(x.raw());
+      const size_t es = dtype_size(dt);
+      for (int64_t i = 0; i < x.nbytes(); ++i) xb[i] = uint8_t(i * 131 + 7);
+      ctx->ops().transpose(y, x);
+      const auto* yb = static_cast<const uint8_t*>(y.raw());
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t c = 0; c < C; ++c)
+          ASSERT_EQ(std::memcmp(yb + size_t(c * R + r) * es, xb + size_t(r * C + c) * es, es), 0)
+              << dtype_name(dt) << " " << R << "x" << C << " at (" << r << ", " << c << ")";
+    }
+  Tensor x = Tensor::empty({2, 3}, DType::kF32), bad = Tensor::empty({2, 3}, DType::kF32);
+  EXPECT_THROW(ctx->ops().transpose(bad, x), Error);
 }
 
 TEST(Fp8ScalingGroup, QuantizeUpdateQuantize) {
