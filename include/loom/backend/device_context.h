@@ -25,11 +25,20 @@ class DeviceContext {
   void reset_peak_memory() const { allocator_for(device()).reset_peak(); }
   // Copies between host and this device (plain memcpy on the CPU).
   virtual void copy(TensorView dst, TensorView src) const = 0;
+
+  // Profiling (Nsight Systems): a named range on the timeline (NVTX) and the profiler's capture window
+  // (cudaProfilerStart/Stop, for `nsys profile --capture-range=cudaProfilerApi`). No-ops on the CPU.
+  virtual void range_push(const char* /*name*/) const {}
+  virtual void range_pop() const {}
+  virtual void profiler_start() const {}
+  virtual void profiler_stop() const {}
 };
 
 std::unique_ptr<DeviceContext> make_cpu_context();
 // True when the CUDA backend was compiled in and a GPU is visible.
 bool cuda_available();
+// Number of visible GPUs (0 without the CUDA backend, a driver or a device; never throws).
+int cuda_device_count();
 // Creates the CUDA context for device `index`; throws a UserError naming the reason when unavailable.
 std::unique_ptr<DeviceContext> make_cuda_context(int index);
 

@@ -1,18 +1,26 @@
-// f32 <-> bf16 cast kernels. Memory-bound: the aligned path moves 4 elements per thread per step
-// (one 16-byte load of f32, one 8-byte store of bf16); unaligned views take the scalar path. Grid-
-// stride loops with int64 indices, so any n works with a bounded grid.
+// Cast kernels. Memory-bound: the aligned paths move 4 elements per thread per step (f32 <-> bf16: one
+// 16-byte load of f32, one 8-byte store of bf16); unaligned views take the scalar path. Grid-stride loops
+// with int64 indices, so any n works with a bounded grid.
+//
+// The op-table cast (every pair of f32, bf16, f16, fp8e4m3, fp8e5m2) is bit-identical to CpuOps::cast,
+// whose rules are not those of one conversion but of two paths:
+//   - between f32, bf16 and f16 the CPU widens exactly (an f16 NaN keeps its sign and payload) and
+//     narrows with RNE (bf16: NaN quietened, sign and top payload kept; f16: NaN -> sign | 0x7E00);
+//   - when either side is fp8, the CPU decodes with the core conversions (every NaN becomes +qNaN, so
+//     an f16/fp8 NaN loses its sign; bf16/f32 NaNs are exact) and encodes with them (fp8 saturates:
+//     overflow and inf go to the largest finite value, NaN -> sign | the format's NaN pattern).
+// The device element types of device_utils.cuh implement the core conversions; only the f16 decode of the
+// first path differs, hence load_lowp below.
 #include "backend/cuda/cast.cuh"
 
 #include <algorithm>
 
 #include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/device_utils.cuh"
 
 namespace loom::cuda {
 
 namespace {
-
-constexpr int kThreads = 256;
-constexpr int64_t kMaxBlocks = 65536;  // enough to fill any GPU; the loops cover the rest
 
 // Same bit recipe as loom::f32_to_bf16 (the CPU reference), so results match bit for bit.
 __device__ __forceinline__ uint16_t f32_to_bf16_bits(float x) {
@@ -52,11 +60,80 @@ __global__ void bf16_to_f32_scalar(float* __restrict__ dst, const uint16_t* __re
     dst[i] = bf16_bits_to_f32(src[i]);
 }
 
-unsigned grid_for(int64_t work) {
-  return unsigned(std::clamp<int64_t>((work + kThreads - 1) / kThreads, 1, kMaxBlocks));
+bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
+
+// ---- op-table cast ----------------------------------------------------------------------------------------
+// f16 decoded as the CPU's exact widening does (lowp.h f16_decode): a NaN keeps its sign and payload.
+__device__ __forceinline__ float f16_widen_exact(uint16_t b) {
+  const uint32_t sign = uint32_t(b & 0x8000u) << 16;
+  const uint32_t mag = b & 0x7FFFu;
+  if (mag >= 0x7C00u) return __uint_as_float(sign | (mag << 13) | 0x7F800000u);
+  return __uint_as_float(sign | __float_as_uint(f16_bits_to_f32(uint16_t(mag))));
 }
 
-bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
+// kLowp: both sides are f32/bf16/f16 (the CPU's widen/narrow path); otherwise the core decoders.
+template <bool kLowp, typename T>
+__device__ __forceinline__ float cast_load(T x) {
+  return load(x);
+}
+template <>
+__device__ __forceinline__ float cast_load<true, F16>(F16 x) {
+  return f16_widen_exact(x.bits);
+}
+
+// Four elements of T moved with one load or store of 4 * sizeof(T) bytes (16, 8 or 4).
+template <int Bytes>
+struct RawVec;
+template <>
+struct RawVec<16> { using type = uint4; };
+template <>
+struct RawVec<8> { using type = uint2; };
+template <>
+struct RawVec<4> { using type = uint32_t; };
+
+template <typename T>
+struct Quad {
+  T v[4];
+};
+
+template <typename T>
+__device__ __forceinline__ Quad<T> load_quad(const T* base, int64_t q) {
+  using R = typename RawVec<int(4 * sizeof(T))>::type;
+  const R raw = reinterpret_cast<const R*>(base)[q];
+  Quad<T> out;
+  memcpy(&out, &raw, sizeof(R));
+  return out;
+}
+
+template <typename T>
+__device__ __forceinline__ void store_quad(T* base, int64_t q, const Quad<T>& in) {
+  using R = typename RawVec<int(4 * sizeof(T))>::type;
+  R raw;
+  memcpy(&raw, &in, sizeof(R));
+  reinterpret_cast<R*>(base)[q] = raw;
+}
+
+// vec: both buffers are aligned to 4 elements, so quads [0, n/4) move whole; the tail goes one by one.
+template <typename In, typename Out, bool kLowp>
+__global__ void cast_kernel(Out* __restrict__ out, const In* __restrict__ in, int64_t n, bool vec) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t start = 0;
+  if (vec) {
+    const int64_t nq = n / 4;
+    for (int64_t q = tid; q < nq; q += stride) {
+      const Quad<In> a = load_quad(in, q);
+      Quad<Out> b;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) b.v[j] = store<Out>(cast_load<kLowp>(a.v[j]));
+      store_quad(out, q, b);
+    }
+    start = nq * 4;
+  }
+  for (int64_t i = start + tid; i < n; i += stride) out[i] = store<Out>(cast_load<kLowp>(in[i]));
+}
+
+bool is_compute(DType dt) { return dt == DType::kF32 || dt == DType::kBF16 || dt == DType::kF16; }
 
 }  // namespace
 
@@ -109,6 +186,38 @@ void cast(TensorView dst, TensorView src, cudaStream_t stream) {
   } else {
     LOOM_FAIL("[cast] expected an f32 <-> bf16 cast, got ", dst.desc(), " <- ", src.desc());
   }
+}
+
+void cast(const CudaContext& ctx, TensorView out, TensorView inp) {
+  LOOM_CHECK(out.defined(), "[cast] out is required");
+  LOOM_CHECK(inp.defined(), "[cast] inp is required");
+  check_on_device(ctx, out, "[cast]", "out");
+  check_on_device(ctx, inp, "[cast]", "inp");
+  const int64_t n = inp.numel();
+  LOOM_CHECK(out.numel() == n, "[cast] expected out with ", n, " elements, got ", out.desc());
+  if (out.dtype() == inp.dtype()) {  // any dtype, as on the CPU: a copy
+    if (out.raw() != inp.raw() && n > 0)
+      LOOM_CUDA_CHECK(cudaMemcpyAsync(out.raw(), inp.raw(), size_t(inp.nbytes()), cudaMemcpyDeviceToDevice,
+                                      ctx.compute_stream()));
+    return;
+  }
+  const bool lowp = is_compute(inp.dtype()) && is_compute(out.dtype());
+  dispatch_float_or_fp8(inp.dtype(), "[cast] inp", [&](auto in_tag) {
+    dispatch_float_or_fp8(out.dtype(), "[cast] out", [&](auto out_tag) {
+      using In = decltype(in_tag);
+      using Out = decltype(out_tag);
+      if (n == 0) return;
+      const bool vec = reinterpret_cast<uintptr_t>(inp.raw()) % (4 * sizeof(In)) == 0 &&
+                       reinterpret_cast<uintptr_t>(out.raw()) % (4 * sizeof(Out)) == 0;
+      const unsigned grid = grid_for(vec ? n / 4 + 4 : n);
+      if (lowp) {
+        cast_kernel<In, Out, true><<<grid, kThreads, 0, ctx.compute_stream()>>>(ptr<Out>(out), cptr<In>(inp), n, vec);
+      } else {
+        cast_kernel<In, Out, false><<<grid, kThreads, 0, ctx.compute_stream()>>>(ptr<Out>(out), cptr<In>(inp), n, vec);
+      }
+      LOOM_CUDA_LAUNCH_CHECK();
+    });
+  });
 }
 
 }  // namespace loom::cuda

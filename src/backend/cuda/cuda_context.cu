@@ -1,7 +1,12 @@
-// The CUDA DeviceContext (see cuda_context.cuh) and the public entry points cuda_available() and
-// make_cuda_context(). Until the CUDA op table exists, make_cuda_context() throws a UserError that
-// says so; tests and the later backend construct CudaContext directly.
+// The CUDA DeviceContext (see cuda_context.cuh) and the public entry points cuda_available(),
+// cuda_device_count() and make_cuda_context(), which returns a context with the CUDA op table (CudaOps)
+// installed. Tests may construct a bare CudaContext directly (its ops() then refuses).
 #include "backend/cuda/cuda_context.cuh"
+
+#include "backend/cuda/cuda_ops.cuh"
+
+#include <cuda_profiler_api.h>
+#include <nvtx3/nvToolsExt.h>
 
 #include <cstdio>
 #include <cstring>
@@ -15,8 +20,8 @@ namespace cuda {
 namespace {
 
 constexpr const char* kNoOpTable =
-    "the CUDA backend is compiled in, but its op table (the CUDA kernels for every op) lands with the "
-    "CUDA backend issue and is not in this build yet; run on the CPU for now";
+    "this CudaContext has no op table installed (make_cuda_context() installs CudaOps; a bare context is for "
+    "tests of the device pieces)";
 
 std::string version_str(int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); }
 
@@ -129,9 +134,23 @@ void CudaContext::copy(TensorView dst, TensorView src) const {
   LOOM_CUDA_CHECK(cudaStreamSynchronize(compute_));
 }
 
+void CudaContext::range_push(const char* name) const { nvtxRangePushA(name); }
+void CudaContext::range_pop() const { nvtxRangePop(); }
+
+void CudaContext::profiler_start() const {
+  synchronize();
+  LOOM_CUDA_CHECK(cudaProfilerStart());
+}
+
+void CudaContext::profiler_stop() const {
+  synchronize();
+  LOOM_CUDA_CHECK(cudaProfilerStop());
+}
+
 }  // namespace cuda
 
 bool cuda_available() { return cuda::cuda_device_count() > 0; }
+int cuda_device_count() { return cuda::cuda_device_count(); }
 
 std::unique_ptr<DeviceContext> make_cuda_context(int index) {
   const int count = cuda::cuda_device_count();
@@ -139,7 +158,9 @@ std::unique_ptr<DeviceContext> make_cuda_context(int index) {
     user_error("no CUDA GPU is visible (no driver, or CUDA_VISIBLE_DEVICES hides them all); run on the CPU");
   if (index < 0 || index >= count)
     user_error("cuda:", index, " does not exist: ", count, " GPU(s) visible");
-  user_error(cuda::kNoOpTable);
+  auto ctx = std::make_unique<cuda::CudaContext>(index);
+  ctx->set_ops(std::make_unique<cuda::CudaOps>(*ctx));
+  return ctx;
 }
 
 }  // namespace loom

@@ -39,6 +39,10 @@ class CudaContext final : public DeviceContext {
   // Host<->device and device<->device copies of equal byte size: cudaMemcpyAsync on the compute
   // stream, then waits for it. Host<->host copies are a plain memcpy.
   void copy(TensorView dst, TensorView src) const override;
+  void range_push(const char* name) const override;  // nvtxRangePushA
+  void range_pop() const override;
+  void profiler_start() const override;  // waits for the device, then cudaProfilerStart
+  void profiler_stop() const override;
 
   // Installs the op table (the CUDA backend issue's CudaOps, built on this context's pieces).
   void set_ops(std::unique_ptr<OpTable> ops) { ops_ = std::move(ops); }

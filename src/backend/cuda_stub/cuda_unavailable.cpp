@@ -4,6 +4,7 @@
 namespace loom {
 
 bool cuda_available() { return false; }
+int cuda_device_count() { return 0; }
 
 std::unique_ptr<DeviceContext> make_cuda_context(int index) {
   user_error("this Loom build has no CUDA backend (nvcc was not found at configure time); "

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -120,16 +121,21 @@ TEST(CudaSkeleton, SizeClasses) {
   EXPECT_EQ(A::size_class(size_t(4) << 20), size_t(4) << 20);
 }
 
-TEST(CudaSkeleton, PublicEntryPointsRefuseClearly) {
-  // With a GPU: the op table is missing; without one: no GPU. Either way a one-line UserError.
-  const std::string msg = what_of([] { make_cuda_context(0); });
+TEST(CudaSkeleton, PublicEntryPoints) {
+  // With a GPU: a context with the CUDA op table; without one: a one-line UserError.
   if (gpu_visible()) {
     EXPECT_TRUE(cuda_available());
-    EXPECT_TRUE(contains(msg, "UserError: ")) << msg;
-    EXPECT_TRUE(contains(msg, "op table")) << msg;
+    EXPECT_GT(cuda_device_count(), 0);
+    const std::unique_ptr<DeviceContext> c = make_cuda_context(0);
+    EXPECT_EQ(c->device().type, DeviceType::kCUDA);
+    EXPECT_EQ(what_of([&] { (void)c->ops(); }), "no exception");
     EXPECT_TRUE(contains(what_of([] { make_cuda_context(1 << 20); }), "does not exist"));
+    // A bare context (tests of the device pieces) has no op table and says so.
+    EXPECT_TRUE(contains(what_of([] { (void)ctx().ops(); }), "op table"));
   } else {
     EXPECT_FALSE(cuda_available());
+    EXPECT_EQ(cuda_device_count(), 0);
+    const std::string msg = what_of([] { make_cuda_context(0); });
     EXPECT_TRUE(contains(msg, "UserError: no CUDA GPU is visible")) << msg;
   }
 }

@@ -1,0 +1,875 @@
+// CUDA attention core, FlashAttention-2 style: attention_forward / attention_backward, and the kernels the
+// context-parallel block ops (attention_blocks.cu) share through attn_detail::forward / backward.
+//
+// Work layout (why it looks the way it does):
+//   - Forward: one thread block per (query tile of BQ rows, head, batch row), BQ/16 warps; each warp owns
+//     16 query rows end to end (scores, softmax, output accumulator), so after a key/value tile is staged in
+//     shared memory the warps never wait for each other. Key tiles of BK keys: S = Q K^T, online softmax
+//     (running max m and sum l per row in f32 registers, two lanes per row), O = alpha O + P V accumulated
+//     in f32 in shared memory; lse = m + log(l). Only BQ x BK score tiles exist: memory is O(T).
+//   - Backward (no float atomics, deterministic): D = rowsum(dO * O) (small kernel); a dK/dV kernel with
+//     one block per (key tile, kv group, batch row) that walks the query tiles of every query head of the
+//     group, recomputing P = exp(S - lse), and accumulates dV += (P Z)^T dO and dK += dS^T Q in shared
+//     f32; a dQ kernel with one block per (query tile, head, batch row) that walks the key tiles, dQ += dS K.
+//     Each output element is written by exactly one block, after a fixed-order sum.
+//   - Products: every block product is a warp computing a 16 x N tile, C (f32, shared) [+]= A (16 x K) B.
+//     bf16/f16 inputs use tensor cores (nvcuda::wmma 16x16x16, f32 accumulate); P and dS are rounded to the
+//     input dtype for those products, as in every tensor-core flash attention. f32 inputs (and, in the block
+//     backward, f32 dout) take the same code with a CUDA-core f32 FMA product (exactly the f32 arithmetic
+//     of the CPU, up to summation order).
+//   - Head size HS (any value up to 256) is zero-padded to HSP, a multiple of 16, in shared memory, so
+//     the same kernels serve every HS; rows of 16-bit tiles are loaded with 16-byte vectors when HS is a
+//     multiple of 8 and the tensors are 16-byte aligned, else element by element.
+//   - Masks: key j is visible to query i iff (causal: kpos <= qpos), (window: qpos - window < kpos) and
+//     (segments: equal ids). With positions 0..T-1 (the whole-sequence op) key tiles that are fully masked
+//     are skipped (causal, window, and non-decreasing segment ids); block ops take explicit positions and
+//     visit every tile (masked entries are exact zeros either way, so skipping never changes a result).
+//   - A query row with no visible key gets out 0 and lse -inf; in backward such a row contributes nothing.
+//   - Attention dropout: Z(b, h, i, j) = dropout_keep(seed, stream, ((b*NH + h)*L + qpos)*L + kpos) /
+//     (1 - p), the CPU's mask bit for bit (L = T, or the block's seq_len). l sums the undropped
+//     probabilities; O uses P Z. Backward: dV = (P Z)^T dO, dS = P (dP Z - D) scale.
+//   - Tile sizes are chosen at run time: the largest of (64, 64), (64, 32), (32, 32), (16, 16) whose
+//     shared memory fits the device (dynamic shared memory, opted in above 48 KiB).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <mma.h>
+
+#include <cmath>
+#include <limits>
+#include <type_traits>
+
+#include "backend/cuda/attention.cuh"
+#include "backend/cuda/device_utils.cuh"
+#include "loom/core/rng.h"
+
+namespace loom::cuda {
+
+namespace attn_detail {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr unsigned kFullMask = 0xFFFFFFFFu;
+
+// ---- kernel arguments ---------------------------------------------------------------------------------
+
+struct Geo {
+  const void* q;
+  const void* kv;
+  int64_t q_stride, kv_stride, kv_g;  // elements per token row; query heads per group in kv's layout
+  int64_t B, Tq, Tk, NH, G, HS;
+  int HSP, ldE;  // padded head size; leading dim of the staged q/k/v/dO tiles (elements)
+  int BQ, BK;    // query and key tile sizes
+  float scale;
+  bool causal;
+  int64_t window;
+  bool identity;  // positions are 0..T-1: tile skipping allowed
+  const int32_t* q_pos;
+  const int32_t* k_pos;
+  const int32_t* q_seg;
+  const int32_t* k_seg;
+  bool dropout;
+  uint64_t seed, stream, L;
+  uint32_t threshold;
+  float keep_scale;
+  bool vec;  // 16-byte loads of 16-bit q/kv/dO rows are allowed
+
+  __device__ int64_t q_col(int64_t h) const { return ((h / G) * (G + 2) + h % G) * HS; }
+  __device__ int64_t k_col(int64_t g) const { return (g * (kv_g + 2) + kv_g) * HS; }
+  __device__ int64_t v_col(int64_t g) const { return k_col(g) + HS; }
+  __device__ int64_t qpos(int64_t i) const { return q_pos ? int64_t(q_pos[i]) : i; }
+  __device__ int64_t kpos(int64_t j) const { return k_pos ? int64_t(k_pos[j]) : j; }
+  __device__ bool visible(int64_t qp, int32_t qs, int64_t kp, int32_t ks) const {
+    if (causal && kp > qp) return false;
+    if (window > 0 && kp <= qp - window) return false;
+    return !q_seg || qs == ks;
+  }
+  // Keys [begin, end) that queries [i0, i0 + nq) may see (whole-sequence op only).
+  __device__ int64_t key_begin(int64_t i0) const {
+    return identity && window > 0 ? (i0 - window + 1 > 0 ? i0 - window + 1 : 0) : 0;
+  }
+  __device__ int64_t key_end(int64_t i0, int64_t nq) const {
+    return identity && causal ? (i0 + nq < Tk ? i0 + nq : Tk) : Tk;
+  }
+  // Queries [begin, end) that may see keys [j0, j0 + nk) (whole-sequence op only).
+  __device__ int64_t query_begin(int64_t j0) const { return identity && causal ? j0 : 0; }
+  __device__ int64_t query_end(int64_t j0, int64_t nk) const {
+    return identity && window > 0 ? (j0 + nk - 1 + window < Tq ? j0 + nk - 1 + window : Tq) : Tq;
+  }
+  // True when the tile (queries [i0, i0+nq), keys [j0, j0+nk)) lies in different documents entirely
+  // (non-decreasing segment ids: compare the ends). Uniform over the block.
+  __device__ bool segments_disjoint(int64_t b, int64_t i0, int64_t nq, int64_t j0, int64_t nk) const {
+    if (!identity || !q_seg) return false;
+    const int32_t qf = q_seg[b * Tq + i0], ql = q_seg[b * Tq + i0 + nq - 1];
+    const int32_t kf = k_seg[b * Tk + j0], kl = k_seg[b * Tk + j0 + nk - 1];
+    return kl < qf || kf > ql;
+  }
+  __device__ uint64_t mask_row(int64_t b, int64_t h, int64_t qp) const {
+    return (uint64_t(b * NH + h) * L + uint64_t(qp)) * L;
+  }
+};
+
+// Dropout factor 1/(1-p) or 0 of mask index idx; consecutive indices share one Philox block, so a lane
+// walking a row of keys draws one block per 4 entries.
+struct DropoutRng {
+  uint64_t block = ~uint64_t(0);
+  Philox4 w{};
+  __device__ float factor(const Geo& g, uint64_t idx) {
+    const uint64_t blk = idx >> 2;
+    if (blk != block) {
+      w = philox4x32(g.seed, g.stream, blk);
+      block = blk;
+    }
+    const uint32_t r = uint32_t(idx & 3);
+    const uint32_t x = r == 0 ? w.w[0] : r == 1 ? w.w[1] : r == 2 ? w.w[2] : w.w[3];
+    return x >= g.threshold ? g.keep_scale : 0.0f;
+  }
+};
+
+// ---- shared-memory layouts (host and device agree on them) --------------------------------------------
+
+struct Carve {
+  size_t off = 0;
+  __host__ __device__ size_t take(size_t bytes) {
+    const size_t o = off;
+    off = (off + bytes + 127) / 128 * 128;  // 128-byte aligned buffers (wmma needs 32)
+    return o;
+  }
+};
+
+__host__ __device__ inline int ld_tile(int hsp, int es) { return hsp + (es == 2 ? 8 : 1); }
+__host__ __device__ inline int ld_f32(int n) { return n + 4; }
+__host__ __device__ inline int ld_p(int n) { return n + 8; }
+
+// Forward: Q (BQ x ldE), K, V (BK x ldE), S (BQ x ldS f32), P (BQ x ldP), O (BQ x ldO f32), key pos/seg.
+struct FwdLayout {
+  size_t q, k, v, s, p, o, kpos, kseg, bytes;
+  __host__ __device__ FwdLayout(int BQ, int BK, int HSP, int es) {
+    Carve c;
+    const int ldE = ld_tile(HSP, es);
+    q = c.take(size_t(BQ) * ldE * es);
+    k = c.take(size_t(BK) * ldE * es);
+    v = c.take(size_t(BK) * ldE * es);
+    s = c.take(size_t(BQ) * ld_f32(BK) * 4);
+    p = c.take(size_t(BQ) * ld_p(BK) * es);
+    o = c.take(size_t(BQ) * ld_f32(HSP) * 4);
+    kpos = c.take(size_t(BK) * 4);
+    kseg = c.take(size_t(BK) * 4);
+    bytes = c.off;
+  }
+};
+
+// dK/dV: K, V (BK x ldE), Q, dO (BQ x ldE), S^T, dP^T (BK x ldS f32), (PZ)^T, dS^T (BK x ldP), dK, dV
+// accumulators (BK x ldO f32), query pos/seg/lse/D (BQ).
+struct DkdvLayout {
+  size_t k, v, q, dout, st, dpt, pt, dst, dk, dv, qpos, qseg, lse, dd, bytes;
+  __host__ __device__ DkdvLayout(int BQ, int BK, int HSP, int es) {
+    Carve c;
+    const int ldE = ld_tile(HSP, es);
+    k = c.take(size_t(BK) * ldE * es);
+    v = c.take(size_t(BK) * ldE * es);
+    q = c.take(size_t(BQ) * ldE * es);
+    dout = c.take(size_t(BQ) * ldE * es);
+    st = c.take(size_t(BK) * ld_f32(BQ) * 4);
+    dpt = c.take(size_t(BK) * ld_f32(BQ) * 4);
+    pt = c.take(size_t(BK) * ld_p(BQ) * es);
+    dst = c.take(size_t(BK) * ld_p(BQ) * es);
+    dk = c.take(size_t(BK) * ld_f32(HSP) * 4);
+    dv = c.take(size_t(BK) * ld_f32(HSP) * 4);
+    qpos = c.take(size_t(BQ) * 4);
+    qseg = c.take(size_t(BQ) * 4);
+    lse = c.take(size_t(BQ) * 4);
+    dd = c.take(size_t(BQ) * 4);
+    bytes = c.off;
+  }
+};
+
+// dQ: Q, dO (BQ x ldE), K, V (BK x ldE), S, dP (BQ x ldS f32), dS (BQ x ldP), dQ accumulator
+// (BQ x ldO f32), key pos/seg (BK).
+struct DqLayout {
+  size_t q, dout, k, v, s, dp, ds, dq, kpos, kseg, bytes;
+  __host__ __device__ DqLayout(int BQ, int BK, int HSP, int es) {
+    Carve c;
+    const int ldE = ld_tile(HSP, es);
+    q = c.take(size_t(BQ) * ldE * es);
+    dout = c.take(size_t(BQ) * ldE * es);
+    k = c.take(size_t(BK) * ldE * es);
+    v = c.take(size_t(BK) * ldE * es);
+    s = c.take(size_t(BQ) * ld_f32(BK) * 4);
+    dp = c.take(size_t(BQ) * ld_f32(BK) * 4);
+    ds = c.take(size_t(BQ) * ld_p(BK) * es);
+    dq = c.take(size_t(BQ) * ld_f32(HSP) * 4);
+    kpos = c.take(size_t(BK) * 4);
+    kseg = c.take(size_t(BK) * 4);
+    bytes = c.off;
+  }
+};
+
+// ---- element helpers ----------------------------------------------------------------------------------
+
+template <typename E>
+__device__ __forceinline__ E to_e(float x) {
+  if constexpr (std::is_same_v<E, float>) return x;
+  else return store<E>(x);
+}
+template <typename E>
+__device__ __forceinline__ E zero_e() {
+  if constexpr (std::is_same_v<E, float>) return 0.0f;
+  else return E{0};
+}
+// A stored element widened (same type: copied bit for bit).
+template <typename E, typename Src>
+__device__ __forceinline__ E convert_e(Src x) {
+  if constexpr (std::is_same_v<E, Src>) return x;
+  else {
+    static_assert(std::is_same_v<E, float>, "16-bit tiles are only staged from their own dtype");
+    return load(x);
+  }
+}
+
+// dst (nrows x HSP, leading dim ldd) = rows [0, nvalid) of src (rows ld elements apart, HS wide), zero
+// elsewhere (padding columns and rows: the products then add exact zeros). All threads of the block.
+template <typename E, typename Src>
+__device__ void load_rows(E* dst, int ldd, const Src* src, int64_t ld, int64_t nvalid, int nrows, int HS, int HSP,
+                          bool vec) {
+  const int tid = threadIdx.x, nt = blockDim.x;
+  if constexpr (std::is_same_v<E, Src> && sizeof(E) == 2) {
+    if (vec) {  // HS % 8 == 0 and 16-byte aligned rows; ldd is a multiple of 8 elements
+      const int cpr = HSP / 8;
+      for (int e = tid; e < nrows * cpr; e += nt) {
+        const int r = e / cpr, c = (e % cpr) * 8;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (r < nvalid && c < HS) v = *reinterpret_cast<const uint4*>(src + r * ld + c);
+        *reinterpret_cast<uint4*>(dst + r * ldd + c) = v;
+      }
+      return;
+    }
+  }
+  for (int e = tid; e < nrows * HSP; e += nt) {
+    const int r = e / HSP, c = e % HSP;
+    E v = zero_e<E>();
+    if (r < nvalid && c < HS) v = convert_e<E>(src[r * ld + c]);
+    dst[r * ldd + c] = v;
+  }
+}
+
+__device__ void zero_f32(float* p, int rows, int cols, int ld) {
+  for (int e = threadIdx.x; e < rows * cols; e += blockDim.x) p[(e / cols) * ld + e % cols] = 0.0f;
+}
+
+// ---- the warp tile product ----------------------------------------------------------------------------
+
+template <typename E>
+struct Wmma;
+template <>
+struct Wmma<Bf16> {
+  using type = __nv_bfloat16;
+};
+template <>
+struct Wmma<F16> {
+  using type = __half;
+};
+
+// One warp: C (16 x N, f32, leading dim ldc) = (accumulate ? C : 0) + A (16 x K, row-major, lda) * B, where
+// B (K x N) is row-major with leading dim ldb, or (kBCol) the transpose of an N x K row-major matrix
+// (B(k, n) = B[n*ldb + k]). N and K are multiples of 16. Callers __syncwarp() around it.
+template <bool kBCol, typename E>
+__device__ __forceinline__ void warp_mma(float* C, int ldc, const E* A, int lda, const E* B, int ldb, int N, int K,
+                                         bool accumulate) {
+  if constexpr (std::is_same_v<E, float>) {
+    // Lanes own columns, all 16 rows each: A values are warp-wide broadcasts, B reads are conflict-free
+    // (row-major: consecutive; transposed: ldb is odd for f32 tiles).
+    const int lane = threadIdx.x % 32;
+    for (int c0 = 0; c0 < N; c0 += 32) {
+      const int c = c0 + lane;
+      if (c >= N) continue;
+      float acc[16];
+#pragma unroll
+      for (int r = 0; r < 16; ++r) acc[r] = accumulate ? C[r * ldc + c] : 0.0f;
+      for (int k = 0; k < K; ++k) {
+        const float b = kBCol ? B[c * ldb + k] : B[k * ldb + c];
+#pragma unroll
+        for (int r = 0; r < 16; ++r) acc[r] = fmaf(A[r * lda + k], b, acc[r]);
+      }
+#pragma unroll
+      for (int r = 0; r < 16; ++r) C[r * ldc + c] = acc[r];
+    }
+  } else {
+    namespace w = nvcuda::wmma;
+    using WT = typename Wmma<E>::type;
+    const WT* a = reinterpret_cast<const WT*>(A);
+    const WT* bm = reinterpret_cast<const WT*>(B);
+    for (int n0 = 0; n0 < N; n0 += 16) {
+      w::fragment<w::accumulator, 16, 16, 16, float> acc;
+      if (accumulate) w::load_matrix_sync(acc, C + n0, unsigned(ldc), w::mem_row_major);
+      else w::fill_fragment(acc, 0.0f);
+      for (int k0 = 0; k0 < K; k0 += 16) {
+        w::fragment<w::matrix_a, 16, 16, 16, WT, w::row_major> fa;
+        w::load_matrix_sync(fa, a + k0, unsigned(lda));
+        if constexpr (kBCol) {
+          w::fragment<w::matrix_b, 16, 16, 16, WT, w::col_major> fb;
+          w::load_matrix_sync(fb, bm + size_t(n0) * ldb + k0, unsigned(ldb));
+          w::mma_sync(acc, fa, fb, acc);
+        } else {
+          w::fragment<w::matrix_b, 16, 16, 16, WT, w::row_major> fb;
+          w::load_matrix_sync(fb, bm + size_t(k0) * ldb + n0, unsigned(ldb));
+          w::mma_sync(acc, fa, fb, acc);
+        }
+      }
+      w::store_matrix_sync(C + n0, acc, unsigned(ldc), w::mem_row_major);
+    }
+  }
+}
+
+// The element type of staged tiles: tensor cores when q/kv (and dout) are one 16-bit dtype, else f32.
+template <typename T, typename TD = T>
+using TileT = std::conditional_t<std::is_same_v<T, float> || std::is_same_v<TD, float>, float, T>;
+
+// ---- forward ------------------------------------------------------------------------------------------
+
+// grid (query tiles, NH, B), BQ/16 warps. out (B, Tq, NH*HS), lse (B, NH, Tq).
+template <typename T, typename TO>
+__global__ void attention_fwd_kernel(Geo g, TO* __restrict__ out, float* __restrict__ lse) {
+  using E = TileT<T>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int BQ = g.BQ, BK = g.BK, HSP = g.HSP, ldE = g.ldE;
+  const int ldS = ld_f32(BK), ldP = ld_p(BK), ldO = ld_f32(HSP);
+  const FwdLayout lay(BQ, BK, HSP, int(sizeof(E)));
+  E* Qs = reinterpret_cast<E*>(smem + lay.q);
+  E* Ks = reinterpret_cast<E*>(smem + lay.k);
+  E* Vs = reinterpret_cast<E*>(smem + lay.v);
+  float* Ss = reinterpret_cast<float*>(smem + lay.s);
+  E* Ps = reinterpret_cast<E*>(smem + lay.p);
+  float* Os = reinterpret_cast<float*>(smem + lay.o);
+  int32_t* kpos_s = reinterpret_cast<int32_t*>(smem + lay.kpos);
+  int32_t* kseg_s = reinterpret_cast<int32_t*>(smem + lay.kseg);
+
+  const int64_t b = blockIdx.z, h = blockIdx.y, i0 = int64_t(blockIdx.x) * BQ;
+  const int64_t nq = min(int64_t(BQ), g.Tq - i0);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, row0 = warp * 16;
+  const int r = row0 + lane / 2, half = lane & 1;  // two lanes per query row, half the columns each
+  const int64_t i = i0 + r;
+  const bool row_ok = r < nq;
+  const int64_t qp = row_ok ? g.qpos(i) : 0;
+  const int32_t qs = row_ok && g.q_seg ? g.q_seg[b * g.Tq + i] : 0;
+  const int64_t grp = h / g.G;
+
+  const T* qsrc = static_cast<const T*>(g.q) + (b * g.Tq + i0) * g.q_stride + g.q_col(h);
+  const T* kbase = static_cast<const T*>(g.kv) + b * g.Tk * g.kv_stride + g.k_col(grp);
+  const T* vbase = static_cast<const T*>(g.kv) + b * g.Tk * g.kv_stride + g.v_col(grp);
+  load_rows<E>(Qs, ldE, qsrc, g.q_stride, nq, BQ, int(g.HS), HSP, g.vec);
+  zero_f32(Os, BQ, HSP, ldO);
+  __syncthreads();  // Os rows are zeroed by other warps (read in the epilogue even with no key tile)
+
+  float m = kNegInf, l = 0.0f;
+  DropoutRng rng;
+  const uint64_t mrow = g.dropout ? g.mask_row(b, h, qp) : 0;
+  const int64_t kbeg = g.key_begin(i0), kend = g.key_end(i0, nq);
+  const int cb = half * (BK / 2), ce = cb + BK / 2;
+  for (int64_t j0 = kbeg; j0 < kend; j0 += BK) {
+    const int64_t nk = min(int64_t(BK), kend - j0);
+    if (g.segments_disjoint(b, i0, nq, j0, nk)) continue;  // uniform: every thread skips
+    __syncthreads();  // the previous tile's K/V are no longer read
+    load_rows<E>(Ks, ldE, kbase + j0 * g.kv_stride, g.kv_stride, nk, BK, int(g.HS), HSP, g.vec);
+    load_rows<E>(Vs, ldE, vbase + j0 * g.kv_stride, g.kv_stride, nk, BK, int(g.HS), HSP, g.vec);
+    for (int j = threadIdx.x; j < BK; j += blockDim.x) {
+      kpos_s[j] = j < nk ? int32_t(g.kpos(j0 + j)) : 0;
+      kseg_s[j] = j < nk && g.k_seg ? g.k_seg[b * g.Tk + j0 + j] : 0;
+    }
+    __syncthreads();
+
+    warp_mma<true>(Ss + row0 * ldS, ldS, Qs + row0 * ldE, ldE, Ks, ldE, BK, HSP, false);  // S = Q K^T
+    __syncwarp();
+    float* srow = Ss + r * ldS;
+    float mt = kNegInf;
+    for (int c = cb; c < ce; ++c) {
+      float s = kNegInf;
+      if (row_ok && c < nk && g.visible(qp, qs, kpos_s[c], kseg_s[c])) s = srow[c] * g.scale;
+      srow[c] = s;
+      mt = fmaxf(mt, s);
+    }
+    mt = fmaxf(mt, __shfl_xor_sync(kFullMask, mt, 1));
+    const float mn = fmaxf(m, mt);
+    const float ms = mn == kNegInf ? 0.0f : mn;  // no visible key yet: everything stays 0
+    const float alpha = expf(m - ms);
+    float ls = 0.0f;
+    E* prow = Ps + r * ldP;
+    for (int c = cb; c < ce; ++c) {
+      const float s = srow[c];
+      float e = s == kNegInf ? 0.0f : expf(s - ms);
+      ls += e;  // the normaliser sums the undropped probabilities
+      if (g.dropout && e != 0.0f) e *= rng.factor(g, mrow + uint64_t(kpos_s[c]));
+      prow[c] = to_e<E>(e);
+    }
+    ls += __shfl_xor_sync(kFullMask, ls, 1);
+    l = l * alpha + ls;
+    m = mn;
+    float* orow = Os + r * ldO;
+    for (int c = half * (HSP / 2); c < (half + 1) * (HSP / 2); ++c) orow[c] *= alpha;
+    __syncwarp();
+    warp_mma<false>(Os + row0 * ldO, ldO, Ps + row0 * ldP, ldP, Vs, ldE, HSP, BK, true);  // O += P V
+    __syncwarp();
+  }
+
+  if (row_ok) {
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    TO* dst = out + (b * g.Tq + i) * (g.NH * g.HS) + h * g.HS;
+    const float* orow = Os + r * ldO;
+    for (int64_t c = half; c < g.HS; c += 2) dst[c] = store<TO>(orow[c] * inv);
+    if (half == 0) lse[(b * g.NH + h) * g.Tq + i] = l > 0.0f ? m + logf(l) : kNegInf;
+  }
+}
+
+// ---- backward -----------------------------------------------------------------------------------------
+
+// D (B, NH, Tq) = rowsum(dout * out), one warp per (b, t, h) row.
+template <typename TO, typename TD>
+__global__ void attention_rowdot_kernel(float* __restrict__ D, const TO* __restrict__ out,
+                                        const TD* __restrict__ dout, int64_t B, int64_t Tq, int64_t NH, int64_t HS) {
+  const int lane = threadIdx.x % 32;
+  const int64_t rows = B * Tq * NH;
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
+  for (int64_t w = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; w < rows; w += warps) {
+    const TO* o = out + w * HS;
+    const TD* d = dout + w * HS;
+    float acc = 0.0f;
+    for (int64_t c = lane; c < HS; c += 32) acc = fmaf(load(o[c]), load(d[c]), acc);
+    acc = warp_sum(acc);
+    if (lane == 0) {
+      const int64_t h = w % NH, t = (w / NH) % Tq, b = w / (NH * Tq);
+      D[(b * NH + h) * Tq + t] = acc;
+    }
+  }
+}
+
+// Stores an f32 gradient: overwrite (rounded once to TG) or accumulate into f32.
+template <typename TG>
+__device__ __forceinline__ void put_grad(TG* dst, float v, bool accumulate) {
+  if (accumulate) *dst = store<TG>(load(*dst) + v);
+  else *dst = store<TG>(v);
+}
+
+// grid (key tiles, NKV, B), BK/16 warps, each owning 16 keys. Walks every query tile of every query head of
+// the group; dK, dV accumulate in shared f32 and are written once.
+template <typename T, typename TD, typename TG>
+__global__ void attention_dkdv_kernel(Geo g, const TD* __restrict__ dout, const float* __restrict__ lse,
+                                      const float* __restrict__ D, TG* __restrict__ dkv, int64_t dkv_stride,
+                                      int64_t dkv_g, bool accumulate) {
+  using E = TileT<T, TD>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int BQ = g.BQ, BK = g.BK, HSP = g.HSP, ldE = g.ldE;
+  const int ldS = ld_f32(BQ), ldP = ld_p(BQ), ldO = ld_f32(HSP);
+  const DkdvLayout lay(BQ, BK, HSP, int(sizeof(E)));
+  E* Ks = reinterpret_cast<E*>(smem + lay.k);
+  E* Vs = reinterpret_cast<E*>(smem + lay.v);
+  E* Qs = reinterpret_cast<E*>(smem + lay.q);
+  E* dOs = reinterpret_cast<E*>(smem + lay.dout);
+  float* St = reinterpret_cast<float*>(smem + lay.st);
+  float* dPt = reinterpret_cast<float*>(smem + lay.dpt);
+  E* Pt = reinterpret_cast<E*>(smem + lay.pt);
+  E* dSt = reinterpret_cast<E*>(smem + lay.dst);
+  float* dKa = reinterpret_cast<float*>(smem + lay.dk);
+  float* dVa = reinterpret_cast<float*>(smem + lay.dv);
+  int32_t* qpos_s = reinterpret_cast<int32_t*>(smem + lay.qpos);
+  int32_t* qseg_s = reinterpret_cast<int32_t*>(smem + lay.qseg);
+  float* lse_s = reinterpret_cast<float*>(smem + lay.lse);
+  float* D_s = reinterpret_cast<float*>(smem + lay.dd);
+
+  const int64_t b = blockIdx.z, grp = blockIdx.y, j0 = int64_t(blockIdx.x) * BK;
+  const int64_t nk = min(int64_t(BK), g.Tk - j0);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, row0 = warp * 16;
+  const int r = row0 + lane / 2, half = lane & 1;  // two lanes per key row
+  const int64_t j = j0 + r;
+  const bool key_ok = r < nk;
+  const int64_t kp = key_ok ? g.kpos(j) : 0;
+  const int32_t ks = key_ok && g.k_seg ? g.k_seg[b * g.Tk + j] : 0;
+
+  const T* kvb = static_cast<const T*>(g.kv) + (b * g.Tk + j0) * g.kv_stride;
+  load_rows<E>(Ks, ldE, kvb + g.k_col(grp), g.kv_stride, nk, BK, int(g.HS), HSP, g.vec);
+  load_rows<E>(Vs, ldE, kvb + g.v_col(grp), g.kv_stride, nk, BK, int(g.HS), HSP, g.vec);
+  zero_f32(dKa, BK, HSP, ldO);
+  zero_f32(dVa, BK, HSP, ldO);
+  __syncthreads();
+
+  const int64_t qbeg = g.query_begin(j0), qend = g.query_end(j0, nk);
+  const int64_t out_row = g.NH * g.HS;
+  const int cb = half * (BQ / 2), ce = cb + BQ / 2;
+  for (int64_t h = grp * g.G; h < (grp + 1) * g.G; ++h) {
+    DropoutRng rng;
+    for (int64_t i0 = qbeg; i0 < qend; i0 += BQ) {
+      const int64_t nq = min(int64_t(BQ), qend - i0);
+      if (g.segments_disjoint(b, i0, nq, j0, nk)) continue;  // uniform
+      __syncthreads();  // the previous query tile is no longer read
+      load_rows<E>(Qs, ldE, static_cast<const T*>(g.q) + (b * g.Tq + i0) * g.q_stride + g.q_col(h), g.q_stride, nq,
+                   BQ, int(g.HS), HSP, g.vec);
+      load_rows<E>(dOs, ldE, dout + (b * g.Tq + i0) * out_row + h * g.HS, out_row, nq, BQ, int(g.HS), HSP, g.vec);
+      for (int c = threadIdx.x; c < BQ; c += blockDim.x) {
+        const bool ok = c < nq;
+        qpos_s[c] = ok ? int32_t(g.qpos(i0 + c)) : 0;
+        qseg_s[c] = ok && g.q_seg ? g.q_seg[b * g.Tq + i0 + c] : 0;
+        lse_s[c] = ok ? lse[(b * g.NH + h) * g.Tq + i0 + c] : kNegInf;  // -inf: the row sees nothing
+        D_s[c] = ok ? D[(b * g.NH + h) * g.Tq + i0 + c] : 0.0f;
+      }
+      __syncthreads();
+
+      warp_mma<true>(St + row0 * ldS, ldS, Ks + row0 * ldE, ldE, Qs, ldE, BQ, HSP, false);    // S^T = K Q^T
+      warp_mma<true>(dPt + row0 * ldS, ldS, Vs + row0 * ldE, ldE, dOs, ldE, BQ, HSP, false);  // dP^T = V dO^T
+      __syncwarp();
+      const float* srow = St + r * ldS;
+      const float* dprow = dPt + r * ldS;
+      E* prow = Pt + r * ldP;
+      E* dsrow = dSt + r * ldP;
+      for (int c = cb; c < ce; ++c) {
+        float pz = 0.0f, ds = 0.0f;
+        const float L = lse_s[c];
+        if (key_ok && L != kNegInf && g.visible(qpos_s[c], qseg_s[c], kp, ks)) {
+          const float p = expf(srow[c] * g.scale - L);
+          const float z = g.dropout ? rng.factor(g, g.mask_row(b, h, qpos_s[c]) + uint64_t(kp)) : 1.0f;
+          ds = p * (dprow[c] * z - D_s[c]) * g.scale;
+          pz = p * z;
+        }
+        prow[c] = to_e<E>(pz);
+        dsrow[c] = to_e<E>(ds);
+      }
+      __syncwarp();
+      warp_mma<false>(dVa + row0 * ldO, ldO, Pt + row0 * ldP, ldP, dOs, ldE, HSP, BQ, true);  // dV += (PZ)^T dO
+      warp_mma<false>(dKa + row0 * ldO, ldO, dSt + row0 * ldP, ldP, Qs, ldE, HSP, BQ, true);  // dK += dS^T Q
+      __syncwarp();
+    }
+  }
+
+  if (key_ok) {
+    TG* row = dkv + (b * g.Tk + j) * dkv_stride + (grp * (dkv_g + 2) + dkv_g) * g.HS;
+    const float* a = dKa + r * ldO;
+    const float* c = dVa + r * ldO;
+    for (int64_t d = half; d < g.HS; d += 2) {
+      put_grad(row + d, a[d], accumulate);
+      put_grad(row + g.HS + d, c[d], accumulate);
+    }
+  }
+}
+
+// grid (query tiles, NH, B), BQ/16 warps, each owning 16 queries: dQ += dS K over the key tiles.
+template <typename T, typename TD, typename TG>
+__global__ void attention_dq_kernel(Geo g, const TD* __restrict__ dout, const float* __restrict__ lse,
+                                    const float* __restrict__ D, TG* __restrict__ dq, int64_t dq_stride,
+                                    bool dq_grouped, bool accumulate) {
+  using E = TileT<T, TD>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int BQ = g.BQ, BK = g.BK, HSP = g.HSP, ldE = g.ldE;
+  const int ldS = ld_f32(BK), ldP = ld_p(BK), ldO = ld_f32(HSP);
+  const DqLayout lay(BQ, BK, HSP, int(sizeof(E)));
+  E* Qs = reinterpret_cast<E*>(smem + lay.q);
+  E* dOs = reinterpret_cast<E*>(smem + lay.dout);
+  E* Ks = reinterpret_cast<E*>(smem + lay.k);
+  E* Vs = reinterpret_cast<E*>(smem + lay.v);
+  float* Ss = reinterpret_cast<float*>(smem + lay.s);
+  float* dPs = reinterpret_cast<float*>(smem + lay.dp);
+  E* dSs = reinterpret_cast<E*>(smem + lay.ds);
+  float* dQa = reinterpret_cast<float*>(smem + lay.dq);
+  int32_t* kpos_s = reinterpret_cast<int32_t*>(smem + lay.kpos);
+  int32_t* kseg_s = reinterpret_cast<int32_t*>(smem + lay.kseg);
+
+  const int64_t b = blockIdx.z, h = blockIdx.y, i0 = int64_t(blockIdx.x) * BQ;
+  const int64_t nq = min(int64_t(BQ), g.Tq - i0);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, row0 = warp * 16;
+  const int r = row0 + lane / 2, half = lane & 1;
+  const int64_t i = i0 + r;
+  const bool row_ok = r < nq;
+  const int64_t qp = row_ok ? g.qpos(i) : 0;
+  const int32_t qs = row_ok && g.q_seg ? g.q_seg[b * g.Tq + i] : 0;
+  const float L = row_ok ? lse[(b * g.NH + h) * g.Tq + i] : kNegInf;
+  const float Di = row_ok ? D[(b * g.NH + h) * g.Tq + i] : 0.0f;
+  const int64_t grp = h / g.G;
+  const int64_t out_row = g.NH * g.HS;
+
+  load_rows<E>(Qs, ldE, static_cast<const T*>(g.q) + (b * g.Tq + i0) * g.q_stride + g.q_col(h), g.q_stride, nq, BQ,
+               int(g.HS), HSP, g.vec);
+  load_rows<E>(dOs, ldE, dout + (b * g.Tq + i0) * out_row + h * g.HS, out_row, nq, BQ, int(g.HS), HSP, g.vec);
+  zero_f32(dQa, BQ, HSP, ldO);
+  __syncthreads();
+
+  const T* kbase = static_cast<const T*>(g.kv) + b * g.Tk * g.kv_stride + g.k_col(grp);
+  const T* vbase = static_cast<const T*>(g.kv) + b * g.Tk * g.kv_stride + g.v_col(grp);
+  DropoutRng rng;
+  const uint64_t mrow = g.dropout ? g.mask_row(b, h, qp) : 0;
+  const bool live = row_ok && L != kNegInf;
+  const int64_t kbeg = g.key_begin(i0), kend = g.key_end(i0, nq);
+  const int cb = half * (BK / 2), ce = cb + BK / 2;
+  for (int64_t j0 = kbeg; j0 < kend; j0 += BK) {
+    const int64_t nk = min(int64_t(BK), kend - j0);
+    if (g.segments_disjoint(b, i0, nq, j0, nk)) continue;  // uniform
+    __syncthreads();
+    load_rows<E>(Ks, ldE, kbase + j0 * g.kv_stride, g.kv_stride, nk, BK, int(g.HS), HSP, g.vec);
+    load_rows<E>(Vs, ldE, vbase + j0 * g.kv_stride, g.kv_stride, nk, BK, int(g.HS), HSP, g.vec);
+    for (int j = threadIdx.x; j < BK; j += blockDim.x) {
+      kpos_s[j] = j < nk ? int32_t(g.kpos(j0 + j)) : 0;
+      kseg_s[j] = j < nk && g.k_seg ? g.k_seg[b * g.Tk + j0 + j] : 0;
+    }
+    __syncthreads();
+
+    warp_mma<true>(Ss + row0 * ldS, ldS, Qs + row0 * ldE, ldE, Ks, ldE, BK, HSP, false);    // S = Q K^T
+    warp_mma<true>(dPs + row0 * ldS, ldS, dOs + row0 * ldE, ldE, Vs, ldE, BK, HSP, false);  // dP = dO V^T
+    __syncwarp();
+    const float* srow = Ss + r * ldS;
+    const float* dprow = dPs + r * ldS;
+    E* dsrow = dSs + r * ldP;
+    for (int c = cb; c < ce; ++c) {
+      float ds = 0.0f;
+      if (live && c < nk && g.visible(qp, qs, kpos_s[c], kseg_s[c])) {
+        const float p = expf(srow[c] * g.scale - L);
+        const float z = g.dropout ? rng.factor(g, mrow + uint64_t(kpos_s[c])) : 1.0f;
+        ds = p * (dprow[c] * z - Di) * g.scale;
+      }
+      dsrow[c] = to_e<E>(ds);
+    }
+    __syncwarp();
+    warp_mma<false>(dQa + row0 * ldO, ldO, dSs + row0 * ldP, ldP, Ks, ldE, HSP, BK, true);  // dQ += dS K
+    __syncwarp();
+  }
+
+  if (row_ok) {
+    TG* row = dq + (b * g.Tq + i) * dq_stride + (dq_grouped ? g.q_col(h) : h * g.HS);
+    const float* a = dQa + r * ldO;
+    for (int64_t d = half; d < g.HS; d += 2) put_grad(row + d, a[d], accumulate);
+  }
+}
+
+// ---- host side ----------------------------------------------------------------------------------------
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+Geo make_geo(const Problem& pb) {
+  Geo g{};
+  g.q = pb.q.raw();
+  g.kv = pb.kv.raw();
+  g.G = pb.NH / pb.NKV;
+  g.q_stride = pb.NKV * (g.G + 2) * pb.HS;
+  g.kv_g = pb.kv_g;
+  g.kv_stride = pb.NKV * (pb.kv_g + 2) * pb.HS;
+  g.B = pb.B;
+  g.Tq = pb.Tq;
+  g.Tk = pb.Tk;
+  g.NH = pb.NH;
+  g.HS = pb.HS;
+  g.HSP = int((pb.HS + 15) / 16 * 16);
+  g.scale = pb.scale;
+  g.causal = pb.causal;
+  g.window = pb.window;
+  g.identity = pb.q_pos == nullptr;
+  g.q_pos = pb.q_pos;
+  g.k_pos = pb.k_pos;
+  g.q_seg = pb.q_seg;
+  g.k_seg = pb.k_seg;
+  g.dropout = pb.dropout_p > 0.0f;
+  if (g.dropout) {
+    g.seed = pb.dropout_seed;
+    g.stream = pb.dropout_stream;
+    g.L = pb.mask_len;
+    g.threshold = dropout_threshold(pb.dropout_p);
+    g.keep_scale = 1.0f / (1.0f - pb.dropout_p);
+  }
+  return g;
+}
+
+// Sets the tile sizes (rows x cols of the score tile: BQ x BK, or BK x BQ for dK/dV) to the largest
+// candidate whose shared memory fits; returns the bytes.
+template <typename Layout>
+size_t choose_tiles(const CudaContext& ctx, Geo& g, int es, bool keys_are_rows, const char* op) {
+  static constexpr int kCand[][2] = {{64, 64}, {64, 32}, {32, 32}, {16, 16}};
+  const size_t limit = ctx.props().sharedMemPerBlockOptin;
+  for (const auto& c : kCand) {
+    const int BQ = keys_are_rows ? c[1] : c[0], BK = keys_are_rows ? c[0] : c[1];
+    const Layout lay(BQ, BK, g.HSP, es);
+    if (lay.bytes <= limit) {
+      g.BQ = BQ;
+      g.BK = BK;
+      g.ldE = ld_tile(g.HSP, es);
+      return lay.bytes;
+    }
+  }
+  LOOM_FAIL("[", op, "] head_dim ", g.HS, " needs more shared memory than the device's ", limit, " bytes");
+}
+
+template <typename Kernel>
+void set_smem(Kernel kernel, size_t bytes) {
+  if (bytes > 48 * 1024)
+    LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
+unsigned tiles(int64_t n, int tile) { return unsigned((n + tile - 1) / tile); }
+
+template <typename T, typename TO>
+void launch_forward(const CudaContext& ctx, Geo g, TensorView out, TensorView lse) {
+  using E = TileT<T>;
+  const size_t bytes = choose_tiles<FwdLayout>(ctx, g, int(sizeof(E)), false, "attention_forward");
+  g.vec = sizeof(E) == 2 && g.HS % 8 == 0 && aligned16(g.q) && aligned16(g.kv);
+  auto kernel = attention_fwd_kernel<T, TO>;
+  set_smem(kernel, bytes);
+  const dim3 grid(tiles(g.Tq, g.BQ), unsigned(g.NH), unsigned(g.B));
+  kernel<<<grid, 32 * (g.BQ / 16), bytes, ctx.compute_stream()>>>(g, ptr<TO>(out), ptr<float>(lse));
+  LOOM_CUDA_LAUNCH_CHECK();
+}
+
+template <typename T, typename TD, typename TG>
+void launch_backward(const CudaContext& ctx, const Geo& g0, const Grads& gr, TensorView dout, TensorView out,
+                     TensorView lse) {
+  using E = TileT<T, TD>;
+  const int es = int(sizeof(E));
+  cudaStream_t st = ctx.compute_stream();
+  Tensor D = scratch(ctx, Shape{g0.B, g0.NH, g0.Tq}, DType::kF32);
+  dispatch_float(out.dtype(), "[attention_backward] out", [&](auto to) {
+    using TO = decltype(to);
+    const int64_t rows = g0.B * g0.Tq * g0.NH;
+    attention_rowdot_kernel<TO, TD><<<grid_for(rows * 32), kThreads, 0, st>>>(
+        ptr<float>(D), cptr<TO>(out), cptr<TD>(dout), g0.B, g0.Tq, g0.NH, g0.HS);
+    LOOM_CUDA_LAUNCH_CHECK();
+  });
+  const bool vec = es == 2 && g0.HS % 8 == 0 && aligned16(g0.q) && aligned16(g0.kv) && aligned16(dout.raw());
+  if (g0.Tk > 0) {
+    Geo g = g0;
+    const size_t bytes = choose_tiles<DkdvLayout>(ctx, g, es, true, "attention_backward");
+    g.vec = vec;
+    auto kernel = attention_dkdv_kernel<T, TD, TG>;
+    set_smem(kernel, bytes);
+    const dim3 grid(tiles(g.Tk, g.BK), unsigned(g.NH / g.G), unsigned(g.B));
+    kernel<<<grid, 32 * (g.BK / 16), bytes, st>>>(g, cptr<TD>(dout), cptr<float>(lse), cptr<float>(D),
+                                                  ptr<TG>(gr.dkv), gr.dkv_stride, gr.dkv_g, gr.accumulate);
+    LOOM_CUDA_LAUNCH_CHECK();
+  }
+  if (g0.Tk > 0 || !gr.accumulate) {  // with no keys dq gets 0: nothing to add, but an overwrite must zero it
+    Geo g = g0;
+    const size_t bytes = choose_tiles<DqLayout>(ctx, g, es, false, "attention_backward");
+    g.vec = vec;
+    auto kernel = attention_dq_kernel<T, TD, TG>;
+    set_smem(kernel, bytes);
+    const dim3 grid(tiles(g.Tq, g.BQ), unsigned(g.NH), unsigned(g.B));
+    kernel<<<grid, 32 * (g.BQ / 16), bytes, st>>>(g, cptr<TD>(dout), cptr<float>(lse), cptr<float>(D),
+                                                  ptr<TG>(gr.dq), gr.dq_stride, gr.dq_grouped, gr.accumulate);
+    LOOM_CUDA_LAUNCH_CHECK();
+  }
+}
+
+}  // namespace
+
+void forward(const CudaContext& ctx, const Problem& pb, TensorView out, TensorView lse) {
+  if (pb.B == 0 || pb.Tq == 0) return;
+  LOOM_CHECK(pb.B <= 65535 && pb.NH <= 65535, "[attention] expected batch and head counts <= 65535, got B = ",
+             pb.B, ", NH = ", pb.NH);
+  const Geo g = make_geo(pb);
+  dispatch_float(pb.q.dtype(), "[attention] q", [&](auto t) {
+    using T = decltype(t);
+    if (out.dtype() == pb.q.dtype()) launch_forward<T, T>(ctx, g, out, lse);
+    else if (out.dtype() == DType::kF32) launch_forward<T, float>(ctx, g, out, lse);
+    else LOOM_FAIL("[attention] expected out f32 or ", dtype_name(pb.q.dtype()), ", got ", out.desc());
+  });
+}
+
+void backward(const CudaContext& ctx, const Problem& pb, const Grads& gr, TensorView dout, TensorView out,
+              TensorView lse) {
+  // No queries: the whole-sequence op has nothing to write (T = 0), a block adds nothing.
+  if (pb.B == 0 || pb.Tq == 0) return;
+  LOOM_CHECK(pb.B <= 65535 && pb.NH <= 65535, "[attention] expected batch and head counts <= 65535, got B = ",
+             pb.B, ", NH = ", pb.NH);
+  const Geo g = make_geo(pb);
+  dispatch_float(pb.q.dtype(), "[attention] q", [&](auto t) {
+    using T = decltype(t);
+    if (!gr.accumulate) {
+      LOOM_CHECK(dout.dtype() == pb.q.dtype() && gr.dq.dtype() == pb.q.dtype(), "[attention] dtype mismatch");
+      launch_backward<T, T, T>(ctx, g, gr, dout, out, lse);
+    } else if (dout.dtype() == pb.q.dtype()) {
+      launch_backward<T, T, float>(ctx, g, gr, dout, out, lse);
+    } else {
+      launch_backward<T, float, float>(ctx, g, gr, dout, out, lse);
+    }
+  });
+}
+
+}  // namespace attn_detail
+
+// ---- the whole-sequence op ----------------------------------------------------------------------------
+
+namespace {
+
+using attn_detail::Problem;
+
+// Validates as the CPU op does (src/backend/cpu/attention.cpp) and builds the problem.
+Problem whole_sequence(const CudaContext& ctx, TensorView qkv, const AttentionParams& p, TensorView segment_ids,
+                       const char* op) {
+  LOOM_CHECK(p.num_heads > 0 && p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0, "[", op,
+             "] expected num_heads to be a positive multiple of num_kv_heads, got ", p.num_heads, " and ",
+             p.num_kv_heads);
+  LOOM_CHECK(p.head_dim > 0 && p.head_dim <= attn_detail::kMaxHeadDim, "[", op, "] expected head_dim in [1, ",
+             attn_detail::kMaxHeadDim, "], got ", p.head_dim);
+  LOOM_CHECK(p.window == -1 || p.window > 0, "[", op, "] expected window -1 (unlimited) or > 0, got ", p.window);
+  LOOM_CHECK(p.causal || p.window == -1, "[", op, "] a sliding window needs causal attention");
+  LOOM_CHECK(p.dropout_p >= 0.0f && p.dropout_p < 1.0f, "[", op, "] expected dropout_p in [0, 1), got ",
+             p.dropout_p);
+  const DType dt = qkv.dtype();
+  LOOM_CHECK((dt == DType::kF32 || dt == DType::kBF16 || dt == DType::kF16) && qkv.ndim() == 3, "[", op,
+             "] expected qkv f32, bf16 or f16 (B, T, 3*C), got ", qkv.desc());
+  check_on_device(ctx, qkv, op, "qkv");
+  const int64_t G = p.num_heads / p.num_kv_heads;
+  const int64_t row = p.num_kv_heads * (G + 2) * p.head_dim;
+  LOOM_CHECK(qkv.size(2) == row, "[", op, "] expected qkv last dim NKV*(NH/NKV+2)*HS = ", row, ", got ",
+             qkv.desc());
+  Problem pb;
+  pb.q = qkv;
+  pb.kv = qkv;
+  pb.B = qkv.size(0);
+  pb.Tq = pb.Tk = qkv.size(1);
+  pb.NH = p.num_heads;
+  pb.NKV = p.num_kv_heads;
+  pb.HS = p.head_dim;
+  pb.kv_g = G;
+  pb.scale = p.softmax_scale;
+  pb.causal = p.causal;
+  pb.window = p.window;
+  if (segment_ids.defined()) {
+    const Shape want{pb.B, pb.Tq};
+    LOOM_CHECK(segment_ids.dtype() == DType::kI32 && segment_ids.shape() == want, "[", op,
+               "] expected i32 segment_ids (", pb.B, ", ", pb.Tq, "), got ", segment_ids.desc());
+    check_on_device(ctx, segment_ids, op, "segment_ids");
+    pb.q_seg = pb.k_seg = cptr<int32_t>(segment_ids);
+  }
+  pb.dropout_p = p.dropout_p;
+  pb.dropout_seed = p.dropout_seed;
+  pb.dropout_stream = p.dropout_stream;
+  pb.mask_len = uint64_t(pb.Tq);
+  return pb;
+}
+
+void check_same(const CudaContext& ctx, TensorView t, Shape s, DType dt, const char* op, const char* name) {
+  LOOM_CHECK(t.dtype() == dt && t.shape() == s, "[", op, "] expected ", name, " ", dtype_name(dt), s.str(), ", got ",
+             t.desc());
+  check_on_device(ctx, t, op, name);
+}
+
+}  // namespace
+
+void attention_forward(const CudaContext& ctx, TensorView out, TensorView lse, TensorView qkv,
+                       const AttentionParams& p, TensorView segment_ids) {
+  const char* op = "attention_forward";
+  const Problem pb = whole_sequence(ctx, qkv, p, segment_ids, op);
+  check_same(ctx, out, Shape{pb.B, pb.Tq, pb.NH * pb.HS}, qkv.dtype(), op, "out");
+  check_same(ctx, lse, Shape{pb.B, pb.NH, pb.Tq}, DType::kF32, op, "lse");
+  attn_detail::forward(ctx, pb, out, lse);
+}
+
+void attention_backward(const CudaContext& ctx, TensorView dqkv, TensorView dout, TensorView qkv, TensorView out,
+                        TensorView lse, const AttentionParams& p, TensorView segment_ids) {
+  const char* op = "attention_backward";
+  const Problem pb = whole_sequence(ctx, qkv, p, segment_ids, op);
+  check_same(ctx, dqkv, qkv.shape(), qkv.dtype(), op, "dqkv");
+  check_same(ctx, out, Shape{pb.B, pb.Tq, pb.NH * pb.HS}, qkv.dtype(), op, "out");
+  check_same(ctx, dout, Shape{pb.B, pb.Tq, pb.NH * pb.HS}, qkv.dtype(), op, "dout");
+  check_same(ctx, lse, Shape{pb.B, pb.NH, pb.Tq}, DType::kF32, op, "lse");
+  attn_detail::Grads gr;
+  gr.dq = gr.dkv = dqkv;
+  gr.dq_stride = gr.dkv_stride = qkv.size(2);
+  gr.dq_grouped = true;
+  gr.dkv_g = pb.NH / pb.NKV;
+  gr.accumulate = false;
+  attn_detail::backward(ctx, pb, gr, dout, out, lse);
+}
+
+}  // namespace loom::cuda

@@ -1,0 +1,436 @@
+// AdamW, the f64 sum of squares, the inf/NaN scan, scale_ and fill_ on the GPU: all memory-bound
+// elementwise passes or reductions over flat buffers.
+//
+// - adamw_update: one fused pass over (param, grad, m, v), float4 when all four are 16-byte aligned,
+//   scalar otherwise. Each element follows the CPU reference (optimizer.cpp) operation by operation with
+//   explicitly rounded intrinsics (__fmul_rn, __fadd_rn, __fdiv_rn, __fsqrt_rn, __fmaf_rn), so nvcc's FMA
+//   contraction cannot merge p * decay into the final add: results equal the CPU's bit for bit (both are
+//   IEEE f32 per operation; the coefficients are computed on the host by the same code).
+// - sum_squares: every thread owns 16-byte chunks (chunk c = elements [c*W, c*W + W), W = 16 / element
+//   size), chunk c going to global thread c mod (blocks * threads); the block count is a function of numel
+//   only. Each thread adds its chunks' squares in f64 in index order, the block reduces with the fixed
+//   shuffle tree, partials go to a scratch buffer and one block sums them in a fixed tree. A chunk is read
+//   with one 16-byte load when the buffer is aligned and with W scalar loads otherwise, in the same order,
+//   so the result depends on numel and the data alone, never on timing, alignment or the device.
+// - has_inf_or_nan: bit tests on the raw encoding (an all-ones exponent field; e4m3's only non-finite
+//   pattern is S.1111.111), an int flag set by any thread that sees one, one copy back.
+// - scale_: x = round(f32(x) * s); a NaN input stays that NaN (quietened) as on x86, where the CPU
+//   reference runs; GPU arithmetic would return the canonical NaN instead.
+// - fill_: the element's bit pattern is computed on the host with the CPU's conversions, then replicated.
+#include "backend/cuda/optimizer.cuh"
+
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/host_readback.cuh"
+#include "loom/core/dtype.h"
+
+namespace loom::cuda {
+
+namespace {
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// ---- AdamW ------------------------------------------------------------------------------------------
+
+struct AdamWCoefs {
+  float decay, beta1, one_minus_beta1, beta2, one_minus_beta2, neg_step_size, bc2_sqrt, eps, grad_scale;
+};
+
+// The shortest decimal that rounds to f, as a double: PyTorch computes the coefficients from the Python
+// (f64) hyper-parameters the user wrote, so 0.9f must count as 0.9 (as the CPU reference does).
+double decimal_value(float f) {
+  char buf[64];
+  const auto res = std::to_chars(buf, buf + sizeof(buf) - 1, f);
+  *res.ptr = '\0';
+  return std::strtod(buf, nullptr);
+}
+
+// Identical to the CPU reference's coefficients (src/backend/cpu/optimizer.cpp), so both backends round
+// the same constants.
+AdamWCoefs adamw_coefs(const AdamWParams& p) {
+  LOOM_CHECK(p.step >= 1, "[adamw_update] step is 1-based, got ", p.step);
+  const double lr = decimal_value(p.lr), wd = decimal_value(p.weight_decay);
+  const double b1 = decimal_value(p.beta1), b2 = decimal_value(p.beta2);
+  const double bc1 = 1.0 - std::pow(b1, double(p.step));
+  const double bc2 = 1.0 - std::pow(b2, double(p.step));
+  AdamWCoefs c;
+  c.decay = float(1.0 - lr * wd);
+  c.beta1 = p.beta1;
+  c.one_minus_beta1 = float(1.0 - b1);
+  c.beta2 = p.beta2;
+  c.one_minus_beta2 = float(1.0 - b2);
+  c.neg_step_size = float(-(lr / bc1));
+  c.bc2_sqrt = float(std::sqrt(bc2));
+  c.eps = p.eps;
+  c.grad_scale = p.grad_scale;
+  return c;
+}
+
+// One element, in the CPU's operation order:
+//   g = grad * grad_scale; m = fma(1-b1, g, m*b1); v = fma((1-b2)*g, g, v*b2); p = p * decay;
+//   p = p + (neg_step * m) / (sqrt(v) / sqrt(bc2) + eps)
+__device__ __forceinline__ void adamw_elem(float& p, float g_raw, float& m, float& v, const AdamWCoefs& k) {
+  const float g = __fmul_rn(g_raw, k.grad_scale);
+  const float mi = __fmaf_rn(k.one_minus_beta1, g, __fmul_rn(m, k.beta1));
+  const float vi = __fmaf_rn(__fmul_rn(k.one_minus_beta2, g), g, __fmul_rn(v, k.beta2));
+  const float pd = __fmul_rn(p, k.decay);
+  const float d = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), k.bc2_sqrt), k.eps);
+  p = __fadd_rn(pd, __fdiv_rn(__fmul_rn(k.neg_step_size, mi), d));
+  m = mi;
+  v = vi;
+}
+
+__global__ void adamw_vec4_kernel(float4* __restrict__ param, float4* __restrict__ grad, float4* __restrict__ m,
+                                  float4* __restrict__ v, int64_t n4, AdamWCoefs k, bool zero_grad) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n4; i += int64_t(gridDim.x) * blockDim.x) {
+    float4 p4 = param[i], m4 = m[i], v4 = v[i];
+    const float4 g4 = grad[i];
+    adamw_elem(p4.x, g4.x, m4.x, v4.x, k);
+    adamw_elem(p4.y, g4.y, m4.y, v4.y, k);
+    adamw_elem(p4.z, g4.z, m4.z, v4.z, k);
+    adamw_elem(p4.w, g4.w, m4.w, v4.w, k);
+    param[i] = p4;
+    m[i] = m4;
+    v[i] = v4;
+    if (zero_grad) grad[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+}
+
+__global__ void adamw_scalar_kernel(float* __restrict__ param, float* __restrict__ grad, float* __restrict__ m,
+                                    float* __restrict__ v, int64_t n, AdamWCoefs k, bool zero_grad) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    float p = param[i], mi = m[i], vi = v[i];
+    adamw_elem(p, grad[i], mi, vi, k);
+    param[i] = p;
+    m[i] = mi;
+    v[i] = vi;
+    if (zero_grad) grad[i] = 0.0f;
+  }
+}
+
+void expect_f32(const CudaContext& ctx, TensorView t, const char* name, int64_t n) {
+  LOOM_CHECK(t.defined() && t.dtype() == DType::kF32, "[adamw_update] expected f32 ", name,
+             " (adamw_update takes f32 master weights, gradients and state only), got ",
+             t.defined() ? t.desc() : std::string("nothing"));
+  check_on_device(ctx, t, "[adamw_update]", name);
+  LOOM_CHECK(t.numel() == n, "[adamw_update] expected ", name, " with ", n, " elements, got ", t.desc());
+}
+
+// ---- raw 16-byte chunks --------------------------------------------------------------------------------
+// W elements of T read with one 16-byte load (the caller guarantees alignment).
+template <typename T>
+struct Chunk16 {
+  static constexpr int W = int(16 / sizeof(T));
+  T v[W];
+};
+
+template <typename T>
+__device__ __forceinline__ Chunk16<T> load_chunk(const T* base, int64_t c) {
+  const uint4 raw = reinterpret_cast<const uint4*>(base)[c];  // plain load: scale_ rewrites what it reads
+  Chunk16<T> out;
+  memcpy(&out, &raw, 16);
+  return out;
+}
+
+template <typename T>
+__device__ __forceinline__ void store_chunk(T* base, int64_t c, const Chunk16<T>& in) {
+  uint4 raw;
+  memcpy(&raw, &in, 16);
+  reinterpret_cast<uint4*>(base)[c] = raw;
+}
+
+// ---- sum of squares ---------------------------------------------------------------------------------------
+constexpr int kSumThreads = 256;
+constexpr int64_t kSumMaxBlocks = 1024;  // also the finishing block's width; with W, defines the split
+
+// Blocks for n elements of W per chunk: a function of n (and the dtype) only.
+unsigned sum_blocks(int64_t n, int w) {
+  const int64_t chunks = (n + w - 1) / w;
+  return unsigned(std::clamp<int64_t>((chunks + kSumThreads - 1) / kSumThreads, 1, kSumMaxBlocks));
+}
+
+template <typename T>
+__device__ __forceinline__ double square(T x) {
+  const double d = double(load(x));
+  return d * d;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kSumThreads) sum_squares_partial_kernel(const T* __restrict__ x, int64_t n,
+                                                                          bool vec, double* __restrict__ partial) {
+  constexpr int W = Chunk16<T>::W;
+  __shared__ double shared[32];
+  const int64_t chunks = (n + W - 1) / W;
+  const int64_t full = n / W;
+  double acc = 0.0;
+  for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < chunks; c += int64_t(gridDim.x) * blockDim.x) {
+    if (vec && c < full) {
+      const Chunk16<T> ch = load_chunk(x, c);
+#pragma unroll
+      for (int j = 0; j < W; ++j) acc += square(ch.v[j]);
+    } else {
+      const int64_t end = min(n, (c + 1) * W);
+      for (int64_t i = c * W; i < end; ++i) acc += square(x[i]);
+    }
+  }
+  acc = block_sum(acc, shared);
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+__global__ void __launch_bounds__(kSumMaxBlocks) sum_partials_kernel(const double* __restrict__ partial,
+                                                                     int nblocks, double* __restrict__ out) {
+  __shared__ double shared[32];
+  double v = threadIdx.x < unsigned(nblocks) ? partial[threadIdx.x] : 0.0;
+  v = block_sum(v, shared);
+  if (threadIdx.x == 0) *out = v;
+}
+
+// ---- inf / NaN scan ---------------------------------------------------------------------------------------
+// U is the raw storage (uint32/16/8); an element is non-finite iff (bits & mask) == mask.
+template <typename U>
+__global__ void nonfinite_kernel(const U* __restrict__ x, int64_t n, bool vec, U mask, int* __restrict__ flag) {
+  constexpr int W = Chunk16<U>::W;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  bool bad = false;
+  int64_t start = 0;
+  if (vec) {
+    const int64_t full = n / W;
+    for (int64_t c = tid; c < full; c += stride) {
+      const Chunk16<U> ch = load_chunk(x, c);
+#pragma unroll
+      for (int j = 0; j < W; ++j) bad |= (ch.v[j] & mask) == mask;
+    }
+    start = full * W;
+  }
+  for (int64_t i = start + tid; i < n; i += stride) bad |= (x[i] & mask) == mask;
+  if (bad) *flag = 1;  // every writer stores the same value: no race on the result
+}
+
+// ---- scale_ ------------------------------------------------------------------------------------------------
+// Decode as the CPU's scale_ does: f16 keeps a NaN's sign (the CPU widens bf16/f16 exactly before
+// multiplying); fp8 decodes through the core tables (canonical NaN), as load() does.
+template <typename T>
+__device__ __forceinline__ float load_keep_nan(T x) {
+  return load(x);
+}
+template <>
+__device__ __forceinline__ float load_keep_nan<F16>(F16 x) {
+  const uint32_t sign = uint32_t(x.bits & 0x8000u) << 16;
+  const uint32_t mag = x.bits & 0x7FFFu;
+  if (mag >= 0x7C00u) return __uint_as_float(sign | (mag << 13) | 0x7F800000u);
+  return __uint_as_float(sign | __float_as_uint(f16_bits_to_f32(uint16_t(mag))));
+}
+
+// v * s as x86 computes it: a NaN operand comes back quietened with its payload (GPU arithmetic would
+// return the canonical NaN and lose the sign a bf16 NaN keeps on the CPU).
+__device__ __forceinline__ float mul_x86(float v, float s) {
+  if (isnan(v)) return __uint_as_float(__float_as_uint(v) | 0x00400000u);
+  if (isnan(s)) return __uint_as_float(__float_as_uint(s) | 0x00400000u);
+  return __fmul_rn(v, s);
+}
+
+template <typename T>
+__global__ void scale_kernel(T* __restrict__ x, int64_t n, bool vec, float s) {
+  constexpr int W = Chunk16<T>::W;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t start = 0;
+  if (vec) {
+    const int64_t full = n / W;
+    for (int64_t c = tid; c < full; c += stride) {
+      Chunk16<T> ch = load_chunk(x, c);
+#pragma unroll
+      for (int j = 0; j < W; ++j) ch.v[j] = store<T>(mul_x86(load_keep_nan(ch.v[j]), s));
+      store_chunk(x, c, ch);
+    }
+    start = full * W;
+  }
+  for (int64_t i = start + tid; i < n; i += stride) x[i] = store<T>(mul_x86(load_keep_nan(x[i]), s));
+}
+
+// ---- fill_ -------------------------------------------------------------------------------------------------
+template <typename U>
+__global__ void fill_kernel(U* __restrict__ x, int64_t n, bool vec, U value) {
+  constexpr int W = Chunk16<U>::W;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t start = 0;
+  if (vec) {
+    Chunk16<U> ch;
+#pragma unroll
+    for (int j = 0; j < W; ++j) ch.v[j] = value;
+    const int64_t full = n / W;
+    for (int64_t c = tid; c < full; c += stride) store_chunk(x, c, ch);
+    start = full * W;
+  }
+  for (int64_t i = start + tid; i < n; i += stride) x[i] = value;
+}
+
+template <typename U>
+void launch_fill(const CudaContext& ctx, void* x, int64_t n, U value) {
+  const bool vec = aligned16(x);
+  fill_kernel<U><<<grid_for(vec ? n / Chunk16<U>::W + 1 : n), kThreads, 0, ctx.compute_stream()>>>(
+      static_cast<U*>(x), n, vec, value);
+  LOOM_CUDA_LAUNCH_CHECK();
+}
+
+void expect_tensor(const CudaContext& ctx, TensorView t, const char* op) {
+  LOOM_CHECK(t.defined(), "[", op, "] x is required");
+  check_on_device(ctx, t, (std::string("[") + op + "]").c_str(), "x");
+}
+
+template <typename F>
+void dispatch_any_float(DType dt, const char* op, F&& f) {
+  switch (dt) {
+    case DType::kF32: f(float{}); return;
+    case DType::kBF16: f(Bf16{}); return;
+    case DType::kF16: f(F16{}); return;
+    case DType::kF8E4M3: f(F8E4M3{}); return;
+    case DType::kF8E5M2: f(F8E5M2{}); return;
+    default: LOOM_FAIL("[", op, "] expected a float dtype (f32, bf16, f16, fp8e4m3, fp8e5m2), got ", dtype_name(dt));
+  }
+}
+
+}  // namespace
+
+void adamw_update(const CudaContext& ctx, TensorView param, TensorView grad, TensorView m, TensorView v,
+                  const AdamWParams& p) {
+  const int64_t n = param.numel();
+  expect_f32(ctx, param, "param", n);
+  expect_f32(ctx, grad, "grad", n);
+  expect_f32(ctx, m, "exp_avg", n);
+  expect_f32(ctx, v, "exp_avg_sq", n);
+  const AdamWCoefs k = adamw_coefs(p);
+  if (n == 0) return;
+  float* pp = ptr<float>(param);
+  float* pg = ptr<float>(grad);
+  float* pm = ptr<float>(m);
+  float* pv = ptr<float>(v);
+  int64_t done = 0;
+  if (aligned16(pp) && aligned16(pg) && aligned16(pm) && aligned16(pv) && n >= 4) {
+    const int64_t n4 = n / 4;
+    adamw_vec4_kernel<<<grid_for(n4), kThreads, 0, ctx.compute_stream()>>>(
+        reinterpret_cast<float4*>(pp), reinterpret_cast<float4*>(pg), reinterpret_cast<float4*>(pm),
+        reinterpret_cast<float4*>(pv), n4, k, p.zero_grad);
+    LOOM_CUDA_LAUNCH_CHECK();
+    done = n4 * 4;
+  }
+  if (done < n) {
+    adamw_scalar_kernel<<<grid_for(n - done), kThreads, 0, ctx.compute_stream()>>>(
+        pp + done, pg + done, pm + done, pv + done, n - done, k, p.zero_grad);
+    LOOM_CUDA_LAUNCH_CHECK();
+  }
+}
+
+double sum_squares(const CudaContext& ctx, TensorView x) {
+  LOOM_CHECK(x.defined(), "[sum_squares] x is required");
+  check_on_device(ctx, x, "[sum_squares]", "x");
+  const int64_t n = x.numel();
+  double result = 0.0;
+  dispatch_any_float(x.dtype(), "sum_squares", [&](auto tag) {
+    using T = decltype(tag);
+    if (n == 0) return;
+    const unsigned blocks = sum_blocks(n, Chunk16<T>::W);
+    // Partials and the total in one i64 scratch (8-byte slots; Loom has no f64 dtype): [0, blocks) then total.
+    Tensor buf = scratch(ctx, {int64_t(blocks) + 1}, DType::kI64);
+    double* partial = static_cast<double*>(buf.raw());
+    sum_squares_partial_kernel<T><<<blocks, kSumThreads, 0, ctx.compute_stream()>>>(cptr<T>(x), n,
+                                                                                     aligned16(x.raw()), partial);
+    LOOM_CUDA_LAUNCH_CHECK();
+    sum_partials_kernel<<<1, int(kSumMaxBlocks), 0, ctx.compute_stream()>>>(partial, int(blocks), partial + blocks);
+    LOOM_CUDA_LAUNCH_CHECK();
+    std::memcpy(&result, read_back(ctx, partial + blocks, sizeof(double)), sizeof(double));
+  });
+  return result;
+}
+
+bool has_inf_or_nan(const CudaContext& ctx, TensorView x) {
+  expect_tensor(ctx, x, "has_inf_or_nan");
+  const int64_t n = x.numel();
+  // Exponent-field masks of the encodings (e4m3 has no inf; its NaN is the all-ones magnitude).
+  uint32_t mask = 0;
+  switch (x.dtype()) {
+    case DType::kF32: mask = 0x7F800000u; break;
+    case DType::kBF16: mask = 0x7F80u; break;
+    case DType::kF16: mask = 0x7C00u; break;
+    case DType::kF8E4M3: mask = 0x7Fu; break;
+    case DType::kF8E5M2: mask = 0x7Cu; break;
+    default:
+      LOOM_FAIL("[has_inf_or_nan] expected a float dtype (f32, bf16, f16, fp8e4m3, fp8e5m2), got ",
+                dtype_name(x.dtype()));
+  }
+  if (n == 0) return false;
+  Tensor flag = scratch(ctx, {1}, DType::kI32);
+  LOOM_CUDA_CHECK(cudaMemsetAsync(flag.raw(), 0, sizeof(int), ctx.compute_stream()));
+  const bool vec = aligned16(x.raw());
+  const auto launch = [&](auto tag) {
+    using U = decltype(tag);
+    const int64_t work = vec ? n / Chunk16<U>::W + Chunk16<U>::W : n;
+    nonfinite_kernel<U><<<grid_for(work), kThreads, 0, ctx.compute_stream()>>>(cptr<U>(x), n, vec, U(mask),
+                                                                              ptr<int>(flag));
+    LOOM_CUDA_LAUNCH_CHECK();
+  };
+  switch (dtype_size(x.dtype())) {
+    case 4: launch(uint32_t{}); break;
+    case 2: launch(uint16_t{}); break;
+    default: launch(uint8_t{}); break;
+  }
+  int bad = 0;
+  std::memcpy(&bad, read_back(ctx, flag.raw(), sizeof(int)), sizeof(int));
+  return bad != 0;
+}
+
+void scale_(const CudaContext& ctx, TensorView x, float s) {
+  expect_tensor(ctx, x, "scale_");
+  const int64_t n = x.numel();
+  dispatch_any_float(x.dtype(), "scale_", [&](auto tag) {
+    using T = decltype(tag);
+    if (n == 0) return;
+    const bool vec = aligned16(x.raw());
+    const int64_t work = vec ? n / Chunk16<T>::W + Chunk16<T>::W : n;
+    scale_kernel<T><<<grid_for(work), kThreads, 0, ctx.compute_stream()>>>(ptr<T>(x), n, vec, s);
+    LOOM_CUDA_LAUNCH_CHECK();
+  });
+}
+
+void fill_(const CudaContext& ctx, TensorView x, float value) {
+  expect_tensor(ctx, x, "fill_");
+  const int64_t n = x.numel();
+  // The element's bits, converted exactly as CpuOps::fill_ converts the value.
+  uint64_t bits = 0;
+  switch (x.dtype()) {
+    case DType::kF32: {
+      uint32_t u;
+      std::memcpy(&u, &value, 4);
+      bits = u;
+      break;
+    }
+    case DType::kBF16: bits = f32_to_bf16(value); break;
+    case DType::kF16: bits = f32_to_f16(value); break;
+    case DType::kF8E4M3: bits = f32_to_fp8_e4m3(value); break;
+    case DType::kF8E5M2: bits = f32_to_fp8_e5m2(value); break;
+    case DType::kI32: bits = uint32_t(int32_t(value)); break;
+    case DType::kI64: bits = uint64_t(int64_t(value)); break;
+    case DType::kU16: bits = uint16_t(value); break;
+    default: LOOM_FAIL("[fill_] expected a float, i32, i64 or u16 dtype, got ", dtype_name(x.dtype()));
+  }
+  if (n == 0) return;
+  const size_t es = dtype_size(x.dtype());
+  if (bits == 0 || es == 1) {  // a byte pattern: the copy engine's memset does it
+    LOOM_CUDA_CHECK(cudaMemsetAsync(x.raw(), int(bits & 0xFFu), size_t(n) * es, ctx.compute_stream()));
+    return;
+  }
+  switch (es) {
+    case 2: launch_fill(ctx, x.raw(), n, uint16_t(bits)); break;
+    case 4: launch_fill(ctx, x.raw(), n, uint32_t(bits)); break;
+    default: launch_fill(ctx, x.raw(), n, uint64_t(bits)); break;
+  }
+}
+
+}  // namespace loom::cuda
