@@ -436,7 +436,9 @@ GPTBatch GPTModel::local_batch(const GPTBatch& batch) {
   // Global positions of the local tokens (RoPE always; learned positions unless position_ids are given).
   const std::vector<int32_t> pos = cp_local_positions(T_, cp, r);
   const int64_t Tl = T_ / cp;
-  for (int64_t b = 0; b < B_; ++b) std::copy(pos.begin(), pos.end(), cp_positions_.data<int32_t>() + b * Tl);
+  Tensor host_pos = ctx_.device().is_cpu() ? cp_positions_ : Tensor::empty(cp_positions_.shape(), DType::kI32);
+  for (int64_t b = 0; b < B_; ++b) std::copy(pos.begin(), pos.end(), host_pos.data<int32_t>() + b * Tl);
+  if (!ctx_.device().is_cpu()) ctx_.copy(cp_positions_, host_pos);
   lb.position_ids = batch.position_ids.defined() ? slice(cp_position_ids_, batch.position_ids) : TensorView(cp_positions_);
   return lb;
 }
@@ -623,8 +625,18 @@ float GPTModel::forward(const GPTBatch& batch, float dloss_scale, const ForwardO
   call_hook(&ParamHooks::after_forward, head_unit_);
   backward_ready_ = dloss_scale != 0.0f;
   double sum = 0, count = 0;
-  const float* lp = losses_.data<float>();
-  const float* mp_ = mask.defined() ? mask.data<float>() : nullptr;
+  // The mean loss is a host value (the log, the loss scaler): on a GPU, bring the per-token losses back.
+  Tensor host_losses, host_mask;
+  if (!ctx_.device().is_cpu()) {
+    host_losses = Tensor::empty({N}, DType::kF32);
+    ctx_.copy(host_losses, losses_.reshape({N}));
+    if (mask.defined()) {
+      host_mask = Tensor::empty({N}, DType::kF32);
+      ctx_.copy(host_mask, mask);
+    }
+  }
+  const float* lp = host_losses.defined() ? host_losses.data<float>() : losses_.data<float>();
+  const float* mp_ = host_mask.defined() ? host_mask.data<float>() : mask.defined() ? mask.data<float>() : nullptr;
   for (int64_t i = 0; i < N; ++i) {
     const double w = mp_ ? double(mp_[i]) : 1.0;
     if (w != 0.0) sum += w * double(lp[i]);

@@ -109,8 +109,13 @@ void ParameterSet::allocate(const DeviceContext& ctx, DType compute_dtype, DType
 void ParameterSet::initialize(uint64_t seed) {
   LOOM_CHECK(values_.defined(), "[ParameterSet] initialize() before allocate() (or on external storage: the "
              "owner initialises through initialize_range)");
-  LOOM_CHECK(values_.device().is_cpu(), "[ParameterSet] host initialisation only in this build");
-  initialize_range(seed, 0, numel_, values_.data<float>());
+  if (values_.device().is_cpu()) {
+    initialize_range(seed, 0, numel_, values_.data<float>());
+  } else {  // initialised on the host from the same Philox streams, then copied: identical on every device
+    Tensor host = Tensor::empty({numel_}, DType::kF32);
+    initialize_range(seed, 0, numel_, host.data<float>());
+    ctx_->copy(values_, host);
+  }
   sync_compute(*ctx_);
 }
 

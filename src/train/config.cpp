@@ -90,6 +90,16 @@ void TrainConfig::validate(int world_size) const {
   need(batch.seq_length > 0, "--seq-length");
   need(batch.micro_batch_size > 0, "--micro-batch-size");
   need(batch.train_iters > 0, "--train-iters");
+  if (device != "auto" && device != "cpu" && device != "cuda")
+    user_error("--device must be auto, cpu or cuda, got '", device, "'");
+  if (logging.profile) {
+    if (logging.profile_step_start < 0 || logging.profile_step_end <= logging.profile_step_start)
+      user_error("--profile-step-start ", logging.profile_step_start, " / --profile-step-end ",
+                 logging.profile_step_end, ": need 0 <= start < end");
+    for (int r : logging.profile_ranks)
+      if (r < 0 || r >= world_size)
+        user_error("--profile-ranks ", r, ": a global rank in [0, ", world_size, ") (world size ", world_size, ")");
+  }
   // Shapes and architecture options (--kv-channels, --num-query-groups, --ffn-hidden-size, RoPE, window).
   model.validate_architecture();
   if (model.max_position_embeddings < batch.seq_length)

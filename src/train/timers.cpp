@@ -20,6 +20,10 @@ const Timers::Timer* Timers::find(const std::string& name) const {
 }
 
 void Timers::start(const std::string& name, int level) {
+  if (hooks_.push) {
+    hooks_.push(name);
+    open_ranges_.push_back(name);
+  }
   if (level > log_level_) return;
   Timer* t = find(name);
   if (!t) {
@@ -27,16 +31,24 @@ void Timers::start(const std::string& name, int level) {
     t = &timers_.back();
   }
   LOOM_CHECK(!t->running, "[Timers] timer ", name, " started twice");
+  if (hooks_.sync) hooks_.sync();
   t->running = true;
   t->started = std::chrono::steady_clock::now();
 }
 
 void Timers::stop(const std::string& name) {
-  Timer* t = find(name);
-  if (!t) return;  // inactive at this log level
-  LOOM_CHECK(t->running, "[Timers] timer ", name, " stopped without start");
-  t->elapsed_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t->started).count();
-  t->running = false;
+  if (Timer* t = find(name); t && t->running) {
+    if (hooks_.sync) hooks_.sync();
+    t->elapsed_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t->started).count();
+    t->running = false;
+  } else if (t) {
+    LOOM_CHECK(t->running, "[Timers] timer ", name, " stopped without start");
+  }
+  // Ranges nest like the timers; one opened before the hooks were set is not popped.
+  if (!open_ranges_.empty() && open_ranges_.back() == name) {
+    open_ranges_.pop_back();
+    if (hooks_.pop) hooks_.pop();
+  }
 }
 
 double Timers::elapsed(const std::string& name) const {

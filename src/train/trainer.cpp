@@ -12,9 +12,11 @@
 // inf/NaN does not step the optimizer or the scheduler.
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <ctime>
 
 #include "loom/data/mock_dataset.h"
@@ -183,6 +185,50 @@ void Trainer::build_data() {
   if (test_ds_) log_ << "data: test " << test_ds_->description() << "\n";
 }
 
+namespace {
+// The node-local rank from the launcher (OpenMPI, SLURM, torchrun-style), else the global rank.
+int local_rank(int global_rank) {
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID", "LOCAL_RANK"})
+    if (const char* v = std::getenv(var); v && *v) return std::atoi(v);
+  return global_rank;
+}
+}  // namespace
+
+std::unique_ptr<DeviceContext> Trainer::make_device_context() const {
+  const std::string& dev = cfg_.device;
+  // auto: distributed runs stay on the CPU until the trainer builds NCCL groups (build_model says so).
+  const bool want_cuda = dev == "cuda" || (dev == "auto" && cuda_available() && !distributed_);
+  if (!want_cuda) return make_cpu_context();
+  if (distributed_)
+    user_error("--device ", dev, ": distributed training on GPUs (NCCL process groups for every parallel group) is "
+               "not wired into the trainer yet; run distributed jobs with --device cpu, or a single GPU process");
+  const int count = cuda_device_count();
+  if (count == 0)
+    user_error("--device cuda: no CUDA GPU is visible (no driver, or CUDA_VISIBLE_DEVICES hides them all)");
+  return make_cuda_context(local_rank(ps_->rank()) % count);
+}
+
+void Trainer::update_profiler() {
+  const LoggingConfig& lc = cfg_.logging;
+  if (!lc.profile) return;
+  const bool mine = std::find(lc.profile_ranks.begin(), lc.profile_ranks.end(), ps_->rank()) != lc.profile_ranks.end();
+  if (!mine) return;
+  const bool in_window = iteration_ >= lc.profile_step_start && iteration_ < lc.profile_step_end &&
+                         iteration_ < cfg_.batch.train_iters;
+  if (in_window && !profiling_) {
+    ctx_->profiler_start();
+    timers_.set_hooks({[this] { ctx_->synchronize(); }, [this](const std::string& n) { ctx_->range_push(n.c_str()); },
+                       [this] { ctx_->range_pop(); }});
+    profiling_ = true;
+    log_ << " > profiling iterations " << lc.profile_step_start << " to " << lc.profile_step_end - 1
+         << " (cudaProfilerStart, NVTX ranges per timer)\n";
+  } else if (!in_window && profiling_) {
+    timers_.set_hooks({[this] { ctx_->synchronize(); }, {}, {}});
+    ctx_->profiler_stop();
+    profiling_ = false;
+  }
+}
+
 void Trainer::build_model() {
   cfg_.model.padded_vocab_size =
       padded_vocab_size(cfg_.model.vocab_size, cfg_.data.make_vocab_size_divisible_by, ps_->tp_size());
@@ -191,7 +237,9 @@ void Trainer::build_model() {
   log_ << " > padded vocab (size: " << cfg_.model.vocab_size << ") with "
        << cfg_.model.padded_vocab_size - cfg_.model.vocab_size << " dummy tokens (new size: "
        << cfg_.model.padded_vocab_size << ")\n";
-  ctx_ = make_cpu_context();
+  if (cfg_.device == "auto" && distributed_ && cuda_available())
+    log_ << " > --device auto: a GPU is visible, but distributed runs compute on the CPU until multi-GPU "
+            "training lands\n";
   // The allocator is process-wide: count this run's bytes only (what earlier runs in the same process,
   // e.g. tests, still hold is the baseline).
   ctx_->reset_peak_memory();
@@ -279,6 +327,18 @@ GPTBatch Trainer::to_model_batch(const Batch& b) const {
   if (batch_opts_.eod_mask_loss) gb.loss_mask = b.loss_mask;
   if (batch_opts_.reset_position_ids) gb.position_ids = b.position_ids;
   if (batch_opts_.reset_attention_mask) gb.segment_ids = b.segment_ids;
+  if (ctx_->device().is_cpu()) return gb;
+  // One micro-batch in flight at a time on the device (single-process path): reuse the staging tensors.
+  TensorView* fields[5] = {&gb.tokens, &gb.targets, &gb.loss_mask, &gb.position_ids, &gb.segment_ids};
+  for (int i = 0; i < 5; ++i) {
+    const TensorView src = *fields[i];
+    if (!src.defined()) continue;
+    Tensor& dst = dev_batch_[i];
+    if (!dst.defined() || dst.shape() != src.shape() || dst.dtype() != src.dtype())
+      dst = ctx_->empty(src.shape(), src.dtype());
+    ctx_->copy(dst, src);
+    *fields[i] = dst;
+  }
   return gb;
 }
 
@@ -609,6 +669,11 @@ TrainResult Trainer::run() {
     user_error("--load ", cfg_.checkpoint.load, " is a Hugging Face model directory (config.json), which holds "
                "weights only; add --finetune to start from them at iteration 0");
 
+  // The device before any data or model work, so a wrong --device / --profile fails fast.
+  ctx_ = make_device_context();
+  if (cfg_.logging.profile && ctx_->device().is_cpu())
+    user_error("--profile records NVTX ranges and CUDA profiler captures for Nsight Systems; this run computes on "
+               "the CPU: drop --profile, or run on a GPU (--device cuda)");
   build_data();
   log_ << "using world size: " << ps_->world_size() << ", data-parallel size: " << dp_
        << ", context-parallel size: " << ps_->cp_size() << ", tensor-model-parallel size: " << ps_->tp_size()
@@ -632,7 +697,9 @@ TrainResult Trainer::run() {
   reset_comm_stats();  // the communication lines count training steps, not the set-up
   result_.exit_reason = "train-iters";
   bool exiting = false;
+  if (!ctx_->device().is_cpu()) timers_.set_hooks({[this] { ctx_->synchronize(); }, {}, {}});
   while (iteration_ < cfg_.batch.train_iters) {
+    update_profiler();
     const auto t0 = std::chrono::steady_clock::now();
     const StepOutcome s = train_step();
     last_step_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -680,6 +747,11 @@ TrainResult Trainer::run() {
       exiting = true;
       break;
     }
+  }
+  if (profiling_) {  // the run ended inside the window
+    timers_.set_hooks({[this] { ctx_->synchronize(); }, {}, {}});
+    ctx_->profiler_stop();
+    profiling_ = false;
   }
   result_.final_iteration = iteration_;
   result_.final_valid_loss = result_.final_test_loss = NAN;

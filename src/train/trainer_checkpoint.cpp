@@ -117,6 +117,39 @@ NamedTensors optimizer_tensors(ParameterSet& ps, AdamW& adam) {
   return out;
 }
 
+// Checkpoint files are written from and read into host memory: device-resident tensors go through host
+// copies (holder keeps them alive). Host tensors are used in place.
+NamedTensors host_views(const DeviceContext& ctx, const NamedTensors& tensors, std::vector<Tensor>& holder,
+                        bool fill) {
+  NamedTensors out;
+  holder.clear();
+  holder.reserve(tensors.size());
+  for (const auto& [name, t] : tensors) {
+    if (t.device().is_cpu()) {
+      out.emplace_back(name, t);
+      continue;
+    }
+    holder.push_back(Tensor::empty(t.shape(), t.dtype()));
+    if (fill) ctx.copy(holder.back(), t);
+    out.emplace_back(name, holder.back());
+  }
+  return out;
+}
+
+void save_tensors(const DeviceContext& ctx, const std::string& staging, const std::string& file,
+                  const NamedTensors& tensors) {
+  std::vector<Tensor> holder;
+  write_checkpoint_tensors(staging, file, host_views(ctx, tensors, holder, /*fill=*/true), {{"format", "pt"}});
+}
+
+void load_tensors(const DeviceContext& ctx, const SafetensorsFile& f, const NamedTensors& into) {
+  std::vector<Tensor> holder;
+  const NamedTensors host = host_views(ctx, into, holder, /*fill=*/false);
+  load_tensors_checked(f, host);
+  for (size_t i = 0; i < into.size(); ++i)
+    if (!into[i].second.device().is_cpu()) ctx.copy(into[i].second, host[i].second);
+}
+
 }  // namespace
 
 std::string Trainer::metadata_json() const {
@@ -162,9 +195,9 @@ void Trainer::save_checkpoint() {
   log_ << "saving checkpoint at iteration " << std::setw(7) << iteration_ << " to " << root << "\n" << std::flush;
   ParameterSet& ps = model_->params();
   const std::string staging = begin_checkpoint(root, iteration_);
-  write_checkpoint_tensors(staging, "model.safetensors", model_tensors(ps), {{"format", "pt"}});
+  save_tensors(*ctx_, staging, "model.safetensors", model_tensors(ps));
   if (!cfg_.checkpoint.no_save_optim)
-    write_checkpoint_tensors(staging, "optimizer.safetensors", optimizer_tensors(ps, *adamw_), {{"format", "pt"}});
+    save_tensors(*ctx_, staging, "optimizer.safetensors", optimizer_tensors(ps, *adamw_));
   if (model_->fp8()) {
     std::vector<Tensor> holder;
     write_checkpoint_tensors(staging, "fp8_state.safetensors", fp8_state_tensors(holder), {{"format", "pt"}});
@@ -193,6 +226,7 @@ void Trainer::load_checkpoint() {
     HfImportOptions opts;
     opts.rotary_interleaved = cfg_.model.rotary_interleaved;
     opts.log = &log_;
+    opts.ctx = ctx_.get();
     load_model_weights(dir, model_->params(), opts);
     model_->sync_compute();
     log_ << " > --finetune: loaded the weights only; starting at iteration 0\n"
@@ -241,7 +275,7 @@ void Trainer::load_checkpoint() {
   } else {
     ParameterSet& ps = model_->params();
     const SafetensorsFile f = SafetensorsFile::open(dir + "/model.safetensors");
-    load_tensors_checked(f, model_tensors(ps));
+    load_tensors(*ctx_, f, model_tensors(ps));
     ps.sync_compute(*ctx_);
     if (model_->fp8() && meta.contains("fp8")) {
       std::vector<Tensor> holder;
@@ -263,7 +297,7 @@ void Trainer::load_checkpoint() {
     const int64_t steps = get_field<int64_t>(meta["optimizer"], "step", meta_path);
     if (!sharded) {
       const SafetensorsFile f = SafetensorsFile::open(dir + "/optimizer.safetensors");
-      load_tensors_checked(f, optimizer_tensors(model_->params(), *adamw_));
+      load_tensors(*ctx_, f, optimizer_tensors(model_->params(), *adamw_));
     }
     if (distributed_)
       dopt_->set_num_steps(steps);

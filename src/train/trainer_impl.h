@@ -76,6 +76,11 @@ class Trainer {
 
   ModelOptions model_options() const;
   GPTBatch to_model_batch(const Batch& b) const;
+  // The run's device (--device; the CUDA device of this rank's local rank), validated.
+  std::unique_ptr<DeviceContext> make_device_context() const;
+  // --profile: starts/stops the profiler capture and the NVTX ranges at the window's iterations (GPU runs).
+  void update_profiler();
+  bool profiling_ = false;
   LoaderConfig loader_config(int64_t consumed_samples) const;  // this rank's micro-batches from there on
   double elapsed_minutes() const;
 
@@ -87,6 +92,9 @@ class Trainer {
   int dp_ = 1;
   int64_t gbs_ = 0, nmb_ = 0, B_ = 0, T_ = 0;
   std::unique_ptr<DeviceContext> ctx_;
+  // Device copies of the current micro-batch (tokens, labels, loss mask, position ids, segment ids) when the
+  // run computes on a GPU; the loader's batches live in host memory.
+  mutable Tensor dev_batch_[5];
   int64_t base_bytes_ = 0;  // allocator bytes held before this run (earlier runs in the same process)
 
   std::shared_ptr<const SampleDataset> train_ds_, valid_ds_, test_ds_;

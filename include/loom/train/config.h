@@ -143,6 +143,14 @@ struct LoggingConfig {
   bool log_params_norm = false;   // --log-params-norm
   bool log_throughput = false;    // --log-throughput
   std::string metrics_jsonl;      // --metrics-jsonl FILE: one JSON object per log line (Loom's)
+  // Megatron's --profile: NVTX ranges around each timed phase and cudaProfilerStart/Stop around
+  // iterations [profile_step_start, profile_step_end) on the ranks in profile_ranks, for
+  // `nsys profile --capture-range=cudaProfilerApi`. Needs the CUDA device.
+  bool profile = false;            // --profile
+  int64_t profile_step_start = 10;  // --profile-step-start (iteration)
+  int64_t profile_step_end = 12;    // --profile-step-end (iteration, exclusive)
+  std::vector<int> profile_ranks{0};  // --profile-ranks (global ranks)
+  bool profile_ranks_given = false;
 };
 
 struct TrainConfig {
@@ -159,6 +167,9 @@ struct TrainConfig {
   CheckpointConfig checkpoint;
   ExitConfig exit;
   uint64_t seed = 1234;  // --seed
+  // --device auto|cpu|cuda (Loom's): where the run computes. auto = the GPU when this build has the CUDA
+  // backend and one is visible (rank r uses GPU local_rank % visible GPUs), else the CPU.
+  std::string device = "auto";
   bool max_position_embeddings_given = false;
 
   // Cross-field checks that need no data and no allocation; UserError names the flags.

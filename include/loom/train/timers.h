@@ -6,6 +6,7 @@
 #pragma once
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -35,6 +36,18 @@ class Timers {
                                                         double normalizer) const;
   int log_level() const { return log_level_; }
 
+  // Device hooks of a GPU run. sync waits for the device before an active timer reads the clock, so a
+  // timer covers the device work enqueued inside it (Megatron's timers synchronise CUDA likewise);
+  // push/pop open and close a profiler range (NVTX) named after every timer started, active or not, while
+  // set (the trainer sets them for the --profile window only).
+  struct Hooks {
+    std::function<void()> sync;
+    std::function<void(const std::string&)> push;
+    std::function<void()> pop;
+  };
+  void set_hooks(Hooks h) { hooks_ = std::move(h); }
+  const Hooks& hooks() const { return hooks_; }
+
  private:
   struct Timer {
     std::string name;
@@ -46,6 +59,8 @@ class Timers {
   const Timer* find(const std::string& name) const;
   int log_level_;
   std::vector<Timer> timers_;
+  Hooks hooks_;
+  std::vector<std::string> open_ranges_;  // timers whose range is open (pop only what was pushed)
 };
 
 // RAII start/stop of one timer.
