@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "backend/cpu/adamw_coefs.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/fast_math.h"
 #include "backend/cpu/lowp.h"
@@ -28,6 +29,14 @@
 namespace loom::cpu {
 
 namespace {
+
+// The shortest decimal that rounds to f, as a double (what a Python float literal would have been).
+double decimal_value(float f) {
+  char buf[64];
+  const auto res = std::to_chars(buf, buf + sizeof(buf) - 1, f);
+  *res.ptr = '\0';
+  return std::strtod(buf, nullptr);
+}
 
 constexpr int64_t kChunk = 2048;        // AdamW elements per task; scratch stays in L1
 constexpr int64_t kSquareBlock = 8192;  // sum_squares block: fixed, part of the result's definition
@@ -38,37 +47,6 @@ void expect_f32(const TensorView& t, const char* op, const char* name, int64_t n
              " (", op, " takes f32 master weights, gradients and state only), got ",
              t.defined() ? t.desc() : std::string("nothing"));
   LOOM_CHECK(t.numel() == n, "[", op, "] expected ", name, " with ", n, " elements, got ", t.desc());
-}
-
-// The shortest decimal that rounds to f, as a double (what a Python float literal would have been).
-double decimal_value(float f) {
-  char buf[64];
-  const auto res = std::to_chars(buf, buf + sizeof(buf) - 1, f);
-  *res.ptr = '\0';
-  return std::strtod(buf, nullptr);
-}
-
-struct AdamWCoefs {
-  float decay, beta1, one_minus_beta1, beta2, one_minus_beta2, neg_step_size, bc2_sqrt, eps, grad_scale;
-};
-
-AdamWCoefs adamw_coefs(const AdamWParams& p) {
-  LOOM_CHECK(p.step >= 1, "[adamw_update] step is 1-based, got ", p.step);
-  const double lr = decimal_value(p.lr), wd = decimal_value(p.weight_decay);
-  const double b1 = decimal_value(p.beta1), b2 = decimal_value(p.beta2);
-  const double bc1 = 1.0 - std::pow(b1, double(p.step));
-  const double bc2 = 1.0 - std::pow(b2, double(p.step));
-  AdamWCoefs c;
-  c.decay = float(1.0 - lr * wd);
-  c.beta1 = p.beta1;
-  c.one_minus_beta1 = float(1.0 - b1);
-  c.beta2 = p.beta2;
-  c.one_minus_beta2 = float(1.0 - b2);
-  c.neg_step_size = float(-(lr / bc1));
-  c.bc2_sqrt = float(std::sqrt(bc2));
-  c.eps = p.eps;
-  c.grad_scale = p.grad_scale;
-  return c;
 }
 
 // One chunk (n <= kChunk). sqrt(v) goes through sqrt_inplace so both loops vectorise. The two fused
@@ -115,6 +93,25 @@ double sum_squares_typed(const T* x, int64_t n, Dec&& dec) {
 }
 
 }  // namespace
+
+AdamWCoefs adamw_coefs(const AdamWParams& p) {
+  LOOM_CHECK(p.step >= 1, "[adamw_update] step is 1-based, got ", p.step);
+  const double lr = decimal_value(p.lr), wd = decimal_value(p.weight_decay);
+  const double b1 = decimal_value(p.beta1), b2 = decimal_value(p.beta2);
+  const double bc1 = 1.0 - std::pow(b1, double(p.step));
+  const double bc2 = 1.0 - std::pow(b2, double(p.step));
+  AdamWCoefs c;
+  c.decay = float(1.0 - lr * wd);
+  c.beta1 = p.beta1;
+  c.one_minus_beta1 = float(1.0 - b1);
+  c.beta2 = p.beta2;
+  c.one_minus_beta2 = float(1.0 - b2);
+  c.neg_step_size = float(-(lr / bc1));
+  c.bc2_sqrt = float(std::sqrt(bc2));
+  c.eps = p.eps;
+  c.grad_scale = p.grad_scale;
+  return c;
+}
 
 void CpuOps::adamw_update(TensorView param, TensorView grad, TensorView m, TensorView v, const AdamWParams& p) const {
   const int64_t n = param.numel();

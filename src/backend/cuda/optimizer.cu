@@ -19,7 +19,6 @@
 // - fill_: the element's bit pattern is computed on the host with the CPU's conversions, then replicated.
 #include "backend/cuda/optimizer.cuh"
 
-#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -27,6 +26,7 @@
 
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/host_readback.cuh"
+#include "backend/cpu/adamw_coefs.h"
 #include "loom/core/dtype.h"
 
 namespace loom::cuda {
@@ -37,39 +37,9 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 // ---- AdamW ------------------------------------------------------------------------------------------
 
-struct AdamWCoefs {
-  float decay, beta1, one_minus_beta1, beta2, one_minus_beta2, neg_step_size, bc2_sqrt, eps, grad_scale;
-};
-
-// The shortest decimal that rounds to f, as a double: PyTorch computes the coefficients from the Python
-// (f64) hyper-parameters the user wrote, so 0.9f must count as 0.9 (as the CPU reference does).
-double decimal_value(float f) {
-  char buf[64];
-  const auto res = std::to_chars(buf, buf + sizeof(buf) - 1, f);
-  *res.ptr = '\0';
-  return std::strtod(buf, nullptr);
-}
-
-// Identical to the CPU reference's coefficients (src/backend/cpu/optimizer.cpp), so both backends round
-// the same constants.
-AdamWCoefs adamw_coefs(const AdamWParams& p) {
-  LOOM_CHECK(p.step >= 1, "[adamw_update] step is 1-based, got ", p.step);
-  const double lr = decimal_value(p.lr), wd = decimal_value(p.weight_decay);
-  const double b1 = decimal_value(p.beta1), b2 = decimal_value(p.beta2);
-  const double bc1 = 1.0 - std::pow(b1, double(p.step));
-  const double bc2 = 1.0 - std::pow(b2, double(p.step));
-  AdamWCoefs c;
-  c.decay = float(1.0 - lr * wd);
-  c.beta1 = p.beta1;
-  c.one_minus_beta1 = float(1.0 - b1);
-  c.beta2 = p.beta2;
-  c.one_minus_beta2 = float(1.0 - b2);
-  c.neg_step_size = float(-(lr / bc1));
-  c.bc2_sqrt = float(std::sqrt(bc2));
-  c.eps = p.eps;
-  c.grad_scale = p.grad_scale;
-  return c;
-}
+// The coefficients are the CPU reference's (backend/cpu/adamw_coefs.h), computed on the host.
+using cpu::AdamWCoefs;
+using cpu::adamw_coefs;
 
 // One element, in the CPU's operation order:
 //   g = grad * grad_scale; m = fma(1-b1, g, m*b1); v = fma((1-b2)*g, g, v*b2); p = p * decay;
