@@ -189,9 +189,8 @@ void CpuOps::fp8_gemm(TensorView out, TensorView a, TensorView a_scale_inv, Tens
   LOOM_CHECK(is_compute_dtype(out.dtype()), "[", op, "] expected out f32, bf16 or f16, got ", out.desc());
   LOOM_CHECK(b.ndim() == 2 && a.ndim() >= 1, "[", op, "] expected b (N, K), got ", b.desc());
   const int64_t N = b.size(0), K = b.size(1);
-  LOOM_CHECK(a.size(a.ndim() - 1) == K && a.numel() % K == 0, "[", op, "] a ", a.desc(), " and b ", b.desc(),
-             " disagree on K");
-  const int64_t M = a.numel() / K;
+  LOOM_CHECK(a.size(a.ndim() - 1) == K, "[", op, "] a ", a.desc(), " and b ", b.desc(), " disagree on K");
+  const int64_t M = a.shape().rows();  // leading dims flattened (well defined for K == 0 too)
   LOOM_CHECK(out.numel() == M * N, "[", op, "] expected out with ", M, " x ", N, " elements, got ", out.desc());
   Tensor af = Tensor::empty({M, K}, DType::kF32), bf = Tensor::empty({N, K}, DType::kF32);
   fp8_dequantize(af, a.reshape({M, K}), a_scale_inv);

@@ -191,7 +191,7 @@ TEST(Fp8Ops, DelayedScalingUpdateRule) {
 
 TEST(Fp8Ops, GemmMatchesTheDefinition) {
   auto ctx = make_cpu_context();
-  for (auto [M, N, K] : {std::array<int64_t, 3>{1, 1, 1}, {5, 3, 7}, {37, 19, 24}, {16, 32, 48}})
+  for (auto [M, N, K] : {std::array<int64_t, 3>{1, 1, 1}, {5, 3, 7}, {37, 19, 24}, {16, 32, 48}, {3, 2, 0}})
     for (DType out_dt : {DType::kF32, DType::kBF16})
       for (bool accumulate : {false, true})
         for (bool with_bias : {false, true}) {
