@@ -45,6 +45,11 @@ void fill_batch(const SampleDataset& ds, int64_t first, int64_t B, const BatchOp
   std::vector<int32_t> window(size_t(T + 1));
   for (int64_t b = 0; b < B; ++b) {
     ds.sample(first + b, window.data());
+    if (opt.vocab_size > 0)
+      for (int64_t i = 0; i <= T; ++i)
+        if (window[size_t(i)] < 0 || window[size_t(i)] >= opt.vocab_size)
+          user_error("token id ", window[size_t(i)], " at position ", i, " of sample ", first + b,
+                     " is outside the vocabulary [0, ", opt.vocab_size, ")");
     int32_t* tok = out.tokens.data<int32_t>() + b * T;
     std::memcpy(tok, window.data(), size_t(T) * sizeof(int32_t));
     std::memcpy(out.labels.data<int32_t>() + b * T, window.data() + 1, size_t(T) * sizeof(int32_t));
@@ -125,7 +130,20 @@ std::optional<Batch> Loader::produce(int64_t step) const {
   const int64_t start = cfg_.consumed_samples + step * group;
   if (start + group > dataset_->size()) return std::nullopt;  // drop_last
   Batch b;
-  fill_batch(*dataset_, start + cfg_.dp_rank * cfg_.micro_batch_size, cfg_.micro_batch_size, cfg_.batch, b);
+  try {
+    fill_batch(*dataset_, start + cfg_.dp_rank * cfg_.micro_batch_size, cfg_.micro_batch_size, cfg_.batch, b);
+  } catch (const UserError& e) {
+    // Name the batch the way the user counts: training batches by iteration (samples are consumed in
+    // order, global_batch_size per iteration) and micro-batch.
+    const int64_t gbs = cfg_.global_batch_size > 0 ? cfg_.global_batch_size : group;
+    if (cfg_.role == "training")
+      user_error("the training batch of iteration ", start / gbs + 1, " (micro-batch ", (start % gbs) / group,
+                 ", ", dataset_->description(), "): ", e.what(),
+                 ". The data holds ids the model cannot embed: was it tokenised with a larger vocabulary? Check "
+                 "--vocab-size / --tokenizer-type / --vocab-file against the data");
+    user_error("a ", cfg_.role, " batch (", dataset_->description(), "): ", e.what(),
+               ". The data holds ids the model cannot embed: check the tokenizer flags against the data");
+  }
   return b;
 }
 

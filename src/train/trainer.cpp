@@ -174,6 +174,7 @@ void Trainer::build_data() {
     batch_opts_.reset_attention_mask = cfg_.data.reset_attention_mask;
     batch_opts_.eod_mask_loss = cfg_.data.eod_mask_loss;
     batch_opts_.eod = tokenizer->eod();
+    batch_opts_.vocab_size = tokenizer->vocab_size();
     log_ << "> built " << tokenizer->name() << " tokenizer (vocabulary " << tokenizer->vocab_size() << ")\n";
   }
   // Logged only now: a bad --data-path or tokenizer file fails before anything is printed.
@@ -442,6 +443,7 @@ double Trainer::evaluate(const std::shared_ptr<const SampleDataset>& ds, int64_t
 double Trainer::evaluate_single(const std::shared_ptr<const SampleDataset>& ds, int64_t& consumed_samples) {
   LoaderConfig lc = loader_config(consumed_samples);
   lc.prefetch_depth = 0;
+  lc.role = ds == test_ds_ ? "test" : "validation";
   Loader loader(ds, lc);
   double total = 0;
   int64_t count = 0;
@@ -511,6 +513,18 @@ void Trainer::write_tensorboard_step(const StepOutcome& s, double params_norm) {
     tb_->add_scalar("mem-allocated-bytes", double(m.current_bytes), iteration_);
     tb_->add_scalar("mem-max-allocated-bytes", double(m.peak_bytes), iteration_);
   }
+}
+
+void Trainer::check_device_inputs() {
+  const std::string err = ctx_->take_input_errors();
+  if (!err.empty())
+    user_error("the training batches of iteration", iteration_ > inputs_checked_through_ + 1 ? "s " : " ",
+               inputs_checked_through_ + 1,
+               iteration_ > inputs_checked_through_ + 1 ? ".." + std::to_string(iteration_) : std::string(),
+               ": ", err,
+               ". The data holds ids the model cannot embed: check --vocab-size / the tokenizer against the "
+               "data, and --max-position-embeddings against --seq-length");
+  inputs_checked_through_ = iteration_;
 }
 
 void Trainer::training_log(const StepOutcome& s) {
@@ -698,6 +712,7 @@ TrainResult Trainer::run() {
   result_.exit_reason = "train-iters";
   bool exiting = false;
   if (!ctx_->device().is_cpu()) timers_.set_hooks({[this] { ctx_->synchronize(); }, {}, {}});
+  inputs_checked_through_ = iteration_;
   while (iteration_ < cfg_.batch.train_iters) {
     update_profiler();
     const auto t0 = std::chrono::steady_clock::now();
@@ -713,6 +728,12 @@ TrainResult Trainer::run() {
       ++result_.skipped_iterations;
       if (!std::isfinite(s.loss)) ++result_.nan_iterations;
     }
+    const bool save_due = !cfg_.checkpoint.save.empty() &&
+                          ((cfg_.checkpoint.save_interval && iteration_ % *cfg_.checkpoint.save_interval == 0) ||
+                           (cfg_.exit.exit_interval && iteration_ % *cfg_.exit.exit_interval == 0) ||
+                           (cfg_.exit.exit_signal_handler && g_signal.load() != 0));
+    if (iteration_ % cfg_.logging.log_interval == 0 || iteration_ == cfg_.batch.train_iters || save_due)
+      check_device_inputs();
     training_log(s);
 
     if (iteration_ % cfg_.eval.eval_interval == 0)

@@ -149,6 +149,7 @@ Trainer::StepOutcome Trainer::train_step_distributed() {
 double Trainer::evaluate_distributed(const std::shared_ptr<const SampleDataset>& ds, int64_t& consumed_samples) {
   LoaderConfig lc = loader_config(consumed_samples);
   lc.prefetch_depth = 0;
+  lc.role = ds == test_ds_ ? "test" : "validation";
   Loader loader(ds, lc);
   std::vector<GPTModel*> chunks;
   for (auto& m : chunks_) chunks.push_back(m.get());

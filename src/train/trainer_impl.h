@@ -47,6 +47,9 @@ class Trainer {
   double evaluate_single(const std::shared_ptr<const SampleDataset>& ds, int64_t& consumed_samples);
   void evaluate_and_print(const std::string& prefix, bool test_set, bool periodic);
   void training_log(const StepOutcome& s);
+  // Polls the device's input-error flags (an embedding's out-of-range id) and fails naming the iterations
+  // since the last poll; called at each log interval, before a save and at the end of training.
+  void check_device_inputs();
   void write_tensorboard_step(const StepOutcome& s, double params_norm);
   // Checkpoints (trainer_checkpoint.cpp).
   void save_checkpoint();
@@ -116,6 +119,7 @@ class Trainer {
 
   // Progress (restored from checkpoints).
   int64_t iteration_ = 0;
+  int64_t inputs_checked_through_ = 0;  // iterations whose device input flags were polled clean
   int64_t consumed_train_ = 0;
   int64_t consumed_valid_ = 0;
   uint64_t dropout_seed_ = 0;

@@ -429,6 +429,25 @@ TEST(TrainEval, SeparateTrainValidTestDataPaths) {
   EXPECT_EQ(err.find('\n'), std::string::npos) << err;
 }
 
+// Data tokenised with a larger vocabulary than the model's: the run stops before the step that would
+// embed it, naming the batch (iteration, micro-batch), the sample, the position and the id, on any device
+// (a GPU embedding could only raise a flag afterwards).
+TEST(TrainData, TokenIdsOutsideTheVocabularyAreAnErrorNamingTheBatch) {
+  TempDir tmp("oob");
+  write_dataset(tmp / "text", 60, 0, 12345);  // ASCII ids (32..122) and EOD 256
+  const Args base = {"--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
+                     "--micro-batch-size", "2", "--global-batch-size", "4", "--train-iters", "4", "--lr", "3e-3",
+                     "--tokenizer-type", "NullTokenizer", "--train-data-path", tmp / "text", "--data-cache-path",
+                     tmp / "cache", "--eval-iters", "0", "--log-interval", "1"};
+  const std::string err = train_error(cat(base, {"--vocab-size", "100"}));
+  EXPECT_NE(err.find("the training batch of iteration 1 (micro-batch 0"), std::string::npos) << err;
+  EXPECT_NE(err.find("is outside the vocabulary [0, 101)"), std::string::npos) << err;
+  EXPECT_NE(err.find("--vocab-size"), std::string::npos) << err;
+  EXPECT_EQ(err.find('\n'), std::string::npos) << err;
+  // The data's own vocabulary (ids up to the EOD 256) trains.
+  EXPECT_EQ(train(cat(base, {"--vocab-size", "256"})).losses.size(), 4u);
+}
+
 // ---- exit conditions ----------------------------------------------------------------------------------
 
 TEST(TrainExit, ExitIntervalStopsAndSaves) {

@@ -32,6 +32,12 @@ class DeviceContext {
   virtual void range_pop() const {}
   virtual void profiler_start() const {}
   virtual void profiler_stop() const {}
+
+  // Errors the device's kernels found in their inputs since the last call, as one message ("" when none);
+  // clears them. A GPU cannot throw from a kernel, and reading a flag back every step would stall the
+  // stream, so kernels raise sticky flags (an embedding's out-of-range token or position id) that the
+  // trainer polls at each log interval. Waits for the device. The CPU ops throw at once: always "".
+  virtual std::string take_input_errors() const { return {}; }
 };
 
 std::unique_ptr<DeviceContext> make_cpu_context();

@@ -8,6 +8,7 @@
 // Per-token extras follow Megatron's _get_ltor_masks_and_position_ids, with the attention mask given as
 // segment ids (key j is visible to query i iff j <= i and both have the same segment id).
 #pragma once
+#include <string>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -23,6 +24,7 @@ struct BatchOptions {
   bool reset_attention_mask = false;  // --reset-attention-mask: segment id += 1 after each EOD
   bool eod_mask_loss = false;         // --eod-mask-loss: loss_mask = 0 where the input token is EOD
   int32_t eod = -1;                   // the tokenizer's end-of-document id (-1: none)
+  int64_t vocab_size = 0;             // every token id must lie in [0, vocab_size) (0: not checked)
 };
 
 struct Batch {
@@ -34,7 +36,10 @@ struct Batch {
   int64_t first_sample = 0;  // dataset index of row 0; row b is first_sample + b
 };
 
-// Fills `out` (allocated here, host) with the samples first .. first + B - 1 of `ds`.
+// Fills `out` (allocated here, host) with the samples first .. first + B - 1 of `ds`. With
+// opt.vocab_size set, a token id outside [0, vocab_size) (input or label) is a UserError naming the sample,
+// the position and the id: a GPU's embedding could only flag it later, and an id in the padded rows of
+// the table would train silently.
 void fill_batch(const SampleDataset& ds, int64_t first, int64_t B, const BatchOptions& opt, Batch& out);
 // The extras of one row of T input tokens (Megatron's rules; see BatchOptions).
 void token_extras(std::span<const int32_t> tokens, const BatchOptions& opt, float* loss_mask, int32_t* position_ids,
@@ -46,6 +51,8 @@ struct LoaderConfig {
   int dp_rank = 0, dp_size = 1;
   int64_t consumed_samples = 0;   // samples consumed by all ranks before this loader (resume point)
   int prefetch_depth = 2;         // micro-batches prepared ahead (0: no background thread)
+  std::string role = "training";  // names the loader in errors: "training" (batches numbered by
+                                  // iteration), "validation", "test"
   BatchOptions batch;
 };
 

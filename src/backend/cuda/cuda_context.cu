@@ -2,6 +2,7 @@
 // cuda_device_count() and make_cuda_context(), which returns a context with the CUDA op table (CudaOps)
 // installed. Tests may construct a bare CudaContext directly (its ops() then refuses).
 #include "backend/cuda/cuda_context.cuh"
+#include "backend/cuda/embedding.cuh"
 
 #include "backend/cuda/cuda_ops.cuh"
 
@@ -145,6 +146,13 @@ void CudaContext::profiler_start() const {
 void CudaContext::profiler_stop() const {
   synchronize();
   LOOM_CUDA_CHECK(cudaProfilerStop());
+}
+
+std::string CudaContext::take_input_errors() const {
+  if (!embedding_take_error(*this)) return {};
+  return "an embedding kernel on " + device().str() +
+         " met a token id outside the vocabulary or a position id outside the position table (those rows "
+         "were set to NaN)";
 }
 
 }  // namespace cuda

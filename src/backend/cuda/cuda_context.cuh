@@ -43,6 +43,8 @@ class CudaContext final : public DeviceContext {
   void range_pop() const override;
   void profiler_start() const override;  // waits for the device, then cudaProfilerStart
   void profiler_stop() const override;
+  // The embedding kernels' out-of-range id flag (embedding_take_error), as a message.
+  std::string take_input_errors() const override;
 
   // Installs the op table (the CUDA backend issue's CudaOps, built on this context's pieces).
   void set_ops(std::unique_ptr<OpTable> ops) { ops_ = std::move(ops); }

@@ -1,5 +1,6 @@
 // Loader: Megatron's sampler order per data-parallel rank, resume from a consumed-sample count,
-// prefetch depth never changes the batches, errors, exception propagation and clean shutdown; and the
+// prefetch depth never changes the batches, errors (token ids outside the vocabulary name the batch),
+// exception propagation and clean shutdown; and the
 // per-token extras of --reset-position-ids / --reset-attention-mask / --eod-mask-loss.
 #include <gtest/gtest.h>
 
@@ -179,6 +180,35 @@ TEST(Loader, UserErrors) {
   LoaderConfig c = config(4, 4, 0, 1, 0);
   c.batch.eod_mask_loss = true;  // eod = -1
   EXPECT_NE(user_error_text([&] { Loader(ds, c); }).find("--eod-mask-loss"), std::string::npos);
+}
+
+TEST(Loader, TokenIdsOutsideTheVocabularyNameTheBatch) {
+  // Sample i holds i*1000 + t for t = 0..4 (the last one is the label of position 3).
+  auto ds = std::make_shared<IotaDataset>(40, 4);
+  LoaderConfig c = config(4, 2, 0, 1, 0);
+  c.batch.vocab_size = 5000;  // samples 0..4 fit; sample 5 starts with 5000
+  {
+    Loader l(ds, c);
+    EXPECT_EQ(row_samples(*l.next()), (std::vector<int64_t>{0, 1}));
+    EXPECT_EQ(row_samples(*l.next()), (std::vector<int64_t>{2, 3}));
+    const std::string e = user_error_text([&] { l.next(); });
+    EXPECT_NE(e.find("the training batch of iteration 2 (micro-batch 0"), std::string::npos) << e;
+    EXPECT_NE(e.find("token id 5000 at position 0 of sample 5 is outside the vocabulary [0, 5000)"),
+              std::string::npos) << e;
+    EXPECT_NE(e.find("--vocab-size"), std::string::npos) << e;
+  }
+  c.batch.vocab_size = 4004;  // sample 4's label (position 4) is the first id out of range
+  c.role = "validation";
+  c.prefetch_depth = 0;
+  Loader l(ds, c);
+  l.next();
+  l.next();
+  const std::string e = user_error_text([&] { l.next(); });
+  EXPECT_NE(e.find("a validation batch"), std::string::npos) << e;
+  EXPECT_NE(e.find("token id 4004 at position 4 of sample 4"), std::string::npos) << e;
+  c.batch.vocab_size = 0;  // unchecked
+  Loader unchecked(ds, c);
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(unchecked.next().has_value());
 }
 
 TEST(Loader, ProducerErrorIsRethrownAfterEarlierBatches) {
