@@ -1,5 +1,7 @@
 // CUDA attention core, FlashAttention-2 style: attention_forward / attention_backward, and the kernels the
-// context-parallel block ops (attention_blocks.cu) share through attn_detail::forward / backward.
+// context-parallel block ops (attention_blocks.cu) share through attn_detail::forward / backward. The
+// whole-sequence ops first offer the problem to the register-tiled kernels of flash_attention.cu (16-bit,
+// head size 64/128, no window/segments/dropout); the general kernels below take everything else.
 //
 // Work layout (why it looks the way it does):
 //   - Forward: one thread block per (query tile of BQ rows, head, batch row), BQ/16 warps; each warp owns
@@ -41,6 +43,7 @@
 #include "backend/cuda/attention.cuh"
 #include "backend/cuda/attention_tiles.cuh"
 #include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/flash_attention.cuh"
 #include "loom/core/rng.h"
 
 namespace loom::cuda {
@@ -578,6 +581,10 @@ void attention_forward(const CudaContext& ctx, TensorView out, TensorView lse, T
   const Problem pb = whole_sequence(ctx, qkv, p, segment_ids, op);
   check_same(ctx, out, Shape{pb.B, pb.Tq, pb.NH * pb.HS}, qkv.dtype(), op, "out");
   check_same(ctx, lse, Shape{pb.B, pb.NH, pb.Tq}, DType::kF32, op, "lse");
+  if (flash::eligible(pb, out)) {
+    flash::forward(ctx, pb, out, lse);
+    return;
+  }
   attn_detail::forward(ctx, pb, out, lse);
 }
 
@@ -589,6 +596,10 @@ void attention_backward(const CudaContext& ctx, TensorView dqkv, TensorView dout
   check_same(ctx, out, Shape{pb.B, pb.Tq, pb.NH * pb.HS}, qkv.dtype(), op, "out");
   check_same(ctx, dout, Shape{pb.B, pb.Tq, pb.NH * pb.HS}, qkv.dtype(), op, "dout");
   check_same(ctx, lse, Shape{pb.B, pb.NH, pb.Tq}, DType::kF32, op, "lse");
+  if (flash::eligible(pb, out) && flash::eligible(pb, dqkv) && flash::eligible(pb, dout)) {
+    flash::backward(ctx, pb, dqkv, dout, out, lse);
+    return;
+  }
   attn_detail::Grads gr;
   gr.dq = gr.dkv = dqkv;
   gr.dq_stride = gr.dkv_stride = qkv.size(2);

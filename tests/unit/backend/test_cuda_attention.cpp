@@ -1,5 +1,6 @@
 // CUDA attention core and context-parallel block ops against the CPU reference on identical inputs: odd
-// shapes (T = 1, 5, 17, 217; B = 1, 2), MHA/GQA/MQA, head sizes 16/64/128 and odd ones (24, 20), causal or
+// shapes (T = 1, 5, 17, 217; B = 1, 2; 16-bit HS 64/128 up to T = 333 for the flash kernels), MHA/GQA/MQA,
+// head sizes 16/64/128 and odd ones (24, 20), causal or
 // not, sliding windows, document segments, attention dropout (same seed: the masks are bit-identical, so
 // results agree within rounding), f32/bf16/f16; backward dqkv; block ops (arbitrary positions, packed and
 // compact kv, merge, accumulating block backward; two key blocks merged equal the whole); determinism (two
@@ -217,6 +218,29 @@ TEST(CudaAttention, DropoutMatchesCpuMask) {
       c.segments = true;
       check_case(c);
     }
+  }
+}
+
+// The register-tiled kernels (flash_attention.cu) take 16-bit, head size 64/128, no window, segments or
+// dropout: several 64-row tiles, a ragged last tile, MHA/GQA/MQA, causal and not; the same inputs twice give
+// the same bytes.
+TEST(CudaAttention, FlashPathLongSequences) {
+  REQUIRE_GPU();
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    const Cfg cases[] = {{2, 333, 4, 2, 64}, {1, 256, 2, 1, 128}, {1, 200, 4, 4, 128, false}, {2, 130, 6, 2, 64, false},
+                         {1, 64, 2, 2, 64}, {3, 71, 3, 1, 128}};
+    for (Cfg c : cases) {
+      c.dt = dt;
+      check_case(c);
+    }
+    Cfg c{2, 333, 4, 1, 128};
+    c.dt = dt;
+    const Tensor qkv = random_host(Shape{c.B, c.T, c.qkv_cols()}, dt, 15);
+    const Tensor dout = random_host(Shape{c.B, c.T, c.NH * c.HS}, dt, 16);
+    const Results a = run_cuda(c, qkv, dout, Tensor()), b = run_cuda(c, qkv, dout, Tensor());
+    EXPECT_TRUE(same_bytes(a.out, b.out)) << c.name();
+    EXPECT_TRUE(same_bytes(a.lse, b.lse)) << c.name();
+    EXPECT_TRUE(same_bytes(a.dqkv, b.dqkv)) << c.name();
   }
 }
 
