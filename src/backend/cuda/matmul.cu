@@ -18,6 +18,7 @@
 #include <cublasLt.h>
 
 #include <map>
+#include <cstdio>
 #include <mutex>
 #include <tuple>
 
@@ -213,14 +214,25 @@ __global__ void colsum_partial_kernel(float* __restrict__ partial, const T* __re
   }
 }
 
-// dbias[col] = round(dbias[col] + sum over chunks in order of partial[c, col]).
+// dbias[col] = round(dbias[col] + sum of partial[c, col] over the chunks). Block (32 columns x
+// kFinalLanes lanes): lane r sums chunks r, r + kFinalLanes, ... in order, then the lanes' sums are added in
+// order: a fixed order (deterministic) with the chunks read in parallel instead of one dependent chain.
+constexpr int kFinalLanes = 16;
 template <typename TB>
 __global__ void colsum_final_kernel(TB* __restrict__ dbias, const float* __restrict__ partial, int64_t chunks,
                                     int64_t N) {
-  for (int64_t col = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; col < N; col += int64_t(gridDim.x) * blockDim.x) {
-    float s = 0.0f;
-    for (int64_t c = 0; c < chunks; ++c) s += partial[c * N + col];
-    dbias[col] = store<TB>(load(dbias[col]) + s);
+  __shared__ float part[kFinalLanes][33];
+  const int64_t col = int64_t(blockIdx.x) * 32 + threadIdx.x;
+  float s = 0.0f;
+  if (col < N)
+    for (int64_t c = threadIdx.y; c < chunks; c += kFinalLanes) s += partial[c * N + col];
+  part[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < N) {
+    float tot = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kFinalLanes; ++r) tot += part[r][threadIdx.x];
+    dbias[col] = store<TB>(load(dbias[col]) + tot);
   }
 }
 
@@ -242,7 +254,8 @@ void column_sum_accumulate(const CudaContext& ctx, TensorView dbias, TensorView 
   });
   dispatch_float(dbias.dtype(), "[matmul_backward] dbias", [&](auto tag) {
     using TB = decltype(tag);
-    colsum_final_kernel<TB><<<grid_for(N), kThreads, 0, s>>>(ptr<TB>(dbias), cptr<float>(partial), chunks, N);
+    colsum_final_kernel<TB><<<unsigned((N + 31) / 32), dim3(32, kFinalLanes), 0, s>>>(ptr<TB>(dbias),
+                                                                                    cptr<float>(partial), chunks, N);
     LOOM_CUDA_LAUNCH_CHECK();
   });
 }
@@ -314,8 +327,19 @@ bool lt_matmul(const CudaContext& ctx, const LtGemm& g, const char* op, bool all
         cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g.b_scale, sizeof(g.b_scale)));
   }
   const float alpha = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
-  LOOM_CUBLAS_CHECK(cublasLtMatmul(ctx.cublaslt(), p.desc, &alpha, g.a, p.la, g.b, p.lb, &beta, g.d, p.ld, g.d, p.ld,
-                                   &p.algo, ctx.workspace(), ctx.workspace_bytes(), ctx.compute_stream()));
+  const cublasStatus_t st = cublasLtMatmul(ctx.cublaslt(), p.desc, &alpha, g.a, p.la, g.b, p.lb, &beta, g.d, p.ld,
+                                           g.d, p.ld, &p.algo, ctx.workspace(), ctx.workspace_bytes(),
+                                           ctx.compute_stream());
+  // Some FP8 constraints are only checked here, after the heuristic has answered: such a problem is
+  // remembered as unsupported, so the caller's fallback runs now and on every later call (said once).
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED && allow_unsupported) {
+    p.supported = false;
+    std::fprintf(stderr, "[%s] cuBLASLt refused m=%lld n=%lld k=%lld (%s x %s -> %s%s%s); using the fallback\n", op,
+                 (long long)g.m, (long long)g.n, (long long)g.k, dtype_name(g.a_type), dtype_name(g.b_type),
+                 dtype_name(g.d_type), g.bias ? ", bias" : "", g.accumulate ? ", beta 1" : "");
+    return false;
+  }
+  LOOM_CUBLAS_CHECK(st);
   return true;
 }
 

@@ -129,7 +129,9 @@ inline float default_tol(DType dt) {
 }
 
 // Expects |got - ref| <= tol * max(1, |ref|) element-wise (NaN must match NaN); reports the worst element.
-inline void expect_close(const Tensor& got_host, const Tensor& ref_host, float tol, const std::string& what) {
+// Both arguments may live on the host or the device (device ones are copied to the host first): a device
+// tensor passed where a host one was expected must never be read through a host pointer.
+inline void expect_close_host(const Tensor& got_host, const Tensor& ref_host, float tol, const std::string& what) {
   ASSERT_EQ(got_host.numel(), ref_host.numel()) << what;
   double worst = 0;
   int64_t at = -1;
@@ -158,12 +160,14 @@ inline void expect_close(const Tensor& got_host, const Tensor& ref_host, float t
   EXPECT_LE(worst, tol) << what << ": worst relative error " << worst << " at element " << at << " (got "
                         << host_get(got_host, at) << ", ref " << host_get(ref_host, at) << ")";
 }
-inline void expect_close(TensorView got_dev, const Tensor& ref_host, float tol, const std::string& what) {
-  expect_close(to_host(got_dev), ref_host, tol, what);
+inline void expect_close(TensorView got, TensorView ref, float tol, const std::string& what) {
+  expect_close_host(to_host(got), to_host(ref), tol, what);
 }
 
-inline bool same_bytes(const Tensor& a, const Tensor& b) {
-  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), size_t(a.nbytes())) == 0;
+inline bool same_bytes(TensorView a, TensorView b) {
+  if (a.nbytes() != b.nbytes()) return false;
+  const Tensor ha = to_host(a), hb = to_host(b);
+  return std::memcmp(ha.raw(), hb.raw(), size_t(ha.nbytes())) == 0;
 }
 
 }  // namespace loom::test

@@ -200,7 +200,7 @@ TEST(CudaFp8, UpdateScalingRejectsBadArguments) {
   REQUIRE_GPU();
   auto& ctx = cuda_ctx();
   const Device dev = ctx.device();
-  Tensor hist = Tensor::zeros({2, 3}, DType::kF32, dev);
+  Tensor hist = to_device(Tensor::zeros({2, 3}, DType::kF32));
   Tensor s = Tensor::empty({3}, DType::kF32, dev), si = Tensor::empty({3}, DType::kF32, dev);
   EXPECT_ANY_THROW(cuda::fp8_update_scaling(ctx, hist, s, si, 448.0f, -1, true));
   EXPECT_ANY_THROW(cuda::fp8_update_scaling(ctx, hist, s, si, 0.0f, 0, true));
@@ -248,9 +248,11 @@ TEST(CudaFp8, GemmMatchesCpu) {
                            to_device(host_scalar(1.0f / sb)), bias_mode ? TensorView(to_device(bias)) : TensorView(),
                            accumulate);
             // The tensor cores scale the f32 sum once instead of each operand and accumulate FP8 products in
-            // their own order: a looser bound there; the fallback is the CPU's own arithmetic.
+            // their own order and precision: a looser bound there, plus the output rounding for 16-bit outputs
+            // (seen on an H200: 4.2e-3 for an f16 output where the sum cancels to 1.4); the fallback is the
+            // CPU's own arithmetic.
             const float tol = out_dt == DType::kF32 ? (c.tensor_core_shape ? 4e-3f : 1e-4f)
-                                                    : std::max(default_tol(out_dt), 4e-3f);
+                                                    : std::max(default_tol(out_dt), c.tensor_core_shape ? 8e-3f : 4e-3f);
             const std::string what = std::string("fp8_gemm ") + dtype_name(a_dt) + " x " + dtype_name(b_dt) +
                                      " -> " + dtype_name(out_dt) +
                                      (bias_mode ? std::string(" bias ") + dtype_name(bias_dt) : std::string()) +
@@ -281,6 +283,34 @@ TEST(CudaFp8, GemmFlattensLeadingDimsAndIsDeterministic) {
   }
   expect_close(runs[0], ref, default_tol(DType::kBF16), "fp8_gemm (B, T, K)");
   EXPECT_TRUE(same_bytes(runs[0], runs[1])) << "fp8_gemm differs between runs";
+}
+
+// The delayed-scaling state keeps a layer's scales side by side, so scale_inv pointers are 4-byte aligned
+// views; cuBLASLt's FP8 kernels refuse those at launch, and fp8_gemm copies them to an aligned scratch.
+TEST(CudaFp8, GemmScalesAtAnyOffsetOfTheirBuffer) {
+  REQUIRE_GPU();
+  auto& ctx = cuda_ctx();
+  const int64_t M = 64, N = 96, K = 128;
+  Tensor a = Tensor::empty({M, K}, DType::kF8E4M3), b = Tensor::empty({N, K}, DType::kF8E4M3);
+  Tensor amax = host_scalar(0.0f);
+  cpu_ref().fp8_quantize(a, random_host({M, K}, DType::kF32, 91), host_scalar(16.0f), amax);
+  cpu_ref().fp8_quantize(b, random_host({N, K}, DType::kF32, 92), host_scalar(64.0f), amax);
+  Tensor ref = Tensor::empty({M, N}, DType::kBF16);
+  cpu_ref().fp8_gemm(ref, a, host_scalar(1.0f / 16), b, host_scalar(1.0f / 64), TensorView(), false);
+  Tensor scales = Tensor::empty({4}, DType::kF32);
+  scales.data<float>()[0] = 0.0f;
+  scales.data<float>()[1] = 1.0f / 16;
+  scales.data<float>()[2] = 0.0f;
+  scales.data<float>()[3] = 1.0f / 64;
+  Tensor d_scales = to_device(scales);
+  Tensor d_out = Tensor::empty({M, N}, DType::kBF16, ctx.device());
+  testing::internal::CaptureStderr();  // lt_matmul says so when cuBLASLt refuses and the fallback runs
+  cuda::fp8_gemm(ctx, d_out, to_device(a), d_scales.slice_flat(1, Shape{1}), to_device(b),
+                 d_scales.slice_flat(3, Shape{1}), TensorView(), false);
+  ctx.synchronize();
+  const std::string said = testing::internal::GetCapturedStderr();
+  expect_close(d_out, ref, 8e-3f, "fp8_gemm with scale_inv views at offsets 1 and 3");
+  EXPECT_EQ(said.find("refused"), std::string::npos) << "the tensor-core FP8 path was not taken: " << said;
 }
 
 TEST(CudaFp8, GemmUnalignedOperandsFallBack) {
