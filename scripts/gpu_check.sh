@@ -15,6 +15,9 @@
 #             (fp32: 1e-4 relative; also bf16 at 2e-2)
 #   bench     GPT-2 124M BF16 in Loom and in PyTorch (bench/gpu/pytorch_gpt2.py: torch.compile, SDPA,
 #             fused AdamW), then a 1.3B GPT in BF16 and FP8 (--fp8-format hybrid): ms/iter, tokens/s, MFU
+#   kernels   (not in the default list) ncu: GPU time per kernel over one iteration (GPT-2 124M BF16 unless
+#             GPU_KERNELS_{LAYERS,HIDDEN,HEADS,SEQ,BATCH} and GPU_KERNELS_PRECISIONS ["bf16"] (also fp8) say
+#             otherwise), top kernels; the table in $OUT/<key>.txt
 #   profile   (not in the default list) nsys over a few iterations of GPT-2 124M with Loom's --profile
 #
 # Every stage runs under `timeout`, inside an overall budget (GPU_CHECK_BUDGET seconds, default 570, to
@@ -42,6 +45,9 @@
 #   GPU_TEST_TIMEOUT [150]   GPU_TEST_FILTER ['*Cuda*:*CUDA*:*Gpu*:*GPU*']
 #   GPU_SANITIZE_TIMEOUT [120]  GPU_SANITIZE_TOOLS [memcheck] (also racecheck synccheck initcheck)
 #   GPU_SANITIZE_MAX [40] tests   GPU_SANITIZE_FILTER [first CUDA test of each suite]
+#   GPU_TRAIN_VARIANTS ["gpt llama gpt-features llama-features"] ("none": only the GPU-only checks: same seed
+#   twice, save/resume, FP8 loss falls, out-of-range ids; -features and those need GPU_TRAIN_DATA from
+#   scripts/gpu_pack.sh)   GPU_TRAIN_DATA [unset]
 #   GPU_TRAIN_PRECISIONS ["fp32 bf16"] (also fp8)  GPU_TRAIN_ITERS [20]  GPU_TRAIN_LAYERS [2]
 #   GPU_TRAIN_HIDDEN [128] GPU_TRAIN_HEADS [2] GPU_TRAIN_SEQ [128] GPU_TRAIN_BATCH [4] (global: 2x, so two
 #   micro-batches accumulate) GPU_TRAIN_VOCAB [1000] GPU_TRAIN_RTOL [1e-4] GPU_TRAIN_RTOL_BF16 [2e-2]
@@ -50,7 +56,7 @@
 #   GPU_BENCH_124M_{LAYERS,HIDDEN,HEADS,SEQ,BATCH,WARMUP,ITERS} [12 768 12 1024 16 5 30]
 #   GPU_BENCH_TORCH_WARMUP [10] (torch.compile happens in the first)  GPU_BENCH_TORCH_COMPILE [1]
 #   GPU_BENCH_1B_{LAYERS,HIDDEN,HEADS,SEQ,BATCH,WARMUP,ITERS} [24 2048 16 2048 4 3 10]
-#   GPU_BENCH_1B_PRECISIONS ["bf16 fp8"]   GPU_BENCH_TORCH_1B [0]: 1 = PyTorch 1.3B too
+#   GPU_BENCH_TORCH_124M [1]: 0 = no PyTorch 124M run   GPU_BENCH_1B_PRECISIONS ["bf16 fp8"]   GPU_BENCH_TORCH_1B [0]: 1 = PyTorch 1.3B too
 #   GPU_BENCH_TIMEOUT_{124M,TORCH,1B} [120 240 150] per run   GPU_PEAK_TFLOPS [989.4] (H100 SXM dense BF16)
 #   GPU_PROFILE_TIMEOUT [120]   NSYS [nsys on PATH or under /opt/nvidia]
 #   PYTHON [python3]   LOOM_BIN [<build>/loom]   OUT [unset: the device tool's output folder]
@@ -224,7 +230,7 @@ render() {
     echo '```'
   } >"$tmp" && mv "$tmp" "$SUMMARY"
   if [[ -n "$TARBALL" ]]; then
-    tar -czf "$TARBALL.tmp" -C "$LOGDIR" --exclude='*.nsys-rep' --exclude='*.qdstrm' . 2>/dev/null &&
+    tar -czf "$TARBALL.tmp" -C "$LOGDIR" --exclude='*.nsys-rep' --exclude='*.qdstrm' --exclude='ckpt_*' . 2>/dev/null &&
       mv "$TARBALL.tmp" "$TARBALL"
   fi
 }
@@ -403,6 +409,18 @@ test_binaries() {
     [[ -f "$b" && -x "$b" && "$b" != *.cmake ]] && printf '%s\n' "$b"
   done
 }
+# A crashed test again under cuda-gdb (host and device frames), its backtrace in the log and the summary.
+test_backtrace() {
+  local bin="$1" filter="$2" gdb t log
+  gdb="$(command -v cuda-gdb || echo /usr/local/cuda/bin/cuda-gdb)"
+  [[ -x "$gdb" ]] || return 0
+  t="$(budget_for 90 30)"
+  ((t == 0)) && return 0
+  log="$LOGDIR/backtrace_${filter//[^A-Za-z0-9_.]/_}.log"
+  run_cmd "$log" "$t" "$gdb" -batch -ex run -ex bt -ex 'info cuda kernels' --args "$bin" "--gtest_filter=$filter" \
+    --gtest_color=no
+  say "    backtrace: $(grep -a -E '^#[0-9]+ ' "$log" | head -n 6 | cut -c1-160 | paste -sd'|' -)"
+}
 stage_test() {
   local bins=() b n t list ran=0 passed=0 failed=0 skipped=0 crashed=() names=() log
   mapfile -t bins < <(test_binaries)
@@ -414,23 +432,34 @@ stage_test() {
     $DRY || list_cuda_tests "$b" "$list"
     if ! $DRY && [[ ! -s "$list" ]]; then continue; fi
     CUDA_TESTS[$b]="$list"
-    t="$(budget_for "${GPU_TEST_TIMEOUT:-150}" 20)"
-    if ((t == 0)); then crashed+=("$n: no time left"); continue; fi
-    log="$LOGDIR/test_$n.log"
-    run_cmd "$log" "$t" "$b" "--gtest_filter=$TEST_FILTER" --gtest_color=no
-    $DRY && continue
-    ran=$((ran + 1))
-    local p f s total
-    total="$(sed -n 's/^\[==========\] \([0-9]*\) tests\{0,1\} from .* ran\..*/\1/p' "$log" | tail -n 1)"
-    p="$(sed -n 's/^\[  PASSED  \] \([0-9]*\) tests\{0,1\}\..*/\1/p' "$log" | tail -n 1)"
-    s="$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) tests\{0,1\}, listed below:.*/\1/p' "$log" | tail -n 1)"
-    f="$(sed -n 's/^\[  FAILED  \] \([0-9]*\) tests\{0,1\}, listed below:.*/\1/p' "$log" | tail -n 1)"
-    passed=$((passed + ${p:-0})) skipped=$((skipped + ${s:-0})) failed=$((failed + ${f:-0}))
-    if [[ -z "$total" ]]; then
-      if timed_out; then crashed+=("$n timed out after ${DUR}s")
-      else crashed+=("$n exit $RC, no gtest summary: $(tail_err "$log")"); fi
-    fi
-    mapfile -t -O "${#names[@]}" names < <(sed -n 's/^\[  FAILED  \] \([A-Za-z0-9_/]*\.[A-Za-z0-9_/]*\).*/\1/p' "$log" | sort -u)
+    # One process per test suite: a crash (a host segfault, a sticky CUDA error) loses one suite, not the
+    # whole binary, and names it. Line-buffered, so a crash's log ends at the test that crashed.
+    local suite suites
+    if $DRY; then suites=("<each suite>"); else mapfile -t suites < <(cut -d. -f1 "$list" | awk '!seen[$0]++'); fi
+    for suite in "${suites[@]}"; do
+      t="$(budget_for "${GPU_TEST_TIMEOUT:-150}" 20)"
+      if ((t == 0)); then crashed+=("$n/$suite: no time left"); continue; fi
+      log="$LOGDIR/test_${n}_$suite.log"
+      run_cmd "$log" "$t" stdbuf -oL -eL "$b" "--gtest_filter=$suite.*" --gtest_color=no
+      $DRY && continue
+      ran=$((ran + 1))
+      local p f s total
+      total="$(sed -n 's/^\[==========\] \([0-9]*\) tests\{0,1\} from .* ran\..*/\1/p' "$log" | tail -n 1)"
+      p="$(sed -n 's/^\[  PASSED  \] \([0-9]*\) tests\{0,1\}\..*/\1/p' "$log" | tail -n 1)"
+      s="$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) tests\{0,1\}, listed below:.*/\1/p' "$log" | tail -n 1)"
+      f="$(sed -n 's/^\[  FAILED  \] \([0-9]*\) tests\{0,1\}, listed below:.*/\1/p' "$log" | tail -n 1)"
+      passed=$((passed + ${p:-0})) skipped=$((skipped + ${s:-0})) failed=$((failed + ${f:-0}))
+      if [[ -z "$total" ]]; then
+        local last
+        last="$(grep -a '^\[ RUN      \]' "$log" | tail -n 1 | sed 's/^\[ RUN      \] //')"
+        if timed_out; then crashed+=("$suite timed out after ${DUR}s in ${last:-?}")
+        else
+          crashed+=("$suite exit $RC in ${last:-?}")
+          test_backtrace "$b" "${last:-$suite.*}"
+        fi
+      fi
+      mapfile -t -O "${#names[@]}" names < <(sed -n 's/^\[  FAILED  \] \([A-Za-z0-9_/]*\.[A-Za-z0-9_/]*\).*/\1/p' "$log" | sort -u)
+    done
   done
   if $DRY; then record test SKIP "dry run"; return; fi
   if ((ran == 0 && ${#crashed[@]} == 0)); then
@@ -473,8 +502,10 @@ stage_sanitize() {
         filter="$GPU_SANITIZE_FILTER"
       elif $DRY; then
         filter="<first CUDA test of each suite, at most $max>"
-      else  # the first test of each suite: every kernel family once, quickly
-        filter="$(awk -F. '!seen[$1]++' "${CUDA_TESTS[$b]}" | head -n "$max" | paste -sd: -)"
+      else  # the first test of each suite: every kernel family once, quickly. Tests that provoke CUDA API
+        # errors on purpose (error naming, bad arguments) are left out: the sanitizer counts those calls.
+        filter="$(grep -vE 'CheckNames|Rejects|Bad|Error|Checks' "${CUDA_TESTS[$b]}" | awk -F. '!seen[$1]++' |
+          head -n "$max" | paste -sd: -)"
       fi
       t="$(budget_for "${GPU_SANITIZE_TIMEOUT:-120}" 30)"
       if ((t == 0)); then results+=("$tool/$n: no time left"); continue; fi
@@ -511,57 +542,165 @@ loom_ready() {
   record "$1" SKIP "no Loom binary at $(rel "$LOOM") (build failed or skipped)"
   return 1
 }
+# train_run KEY DEV FLAGS... : one `loom train` on DEV with a metrics JSONL; logs in TLOG/TJS, RC set.
+# Returns 1 (and runs nothing) when the budget has no time left for it.
+train_run() {
+  local key="$1" dev="$2" t
+  shift 2
+  t="$(budget_for "${GPU_TRAIN_TIMEOUT:-90}" 15)"
+  ((t == 0)) && return 1
+  TLOG="$LOGDIR/train_${key}_$dev.log" TJS="$LOGDIR/train_${key}_$dev.jsonl"
+  rm -f "$TJS"  # loom appends to an existing metrics file
+  run_cmd "$TLOG" "$t" env "OMP_NUM_THREADS=${GPU_TRAIN_CPU_THREADS:-$NPROC}" "$LOOM" train "$@" --device "$dev" \
+    --metrics-jsonl "$TJS"
+  return 0
+}
+# Flags of one training variant (mock tokens or the packed text dataset; GPT-2 or Llama architecture).
+train_variant_flags() {
+  local variant="$1" data="${GPU_TRAIN_DATA:-}" N="${2:-${GPU_TRAIN_ITERS:-20}}"
+  local L="${GPU_TRAIN_LAYERS:-2}" C="${GPU_TRAIN_HIDDEN:-128}" T="${GPU_TRAIN_SEQ:-128}" B="${GPU_TRAIN_BATCH:-4}"
+  local V="${GPU_TRAIN_VOCAB:-1000}"
+  VFLAGS=(--num-layers "$L" --hidden-size "$C" --seq-length "$T" --max-position-embeddings "$T"
+    --micro-batch-size "$B" --global-batch-size "$((2 * B))" --train-iters "$N" --lr 1e-3 --min-lr 1e-4
+    --lr-warmup-iters 2 --lr-decay-style cosine --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.95
+    --clip-grad 1.0 --log-interval 1 --eval-iters 0 --seed 1234)
+  local arch=(--num-attention-heads 2) drop=(--hidden-dropout 0 --attention-dropout 0) src=(--mock-data --vocab-size "$V")
+  case "$variant" in
+    gpt*) ;;
+    llama*) arch=(--num-attention-heads 4 --group-query-attention --num-query-groups 2 --normalization RMSNorm
+              --swiglu --ffn-hidden-size 344 --position-embedding-type rope --untie-embeddings-and-output-weights
+              --disable-bias-linear) ;;
+    *) return 1 ;;
+  esac
+  local text=(--data-path "$data/text_document" --split 100,0,0 --tokenizer-type GPT2BPETokenizer
+              --vocab-file "$data/encoder.json" --merge-file "$data/vocab.bpe")
+  case "$variant" in
+    *-text)  # real text, nothing else
+      [[ -n "$data" && -f "$data/text_document.idx" ]] || return 2
+      src=("${text[@]}") ;;
+    *-oob)  # token ids up to 1099 for a vocabulary of 1000
+      [[ -n "$data" && -f "$data/oob_document.idx" ]] || return 2
+      src=(--data-path "$data/oob_document" --split 100,0,0 --tokenizer-type NullTokenizer --vocab-size 1000) ;;
+    *-features)  # dropout + recomputation + document masks on real text
+      [[ -n "$data" && -f "$data/text_document.idx" ]] || return 2
+      drop=(--hidden-dropout 0.1 --attention-dropout 0.1)
+      src=("${text[@]}" --reset-attention-mask --reset-position-ids --eod-mask-loss)
+      if [[ "$variant" == gpt* ]]; then src+=(--recompute-granularity selective)
+      else src+=(--recompute-granularity full --recompute-method uniform --recompute-num-layers 1); fi ;;
+  esac
+  VFLAGS+=("${arch[@]}" "${drop[@]}" "${src[@]}")
+}
+prec_flags() {  # PREC -> PFLAGS, PRTOL
+  case "$1" in
+    fp32) PFLAGS=() PRTOL="${GPU_TRAIN_RTOL:-1e-4}" ;;
+    bf16) PFLAGS=(--bf16) PRTOL="${GPU_TRAIN_RTOL_BF16:-2e-2}" ;;
+    fp8) PFLAGS=(--bf16 --fp8-format hybrid) PRTOL="${GPU_TRAIN_RTOL_FP8:-5e-2}" ;;
+    *) return 1 ;;
+  esac
+}
+# compare_runs LABEL A_JSONL B_JSONL RTOL [compare args]: records PASS/FAIL from parse_loom_log.py compare.
+compare_runs() {
+  local label="$1" a="$2" b="$3" rtol="$4" cmp key
+  shift 4
+  key="${label//[^A-Za-z0-9]/_}"
+  cmp="$("$PYTHON" "$PARSE" compare "$a" "$b" --rtol "$rtol" "$@" 2>"$LOGDIR/compare_$key.txt")"
+  echo "$cmp" >>"$LOGDIR/compare_$key.txt"
+  local iters worst wit
+  iters="$(jget "$cmp" iters)" worst="$(jget "$cmp" max_rel_diff)" wit="$(jget "$cmp" worst_iter)"
+  local fig="max rel diff of lm loss $(fmt "${worst:-nan}" .2e) (iteration ${wit:-?}) over ${iters:-0} iterations, tol $rtol"
+  if [[ "$(jget "$cmp" ok)" == True ]]; then record "$label" PASS "$fig"
+  else record "$label" FAIL "$fig $(jget "$cmp" problems)"; fi
+}
 stage_train() {
   loom_ready train || return
-  local L="${GPU_TRAIN_LAYERS:-2}" C="${GPU_TRAIN_HIDDEN:-128}" NH="${GPU_TRAIN_HEADS:-2}"
-  local T="${GPU_TRAIN_SEQ:-128}" B="${GPU_TRAIN_BATCH:-4}" V="${GPU_TRAIN_VOCAB:-1000}" N="${GPU_TRAIN_ITERS:-20}"
-  local common=(train --mock-data --vocab-size "$V" --num-layers "$L" --hidden-size "$C"
-    --num-attention-heads "$NH" --seq-length "$T" --max-position-embeddings "$T" --micro-batch-size "$B"
-    --global-batch-size "$((2 * B))" --train-iters "$N" --lr 1e-3 --min-lr 1e-4 --lr-warmup-iters 2
-    --lr-decay-style cosine --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.95 --clip-grad 1.0
-    --log-interval 1 --hidden-dropout 0 --attention-dropout 0 --eval-iters 0 --seed 1234)
-  local prec pflags rtol dev t log js ok cmp dline
-  for prec in ${GPU_TRAIN_PRECISIONS:-fp32 bf16}; do
-    case "$prec" in
-      fp32) pflags=() rtol="${GPU_TRAIN_RTOL:-1e-4}" ;;
-      bf16) pflags=(--bf16) rtol="${GPU_TRAIN_RTOL_BF16:-2e-2}" ;;
-      fp8) pflags=(--bf16 --fp8-format hybrid) rtol="${GPU_TRAIN_RTOL_FP8:-5e-2}" ;;
-      *) record "train $prec" FAIL "unknown precision (fp32, bf16, fp8)"; continue ;;
-    esac
-    ok=true
+  local variant prec dev ok dline rc
+  local N="${GPU_TRAIN_ITERS:-20}"
+  for variant in ${GPU_TRAIN_VARIANTS:-gpt llama gpt-features llama-features}; do
+    [[ "$variant" == none ]] && continue  # GPU_TRAIN_VARIANTS=none: only the GPU-only checks below
+    train_variant_flags "$variant"
+    rc=$?
+    if ((rc == 1)); then record "train $variant" FAIL "unknown variant (gpt, llama, gpt-features, llama-features)"; continue; fi
+    if ((rc == 2)); then record "train $variant" SKIP "needs GPU_TRAIN_DATA with text_document.{bin,idx} (scripts/gpu_pack.sh)"; continue; fi
+    for prec in ${GPU_TRAIN_PRECISIONS:-fp32 bf16}; do
+      if ! prec_flags "$prec"; then record "train $variant $prec" FAIL "unknown precision (fp32, bf16, fp8)"; continue; fi
+      ok=true
+      for dev in cpu cuda; do
+        if ! train_run "${variant}_$prec" "$dev" "${VFLAGS[@]}" ${PFLAGS[@]+"${PFLAGS[@]}"}; then
+          record "train $variant $prec cpu-vs-gpu" SKIP "no time left"; ok=false; break
+        fi
+        if ! $DRY && ((RC != 0)); then
+          record "train $variant $prec cpu-vs-gpu" FAIL "--device $dev run: $(why_failed "$TLOG")"; ok=false; break
+        fi
+      done
+      $ok || continue
+      if $DRY; then record "train $variant $prec cpu-vs-gpu" SKIP "dry run"; continue; fi
+      dline="$("$PYTHON" "$PARSE" device "$TLOG")"
+      if [[ "$dline" != cuda* ]]; then
+        record "train $variant $prec cpu-vs-gpu" FAIL "--device cuda run did not compute on the GPU (device: ${dline:-not printed})"
+        continue
+      fi
+      compare_runs "train $variant $prec cpu-vs-gpu" "$LOGDIR/train_${variant}_${prec}_cpu.jsonl" \
+        "$LOGDIR/train_${variant}_${prec}_cuda.jsonl" "$PRTOL"
+    done
+  done
+  stage_train_gpu_only
+}
+# Determinism, save/resume, FP8 trains, out-of-range token ids: GPU runs only.
+stage_train_gpu_only() {
+  local variant="${GPU_TRAIN_REPEAT_VARIANT:-llama-features}" prec=bf16 first ck
+  train_variant_flags "$variant" || variant=llama
+  train_variant_flags "$variant"
+  prec_flags "$prec"
+  first="$LOGDIR/train_${variant}_${prec}_cuda.jsonl"
+  if [[ -s "$first" ]] || $DRY; then
+    if train_run "${variant}_${prec}_again" cuda "${VFLAGS[@]}" "${PFLAGS[@]}"; then
+      if $DRY; then record "train gpu determinism" SKIP "dry run"
+      elif ((RC != 0)); then record "train gpu determinism ($variant $prec)" FAIL "$(why_failed "$TLOG")"
+      else compare_runs "train gpu determinism ($variant $prec, same seed twice)" "$first" "$TJS" 0; fi
+    fi
+    ck="$LOGDIR/ckpt_resume"
+    rm -rf "$ck"
+    if train_run "${variant}_${prec}_save10" cuda "${VFLAGS[@]}" "${PFLAGS[@]}" --save "$ck" --exit-interval 10 &&
+       { $DRY || ((RC == 0)); } &&
+       train_run "${variant}_${prec}_resume" cuda "${VFLAGS[@]}" "${PFLAGS[@]}" --load "$ck"; then
+      if $DRY; then record "train gpu resume" SKIP "dry run"
+      elif ((RC != 0)); then record "train gpu resume ($variant $prec)" FAIL "$(why_failed "$TLOG")"
+      else compare_runs "train gpu save@10+resume vs straight ($variant $prec)" "$first" "$TJS" 0 --from-iter 11; fi
+    elif ! $DRY; then
+      record "train gpu resume ($variant $prec)" FAIL "save run: $(why_failed "$TLOG")"
+    fi
+  else
+    record "train gpu determinism/resume" SKIP "no straight $variant $prec GPU run to compare with"
+  fi
+  # FP8 (hybrid) on real text: the loss falls.
+  if train_variant_flags gpt-text "${GPU_TRAIN_FP8_ITERS:-60}"; then
+    if train_run gpt_fp8_falls cuda "${VFLAGS[@]}" --bf16 --fp8-format hybrid; then
+      if $DRY; then record "train gpu fp8 loss falls" SKIP "dry run"
+      elif ((RC != 0)); then record "train gpu fp8 loss falls" FAIL "$(why_failed "$TLOG")"
+      else
+        local r
+        r="$("$PYTHON" "$PARSE" falls "$TJS" --min-drop 1.0)"
+        record "train gpu fp8 (hybrid) loss falls" "$([[ "$(jget "$r" ok)" == True ]] && echo PASS || echo FAIL)" \
+          "$(jget "$r" iters) iterations: lm loss $(fmt "$(jget "$r" first_loss)" .3f) -> $(fmt "$(jget "$r" last3_mean)" .3f) (last 3), needs a drop >= 1.0"
+      fi
+    fi
+  else
+    record "train gpu fp8 loss falls" SKIP "needs GPU_TRAIN_DATA (scripts/gpu_pack.sh)"
+  fi
+  # Token ids beyond --vocab-size: the run must stop with an error naming the batch, on both devices.
+  if train_variant_flags gpt-oob; then
+    local dev line
     for dev in cpu cuda; do
-      t="$(budget_for "${GPU_TRAIN_TIMEOUT:-90}" 15)"
-      if ((t == 0)); then ok=false; break; fi
-      log="$LOGDIR/train_${prec}_$dev.log" js="$LOGDIR/train_${prec}_$dev.jsonl"
-      rm -f "$js"  # loom appends to an existing metrics file
-      run_cmd "$log" "$t" env "OMP_NUM_THREADS=${GPU_TRAIN_CPU_THREADS:-$NPROC}" "$LOOM" "${common[@]}" \
-        ${pflags[@]+"${pflags[@]}"} --device "$dev" --metrics-jsonl "$js"
-      if ! $DRY && ((RC != 0)); then
-        record "train $prec cpu-vs-gpu" FAIL "--device $dev run: $(why_failed "$log")"
-        ok=false
-        break
+      train_run oob "$dev" "${VFLAGS[@]}" || break
+      $DRY && continue
+      line="$(grep -a -m1 -iE 'token id.*(out of range|vocabulary)|out-of-range token' "$TLOG" | cut -c1-200)"
+      if ((RC != 0)) && ! timed_out && [[ -n "$line" ]]; then
+        record "train $dev out-of-range token ids" PASS "exit $RC: ${line//|/\\|}"
+      else
+        record "train $dev out-of-range token ids" FAIL "exit $RC, error line: ${line:-none} ($(tail_err "$TLOG"))"
       fi
     done
-    $ok || { ((t == 0)) && record "train $prec cpu-vs-gpu" SKIP "no time left"; continue; }
-    if $DRY; then record "train $prec cpu-vs-gpu" SKIP "dry run"; continue; fi
-    dline="$("$PYTHON" "$PARSE" device "$LOGDIR/train_${prec}_cuda.log")"
-    if [[ "$dline" != cuda* ]]; then
-      record "train $prec cpu-vs-gpu" FAIL "--device cuda run did not compute on the GPU (device: ${dline:-not printed})"
-      continue
-    fi
-    cmp="$("$PYTHON" "$PARSE" compare "$LOGDIR/train_${prec}_cpu.jsonl" "$LOGDIR/train_${prec}_cuda.jsonl" \
-      --rtol "$rtol" 2>"$LOGDIR/train_${prec}_compare.txt")"
-    echo "$cmp" >>"$LOGDIR/train_${prec}_compare.txt"
-    local iters worst wit
-    iters="$(jget "$cmp" iters)" worst="$(jget "$cmp" max_rel_diff)" wit="$(jget "$cmp" worst_iter)"
-    local fig
-    fig="L=$L C=$C NH=$NH T=$T B=$B (x2 accumulated) V=$V: max rel diff of lm loss $(fmt "${worst:-nan}" .2e) (iteration ${wit:-?}) over ${iters:-0}/$N iterations, tol $rtol"
-    if [[ "$(jget "$cmp" ok)" == True && "$iters" == "$N" ]]; then
-      record "train $prec cpu-vs-gpu" PASS "$fig"
-    else
-      record "train $prec cpu-vs-gpu" FAIL "$fig $(jget "$cmp" problems)"
-    fi
-  done
+  fi
 }
 
 # ---- stage: bench -------------------------------------------------------------------------------------
@@ -647,7 +786,7 @@ stage_bench() {
   R[model_124]="$m"
   bench_loom l124 "bench $m loom bf16" "$L" "$C" "$NH" "$T" "$B" "$W" "$N" "${GPU_BENCH_TIMEOUT_124M:-120}" --bf16
   # PyTorch at the batch Loom ran (the same work), or the configured one when Loom failed.
-  bench_torch t124 "bench $m pytorch bf16" "$L" "$C" "$NH" "$T" "${R[l124_B]:-$B}" "${GPU_BENCH_TORCH_WARMUP:-10}" \
+  [[ "${GPU_BENCH_TORCH_124M:-1}" == 1 ]] && bench_torch t124 "bench $m pytorch bf16" "$L" "$C" "$NH" "$T" "${R[l124_B]:-$B}" "${GPU_BENCH_TORCH_WARMUP:-10}" \
     "$N" "${GPU_BENCH_TIMEOUT_TORCH:-240}"
   if [[ -n "${R[l124_tps]:-}" && -n "${R[t124_tps]:-}" ]]; then
     R[ratio_torch]="$(fmt "$("$PYTHON" -c "print(${R[l124_tps]} / ${R[t124_tps]})")" .2f)x"
@@ -678,6 +817,38 @@ stage_bench() {
     bench_torch t1b "bench $m pytorch bf16" "$L" "$C" "$NH" "$T" "${R[l1b_bf16_B]:-$B}" "${GPU_BENCH_TORCH_WARMUP:-10}" \
       "$N" "${GPU_BENCH_TIMEOUT_TORCH:-240}"
   fi
+}
+
+# ---- stage: kernels (optional): where one training iteration's GPU time goes -------------------------------
+stage_kernels() {
+  loom_ready kernels || return
+  local ncu t c res prec
+  local L="${GPU_KERNELS_LAYERS:-12}" C="${GPU_KERNELS_HIDDEN:-768}" NH="${GPU_KERNELS_HEADS:-12}"
+  local T="${GPU_KERNELS_SEQ:-1024}" B="${GPU_KERNELS_BATCH:-${R[l124_B]:-${GPU_BENCH_124M_BATCH:-16}}}"
+  ncu="$(command -v ncu)"
+  for c in /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu; do [[ -x "$c" ]] && ncu="${ncu:-$c}"; done
+  if ! $DRY && [[ ! -x "$ncu" ]]; then record kernels SKIP "ncu not found"; return; fi
+  for prec in ${GPU_KERNELS_PRECISIONS:-bf16}; do
+    local key="kernels_L${L}_C${C}_$prec" pflags=(--bf16) csv
+    [[ "$prec" == fp8 ]] && pflags=(--bf16 --fp8-format hybrid)
+    [[ "$L/$C/$NH/$T/$prec" == 12/768/12/1024/bf16 ]] && key=kernels_124m
+    csv="$LOGDIR/$key.csv"
+    t="$(budget_for "${GPU_KERNELS_TIMEOUT:-150}" 40)"
+    if ((t == 0)); then record "kernels $prec" SKIP "no time left"; continue; fi
+    # One iteration (the 3rd: warm caches and plans), every kernel timed once by ncu at the card's own
+    # clocks. ncu serialises kernels, so the sum is GPU busy time without overlap.
+    run_cmd "$csv" "$t" "${ncu:-ncu}" --profile-from-start off --clock-control none --metrics gpu__time_duration.sum \
+      --csv --print-units base "$LOOM" train --device cuda --mock-data --vocab-size 50257 --num-layers "$L" \
+      --hidden-size "$C" --num-attention-heads "$NH" --seq-length "$T" --max-position-embeddings "$T" \
+      --micro-batch-size "$B" --global-batch-size "$B" --train-iters 4 --lr 6e-4 --log-interval 1 --hidden-dropout 0 \
+      --attention-dropout 0 --eval-iters 0 "${pflags[@]}" --profile --profile-step-start 2 --profile-step-end 3
+    if $DRY; then record "kernels $prec" SKIP "dry run"; continue; fi
+    if ((RC != 0)); then record "kernels $prec" FAIL "$(why_failed "$csv")"; continue; fi
+    res="$("$PYTHON" "$PARSE" kernels "$csv" --out "$LOGDIR/$key.txt")"
+    [[ -n "${OUT:-}" ]] && cp "$LOGDIR/$key.txt" "$OUT/" 2>/dev/null
+    record "kernels $prec" "$([[ "$(jget "$res" ok)" == True ]] && echo PASS || echo FAIL)" \
+      "GPT L=$L C=$C NH=$NH T=$T B=$B $prec, one iteration: $(jget "$res" total_ms) ms GPU time over $(jget "$res" kernels) kernels; top: $(jget "$res" top)"
+  done
 }
 
 # ---- stage: profile (optional) ------------------------------------------------------------------------
@@ -716,11 +887,11 @@ for st in $STAGES; do
     gpu) ;;
     deps) stage_deps ;;
     build) stage_build ;;
-    test | sanitize | train | bench | profile)
+    test | sanitize | train | bench | kernels | profile)
       if ! $GPU_OK && ! $DRY; then record "$st" SKIP "no GPU visible"; continue; fi
       if $BUILD_FAILED; then record "$st" SKIP "the build failed"; continue; fi
       "stage_$st" ;;
-    *) record "$st" FAIL "unknown stage (gpu deps build test sanitize train bench profile)" ;;
+    *) record "$st" FAIL "unknown stage (gpu deps build test sanitize train bench kernels profile)" ;;
   esac
 done
 finish

@@ -8,6 +8,13 @@
 #   parse_loom_log.py compare CPU_FILE GPU_FILE [--rtol R]
 #       per-iteration "lm loss" of two runs, max relative difference, PASS when every one is within R
 #       and both ran the same iterations. One JSON line; a table on stderr.
+#       --from-iter K compares only iterations >= K (a resumed run against the straight one); --rtol 0
+#       asks for bit-identical losses.
+#   parse_loom_log.py falls FILE [--min-drop D]
+#       the loss fell: first logged lm loss minus the mean of the last three >= D (default 0.5), all finite.
+#   parse_loom_log.py kernels NCU_CSV --out TABLE
+#       per-kernel GPU time from `ncu --csv --metrics gpu__time_duration.sum` (kernels grouped by name);
+#       the table (largest first) to TABLE, a JSON summary (total, top six shares) on stdout.
 #   parse_loom_log.py flops --layers L --hidden C --seq T --vocab V
 #       FLOPs per token: 6*N + 12*L*C*T (PaLM appendix B / nanoGPT's estimate_mfu), N = parameters
 #       without the position embedding (the tied word embedding counted once, as the LM head). For GPT-2
@@ -93,6 +100,8 @@ def cmd_timing(a):
 
 def cmd_compare(a):
     cpu, gpu = read_iterations(a.cpu), read_iterations(a.gpu)
+    cpu = {i: r for i, r in cpu.items() if i >= a.from_iter}
+    gpu = {i: r for i, r in gpu.items() if i >= a.from_iter}
     key = "lm loss"
     worst, worst_it, rows, problems = 0.0, None, [], []
     its = sorted(set(cpu) | set(gpu))
@@ -118,6 +127,55 @@ def cmd_compare(a):
     print(json.dumps({"ok": ok, "iters": len(rows), "max_rel_diff": worst, "worst_iter": worst_it,
                       "rtol": a.rtol, "problems": problems[:5]}))
     return 0 if ok else 1
+
+
+def cmd_falls(a):
+    its = read_iterations(a.file)
+    losses = [r["lm loss"] for _, r in sorted(its.items()) if "lm loss" in r]
+    if len(losses) < 4 or not all(math.isfinite(v) for v in losses):
+        print(json.dumps({"ok": False, "error": f"{len(losses)} losses logged, finite: "
+                                                  f"{all(math.isfinite(v) for v in losses)}"}))
+        return 1
+    first, last = losses[0], statistics.fmean(losses[-3:])
+    ok = last <= first - a.min_drop
+    print(json.dumps({"ok": ok, "first_loss": first, "last3_mean": last, "drop": first - last,
+                      "min_drop": a.min_drop, "iters": len(losses)}))
+    return 0 if ok else 1
+
+
+def cmd_kernels(a):
+    """ncu --csv --metrics gpu__time_duration.sum output -> time per kernel name, largest first."""
+    import csv
+    with open(a.file, errors="replace") as f:
+        lines = f.read().splitlines()
+    start = next((i for i, l in enumerate(lines) if l.startswith('"ID"')), None)
+    if start is None:
+        print(json.dumps({"ok": False, "error": f"no ncu CSV header in {a.file}"}))
+        return 1
+    rows = list(csv.DictReader(lines[start:]))
+    per = {}
+    for r in rows:
+        if r.get("Metric Name") != "gpu__time_duration.sum":
+            continue
+        try:
+            ns = float(r["Metric Value"].replace(",", ""))
+        except (KeyError, ValueError):
+            continue
+        name = r.get("Kernel Name", "?")
+        short = re.sub(r"\(.*", "", name)  # drop the argument list
+        short = re.sub(r"^void ", "", short)
+        t, n = per.get(short, (0.0, 0))
+        per[short] = (t + ns, n + 1)
+    total = sum(t for t, _ in per.values())
+    top = sorted(per.items(), key=lambda kv: -kv[1][0])
+    with open(a.out, "w") as f:
+        f.write(f"{'ms':>9} {'share':>6} {'calls':>6}  kernel\n")
+        for k, (t, n) in top:
+            f.write(f"{t / 1e6:9.3f} {t / total:6.1%} {n:6d}  {k[:150]}\n")
+        f.write(f"{total / 1e6:9.3f} {1:6.1%} {sum(n for _, n in per.values()):6d}  total\n")
+    print(json.dumps({"ok": bool(per), "total_ms": round(total / 1e6, 3), "kernels": sum(n for _, n in per.values()),
+                      "top": [[k[:60], round(t / total, 3)] for k, (t, n) in top[:6]]}))
+    return 0
 
 
 def cmd_flops(a):
@@ -155,12 +213,19 @@ def main():
     p.add_argument("cpu")
     p.add_argument("gpu")
     p.add_argument("--rtol", type=float, default=1e-4)
+    p.add_argument("--from-iter", type=int, default=0, help="compare only iterations >= this one")
+    p = sub.add_parser("falls")
+    p.add_argument("file")
+    p.add_argument("--min-drop", type=float, default=0.5)
+    p = sub.add_parser("kernels")
+    p.add_argument("file")
+    p.add_argument("--out", required=True, help="table: ms, share, calls, kernel")
     p = sub.add_parser("flops")
     model_args(p)
     p = sub.add_parser("device")
     p.add_argument("log")
     a = ap.parse_args()
-    return {"timing": cmd_timing, "compare": cmd_compare, "flops": cmd_flops, "device": cmd_device}[a.cmd](a)
+    return {"timing": cmd_timing, "compare": cmd_compare, "falls": cmd_falls, "kernels": cmd_kernels, "flops": cmd_flops, "device": cmd_device}[a.cmd](a)
 
 
 if __name__ == "__main__":
