@@ -1,7 +1,8 @@
 // CUDA attention core, FlashAttention-2 style: attention_forward / attention_backward, and the kernels the
 // context-parallel block ops (attention_blocks.cu) share through attn_detail::forward / backward. The
-// whole-sequence ops first offer the problem to the register-tiled kernels of flash_attention.cu (16-bit,
-// head size 64/128, no window/segments/dropout); the general kernels below take everything else.
+// whole-sequence ops (attention_op.cu) first offer the problem to the register-tiled kernels of
+// flash_attention.cu (16-bit, head size 64/128, no window/segments/dropout); these general kernels take
+// everything else.
 //
 // Work layout (why it looks the way it does):
 //   - Forward: one thread block per (query tile of BQ rows, head, batch row), BQ/16 warps; each warp owns
@@ -43,7 +44,6 @@
 #include "backend/cuda/attention.cuh"
 #include "backend/cuda/attention_tiles.cuh"
 #include "backend/cuda/device_utils.cuh"
-#include "backend/cuda/flash_attention.cuh"
 #include "loom/core/rng.h"
 
 namespace loom::cuda {
@@ -446,13 +446,7 @@ void launch_backward(const CudaContext& ctx, const Geo& g0, const Grads& gr, Ten
   const int es = int(sizeof(E));
   cudaStream_t st = ctx.compute_stream();
   Tensor D = scratch(ctx, Shape{g0.B, g0.NH, g0.Tq}, DType::kF32);
-  dispatch_float(out.dtype(), "[attention_backward] out", [&](auto to) {
-    using TO = decltype(to);
-    const int64_t rows = g0.B * g0.Tq * g0.NH;
-    attention_rowdot_kernel<TO, TD><<<grid_for(rows * 32), kThreads, 0, st>>>(
-        ptr<float>(D), cptr<TO>(out), cptr<TD>(dout), g0.B, g0.Tq, g0.NH, g0.HS);
-    LOOM_CUDA_LAUNCH_CHECK();
-  });
+  row_dot(ctx, D, out, dout, g0.B, g0.Tq, g0.NH, g0.HS);
   const bool vec = es == 2 && g0.HS % 8 == 0 && aligned16(g0.q) && aligned16(g0.kv) && aligned16(dout.raw());
   if (g0.Tk > 0) {
     Geo g = g0;
@@ -479,6 +473,21 @@ void launch_backward(const CudaContext& ctx, const Geo& g0, const Grads& gr, Ten
 }
 
 }  // namespace
+
+void row_dot(const CudaContext& ctx, TensorView D, TensorView out, TensorView dout, int64_t B, int64_t Tq,
+             int64_t NH, int64_t HS) {
+  const int64_t rows = B * Tq * NH;
+  if (rows == 0) return;
+  dispatch_float(out.dtype(), "[attention_backward] out", [&](auto to) {
+    using TO = decltype(to);
+    dispatch_float(dout.dtype(), "[attention_backward] dout", [&](auto td) {
+      using TD = decltype(td);
+      attention_rowdot_kernel<TO, TD><<<grid_for(rows * 32), kThreads, 0, ctx.compute_stream()>>>(
+          ptr<float>(D), cptr<TO>(out), cptr<TD>(dout), B, Tq, NH, HS);
+      LOOM_CUDA_LAUNCH_CHECK();
+    });
+  });
+}
 
 void forward(const CudaContext& ctx, const Problem& pb, TensorView out, TensorView lse) {
   if (pb.B == 0 || pb.Tq == 0) return;
@@ -514,99 +523,5 @@ void backward(const CudaContext& ctx, const Problem& pb, const Grads& gr, Tensor
 }
 
 }  // namespace attn_detail
-
-// ---- the whole-sequence op ----------------------------------------------------------------------------
-
-namespace {
-
-using attn_detail::Problem;
-
-// Validates as the CPU op does (src/backend/cpu/attention.cpp) and builds the problem.
-Problem whole_sequence(const CudaContext& ctx, TensorView qkv, const AttentionParams& p, TensorView segment_ids,
-                       const char* op) {
-  LOOM_CHECK(p.num_heads > 0 && p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0, "[", op,
-             "] expected num_heads to be a positive multiple of num_kv_heads, got ", p.num_heads, " and ",
-             p.num_kv_heads);
-  LOOM_CHECK(p.head_dim > 0 && p.head_dim <= attn_detail::kMaxHeadDim, "[", op, "] expected head_dim in [1, ",
-             attn_detail::kMaxHeadDim, "], got ", p.head_dim);
-  LOOM_CHECK(p.window == -1 || p.window > 0, "[", op, "] expected window -1 (unlimited) or > 0, got ", p.window);
-  LOOM_CHECK(p.causal || p.window == -1, "[", op, "] a sliding window needs causal attention");
-  LOOM_CHECK(p.dropout_p >= 0.0f && p.dropout_p < 1.0f, "[", op, "] expected dropout_p in [0, 1), got ",
-             p.dropout_p);
-  const DType dt = qkv.dtype();
-  LOOM_CHECK((dt == DType::kF32 || dt == DType::kBF16 || dt == DType::kF16) && qkv.ndim() == 3, "[", op,
-             "] expected qkv f32, bf16 or f16 (B, T, 3*C), got ", qkv.desc());
-  check_on_device(ctx, qkv, op, "qkv");
-  const int64_t G = p.num_heads / p.num_kv_heads;
-  const int64_t row = p.num_kv_heads * (G + 2) * p.head_dim;
-  LOOM_CHECK(qkv.size(2) == row, "[", op, "] expected qkv last dim NKV*(NH/NKV+2)*HS = ", row, ", got ",
-             qkv.desc());
-  Problem pb;
-  pb.q = qkv;
-  pb.kv = qkv;
-  pb.B = qkv.size(0);
-  pb.Tq = pb.Tk = qkv.size(1);
-  pb.NH = p.num_heads;
-  pb.NKV = p.num_kv_heads;
-  pb.HS = p.head_dim;
-  pb.kv_g = G;
-  pb.scale = p.softmax_scale;
-  pb.causal = p.causal;
-  pb.window = p.window;
-  if (segment_ids.defined()) {
-    const Shape want{pb.B, pb.Tq};
-    LOOM_CHECK(segment_ids.dtype() == DType::kI32 && segment_ids.shape() == want, "[", op,
-               "] expected i32 segment_ids (", pb.B, ", ", pb.Tq, "), got ", segment_ids.desc());
-    check_on_device(ctx, segment_ids, op, "segment_ids");
-    pb.q_seg = pb.k_seg = cptr<int32_t>(segment_ids);
-  }
-  pb.dropout_p = p.dropout_p;
-  pb.dropout_seed = p.dropout_seed;
-  pb.dropout_stream = p.dropout_stream;
-  pb.mask_len = uint64_t(pb.Tq);
-  return pb;
-}
-
-void check_same(const CudaContext& ctx, TensorView t, Shape s, DType dt, const char* op, const char* name) {
-  LOOM_CHECK(t.dtype() == dt && t.shape() == s, "[", op, "] expected ", name, " ", dtype_name(dt), s.str(), ", got ",
-             t.desc());
-  check_on_device(ctx, t, op, name);
-}
-
-}  // namespace
-
-void attention_forward(const CudaContext& ctx, TensorView out, TensorView lse, TensorView qkv,
-                       const AttentionParams& p, TensorView segment_ids) {
-  const char* op = "attention_forward";
-  const Problem pb = whole_sequence(ctx, qkv, p, segment_ids, op);
-  check_same(ctx, out, Shape{pb.B, pb.Tq, pb.NH * pb.HS}, qkv.dtype(), op, "out");
-  check_same(ctx, lse, Shape{pb.B, pb.NH, pb.Tq}, DType::kF32, op, "lse");
-  if (flash::eligible(pb, out)) {
-    flash::forward(ctx, pb, out, lse);
-    return;
-  }
-  attn_detail::forward(ctx, pb, out, lse);
-}
-
-void attention_backward(const CudaContext& ctx, TensorView dqkv, TensorView dout, TensorView qkv, TensorView out,
-                        TensorView lse, const AttentionParams& p, TensorView segment_ids) {
-  const char* op = "attention_backward";
-  const Problem pb = whole_sequence(ctx, qkv, p, segment_ids, op);
-  check_same(ctx, dqkv, qkv.shape(), qkv.dtype(), op, "dqkv");
-  check_same(ctx, out, Shape{pb.B, pb.Tq, pb.NH * pb.HS}, qkv.dtype(), op, "out");
-  check_same(ctx, dout, Shape{pb.B, pb.Tq, pb.NH * pb.HS}, qkv.dtype(), op, "dout");
-  check_same(ctx, lse, Shape{pb.B, pb.NH, pb.Tq}, DType::kF32, op, "lse");
-  if (flash::eligible(pb, out) && flash::eligible(pb, dqkv) && flash::eligible(pb, dout)) {
-    flash::backward(ctx, pb, dqkv, dout, out, lse);
-    return;
-  }
-  attn_detail::Grads gr;
-  gr.dq = gr.dkv = dqkv;
-  gr.dq_stride = gr.dkv_stride = qkv.size(2);
-  gr.dq_grouped = true;
-  gr.dkv_g = pb.NH / pb.NKV;
-  gr.accumulate = false;
-  attn_detail::backward(ctx, pb, gr, dout, out, lse);
-}
 
 }  // namespace loom::cuda

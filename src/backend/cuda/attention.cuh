@@ -73,5 +73,10 @@ struct Grads {
 void backward(const CudaContext& ctx, const Problem& pb, const Grads& g, TensorView dout, TensorView out,
               TensorView lse);
 
+// D (B, NH, Tq) f32 = rowsum(dout * out) for each (b, t, h) row of HS elements (out and dout (B, Tq, NH*HS),
+// f32 or 16-bit each): the D term of every attention backward. One warp per row, fixed order.
+void row_dot(const CudaContext& ctx, TensorView D, TensorView out, TensorView dout, int64_t B, int64_t Tq,
+             int64_t NH, int64_t HS);
+
 }  // namespace attn_detail
 }  // namespace loom::cuda
