@@ -2,7 +2,6 @@
 // cuda_device_count() and make_cuda_context(), which returns a context with the CUDA op table (CudaOps)
 // installed. Tests may construct a bare CudaContext directly (its ops() then refuses).
 #include "backend/cuda/cuda_context.cuh"
-#include "backend/cuda/embedding.cuh"
 
 #include "backend/cuda/cuda_ops.cuh"
 
@@ -13,6 +12,7 @@
 #include <cstring>
 
 #include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/embedding.cuh"
 
 namespace loom {
 

@@ -209,6 +209,28 @@ __device__ __forceinline__ float block_max(float v, float* shared) {
   return warp_max(r);
 }
 
+// Fixed-order column sums for gradient reductions over partials. Launch with blockDim (32, kColumnSumLanes)
+// and one block per 32 columns; column blockIdx.x * 32 + threadIdx.x of src (element (r, col) at
+// src[r * stride + col], rows [0, rows)). Lane y sums rows y, y + kColumnSumLanes, ... in order, then the
+// lanes' sums are added in lane order: deterministic, and the rows are read in parallel instead of one
+// dependent chain per column. Every thread of the block must call it; the total is returned to
+// threadIdx.y == 0 (other lanes get 0).
+constexpr int kColumnSumLanes = 16;
+template <typename Acc>
+__device__ Acc column_sum_fixed_order(const float* src, int64_t rows, int64_t stride, int64_t col, int64_t ncols) {
+  __shared__ Acc part[kColumnSumLanes][33];
+  Acc t = 0;
+  if (col < ncols)
+    for (int64_t r = threadIdx.y; r < rows; r += kColumnSumLanes) t += Acc(src[r * stride + col]);
+  part[threadIdx.y][threadIdx.x] = t;
+  __syncthreads();
+  Acc sum = 0;
+  if (threadIdx.y == 0)
+#pragma unroll
+    for (int r = 0; r < kColumnSumLanes; ++r) sum += part[r][threadIdx.x];
+  return sum;
+}
+
 // ---- launch helpers ---------------------------------------------------------------------------------------
 constexpr int kThreads = 256;
 constexpr int64_t kMaxGrid = 65536;  // grid-stride loops cover the rest

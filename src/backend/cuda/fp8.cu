@@ -253,13 +253,6 @@ void fp8_update_scaling(const CudaContext& ctx, TensorView amax_history, TensorV
   LOOM_CUDA_LAUNCH_CHECK();
 }
 
-namespace {
-__global__ void copy_scales_kernel(float* da, const float* a, float* db, const float* b) {
-  *da = *a;
-  *db = *b;
-}
-}  // namespace
-
 void fp8_gemm(const CudaContext& ctx, TensorView out, TensorView a, TensorView a_scale_inv, TensorView b,
               TensorView b_scale_inv, TensorView bias, bool accumulate) {
   constexpr const char* op = "fp8_gemm";
@@ -312,18 +305,6 @@ void fp8_gemm(const CudaContext& ctx, TensorView out, TensorView a, TensorView a
     g.b_type = a.dtype();
     g.a_scale = cptr<float>(b_scale_inv);
     g.b_scale = cptr<float>(a_scale_inv);
-    // cuBLASLt's FP8 kernels answer NOT_SUPPORTED at launch (after the heuristic accepted the problem) for
-    // a scale pointer that is not 16-byte aligned (seen with cuBLASLt 13.1 on an H200); the delayed-scaling
-    // state keeps its scales side by side, so such pointers are copied into an aligned scratch first.
-    Tensor scales;
-    if (!aligned_to(g.a_scale, 16) || !aligned_to(g.b_scale, 16)) {
-      scales = scratch(ctx, {8}, DType::kF32);
-      float* s = ptr<float>(scales);
-      copy_scales_kernel<<<1, 1, 0, ctx.compute_stream()>>>(s, g.a_scale, s + 4, g.b_scale);
-      LOOM_CUDA_LAUNCH_CHECK();
-      g.a_scale = s;
-      g.b_scale = s + 4;
-    }
     // FP8 cuBLASLt takes a bias of out's dtype only for 16-bit outputs (f32 outputs want a bf16 bias, which
     // the contract does not offer); an f32 bias is added in f32 after the product, before the rounding.
     const bool epilogue_bias = !bias.defined() || (out.dtype() != DType::kF32 && bias.dtype() == out.dtype());

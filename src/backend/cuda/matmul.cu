@@ -23,6 +23,7 @@
 #include <tuple>
 
 #include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/vec_io.cuh"
 
 namespace loom::cuda {
 
@@ -214,26 +215,13 @@ __global__ void colsum_partial_kernel(float* __restrict__ partial, const T* __re
   }
 }
 
-// dbias[col] = round(dbias[col] + sum of partial[c, col] over the chunks). Block (32 columns x
-// kFinalLanes lanes): lane r sums chunks r, r + kFinalLanes, ... in order, then the lanes' sums are added in
-// order: a fixed order (deterministic) with the chunks read in parallel instead of one dependent chain.
-constexpr int kFinalLanes = 16;
+// dbias[col] = round(dbias[col] + sum of partial[c, col] over the chunks) (f32, column_sum_fixed_order).
 template <typename TB>
 __global__ void colsum_final_kernel(TB* __restrict__ dbias, const float* __restrict__ partial, int64_t chunks,
                                     int64_t N) {
-  __shared__ float part[kFinalLanes][33];
   const int64_t col = int64_t(blockIdx.x) * 32 + threadIdx.x;
-  float s = 0.0f;
-  if (col < N)
-    for (int64_t c = threadIdx.y; c < chunks; c += kFinalLanes) s += partial[c * N + col];
-  part[threadIdx.y][threadIdx.x] = s;
-  __syncthreads();
-  if (threadIdx.y == 0 && col < N) {
-    float tot = 0.0f;
-#pragma unroll
-    for (int r = 0; r < kFinalLanes; ++r) tot += part[r][threadIdx.x];
-    dbias[col] = store<TB>(load(dbias[col]) + tot);
-  }
+  const float tot = column_sum_fixed_order<float>(partial, chunks, N, col, N);
+  if (threadIdx.y == 0 && col < N) dbias[col] = store<TB>(load(dbias[col]) + tot);
 }
 
 // dbias (N) += column sums of dout (M, N).
@@ -254,10 +242,16 @@ void column_sum_accumulate(const CudaContext& ctx, TensorView dbias, TensorView 
   });
   dispatch_float(dbias.dtype(), "[matmul_backward] dbias", [&](auto tag) {
     using TB = decltype(tag);
-    colsum_final_kernel<TB><<<unsigned((N + 31) / 32), dim3(32, kFinalLanes), 0, s>>>(ptr<TB>(dbias),
+    colsum_final_kernel<TB><<<unsigned((N + 31) / 32), dim3(32, kColumnSumLanes), 0, s>>>(ptr<TB>(dbias),
                                                                                     cptr<float>(partial), chunks, N);
     LOOM_CUDA_LAUNCH_CHECK();
   });
+}
+
+// The scales of an FP8 product, each (when given) copied to its own 16-byte-aligned slot.
+__global__ void copy_scales_kernel(float* da, const float* a, float* db, const float* b) {
+  if (a) *da = *a;
+  if (b) *db = *b;
 }
 
 // ---- argument checks (the CPU reference's rules and messages) ------------------------------------------------
@@ -289,8 +283,21 @@ DType compute_dtype(const char* op, TensorView t, const char* name) {
 
 namespace detail {
 
-bool lt_matmul(const CudaContext& ctx, const LtGemm& g, const char* op, bool allow_unsupported) {
+bool lt_matmul(const CudaContext& ctx, const LtGemm& g_in, const char* op, bool allow_unsupported) {
+  LtGemm g = g_in;
   const bool scaled = g.a_scale != nullptr || g.b_scale != nullptr;
+  // cuBLASLt's FP8 kernels answer NOT_SUPPORTED at launch (after the heuristic accepted the problem) for a
+  // scale pointer that is not 16-byte aligned (seen with cuBLASLt 13.1 on an H200); callers keep scales
+  // side by side (FP8 delayed-scaling state), so such pointers are copied into an aligned scratch first.
+  Tensor scales;
+  if (scaled && (!aligned16(g.a_scale) || !aligned16(g.b_scale))) {
+    scales = scratch(ctx, {8}, DType::kF32);
+    float* s = ptr<float>(scales);
+    copy_scales_kernel<<<1, 1, 0, ctx.compute_stream()>>>(s, g.a_scale, s + 4, g.b_scale);
+    LOOM_CUDA_LAUNCH_CHECK();
+    g.a_scale = g.a_scale ? s : nullptr;
+    g.b_scale = g.b_scale ? s + 4 : nullptr;
+  }
   const PlanKey key{ctx.index(),
                     g.m,
                     g.n,

@@ -260,26 +260,12 @@ __global__ void norm_backward_kernel(T* dinp, float* partials, const T* dout, co
   }
 }
 
-// grad[c] = round(grad[c] + Σ_blk partials[blk * stride + c]) with the sum in f64. Block (32 columns x
-// kSumLanes lanes): lane r sums blocks r, r + kSumLanes, ... in order, then lane 0 adds the lanes' sums in
-// order: a fixed order (deterministic), and kSumLanes-fold parallel over the blocks, so a column's sum is
-// not one thread's chain of up to 1024 dependent loads and adds.
-constexpr int kSumLanes = 16;
+// grad[c] = round(grad[c] + Σ_blk partials[blk * stride + c]) with the sum in f64 (column_sum_fixed_order).
 template <typename Gr>
 __global__ void add_partials_kernel(Gr* grad, const float* partials, int64_t nblocks, int64_t stride, int64_t C) {
-  __shared__ double part[kSumLanes][33];
   const int64_t c = int64_t(blockIdx.x) * 32 + threadIdx.x;
-  double t = 0.0;
-  if (c < C)
-    for (int64_t blk = threadIdx.y; blk < nblocks; blk += kSumLanes) t += double(partials[blk * stride + c]);
-  part[threadIdx.y][threadIdx.x] = t;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    double sum = 0.0;
-#pragma unroll
-    for (int r = 0; r < kSumLanes; ++r) sum += part[r][threadIdx.x];
-    grad[c] = store<Gr>(float(double(load(grad[c])) + sum));
-  }
+  const double sum = column_sum_fixed_order<double>(partials, nblocks, stride, c, C);
+  if (threadIdx.y == 0 && c < C) grad[c] = store<Gr>(float(double(load(grad[c])) + sum));
 }
 
 // ---- host side --------------------------------------------------------------------------------------
@@ -499,7 +485,7 @@ void add_partials(const CudaContext& ctx, TensorView grad, const float* partials
   if (!grad.defined()) return;
   dispatch_float(grad.dtype(), "[norm] parameter gradient", [&](auto tag) {
     using Gr = decltype(tag);
-    add_partials_kernel<Gr><<<unsigned((C + 31) / 32), dim3(32, kSumLanes), 0, ctx.compute_stream()>>>(
+    add_partials_kernel<Gr><<<unsigned((C + 31) / 32), dim3(32, kColumnSumLanes), 0, ctx.compute_stream()>>>(
         ptr<Gr>(grad), partials, nblocks, stride, C);
     LOOM_CUDA_LAUNCH_CHECK();
   });
