@@ -728,12 +728,7 @@ TrainResult Trainer::run() {
       ++result_.skipped_iterations;
       if (!std::isfinite(s.loss)) ++result_.nan_iterations;
     }
-    const bool save_due = !cfg_.checkpoint.save.empty() &&
-                          ((cfg_.checkpoint.save_interval && iteration_ % *cfg_.checkpoint.save_interval == 0) ||
-                           (cfg_.exit.exit_interval && iteration_ % *cfg_.exit.exit_interval == 0) ||
-                           (cfg_.exit.exit_signal_handler && g_signal.load() != 0));
-    if (iteration_ % cfg_.logging.log_interval == 0 || iteration_ == cfg_.batch.train_iters || save_due)
-      check_device_inputs();
+    if (iteration_ % cfg_.logging.log_interval == 0 || iteration_ == cfg_.batch.train_iters) check_device_inputs();
     training_log(s);
 
     if (iteration_ % cfg_.eval.eval_interval == 0)

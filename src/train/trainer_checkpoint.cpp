@@ -186,6 +186,7 @@ void Trainer::save_checkpoint() {
     log_ << " > no --save directory: not saving a checkpoint at iteration " << iteration_ << "\n";
     return;
   }
+  check_device_inputs();  // never write weights that a bad batch has made NaN
   if (distributed_) {
     save_checkpoint_sharded();
     return;

@@ -48,7 +48,7 @@ class Trainer {
   void evaluate_and_print(const std::string& prefix, bool test_set, bool periodic);
   void training_log(const StepOutcome& s);
   // Polls the device's input-error flags (an embedding's out-of-range id) and fails naming the iterations
-  // since the last poll; called at each log interval, before a save and at the end of training.
+  // since the last poll; called at each log interval, at the end of training and by save_checkpoint.
   void check_device_inputs();
   void write_tensorboard_step(const StepOutcome& s, double params_norm);
   // Checkpoints (trainer_checkpoint.cpp).

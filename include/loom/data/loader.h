@@ -8,10 +8,10 @@
 // Per-token extras follow Megatron's _get_ltor_masks_and_position_ids, with the attention mask given as
 // segment ids (key j is visible to query i iff j <= i and both have the same segment id).
 #pragma once
-#include <string>
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <span>
 
 #include "loom/core/tensor.h"
