@@ -17,8 +17,8 @@
 #                                              embedding's out-of-range check (--vocab-size 1000)
 #
 # The GPU build (build-gpu-pack/, Release): CUDA for LOOM_CUDA_ARCH only (default 90), no MPI and no NCCL
-# (single-process GPU runs: the GPU image has neither OpenMPI's runtime nor a libnccl this build links),
-# -march=x86-64-v3 for the host code (the GPU machine's CPU is not this one).
+# (single-process GPU runs; OpenMPI's runtime plugins and libnccl would have to travel too, and libnccl
+# alone is over 200 MB), -march=x86-64-v3 for the host code (the GPU machine's CPU is not this one).
 #
 # On the GPU machine (the device tool, carry ["out/gpuprebuilt.tar.xz"]):
 #   mkdir -p out/gpuprebuilt && tar -xJf out/gpuprebuilt.tar.xz -C out/gpuprebuilt &&
