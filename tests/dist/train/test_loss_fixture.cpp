@@ -1,0 +1,145 @@
+// The training-path fixture (issue 15): the per-iteration losses of a fixed list of runs — single process
+// FP32/BF16/FP16/FP8-emulated, full and selective recompute with dropout, and the distributed layouts —
+// recorded before the trainer was reshaped, so any refactor of the step, the model or the optimizer can
+// be checked to keep every loss bit for bit. Bits depend on the CPU's kernels (AVX-512/AMX vs AVX2
+// paths in oneDNN and Loom), so the fixture records the ISA it was made on and the test skips elsewhere.
+// Re-record (only for an intended numerical change, said so in the commit):
+//   LOOM_RECORD_LOSS_FIXTURE=1 ./build/tests/dist/test_dist_train --gtest_filter='LossFixture.*'
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "e2e/e2e_util.h"
+
+namespace loom::e2e {
+namespace {
+
+const char* kFixture = LOOM_SOURCE_DIR "/tests/golden/fixtures/train_losses.json";
+
+const std::string kModel =
+    "--num-layers 4 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --max-position-embeddings 16 "
+    "--micro-batch-size 2 --global-batch-size 8 --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine "
+    "--lr-warmup-iters 2 --clip-grad 1.0 --weight-decay 0.1 --mock-data --vocab-size 97 --log-interval 1 "
+    "--eval-iters 0 --seed 7 --train-iters 12 ";
+const std::string kGpt = kModel + "--hidden-dropout 0 --attention-dropout 0 ";
+const std::string kGptDropout = kModel + "--hidden-dropout 0.1 --attention-dropout 0.1 ";
+const std::string kLlama =
+    kModel + "--group-query-attention --num-query-groups 2 --normalization RMSNorm --swiglu --ffn-hidden-size 64 "
+             "--position-embedding-type rope --disable-bias-linear --untie-embeddings-and-output-weights "
+             "--hidden-dropout 0 --attention-dropout 0 ";
+
+struct FixtureRun {
+  const char* name;
+  int np;
+  std::string flags;
+};
+
+std::vector<FixtureRun> runs() {
+  return {
+      {"single_fp32_gpt", 1, kGpt},
+      {"single_fp32_llama", 1, kLlama},
+      {"single_bf16_gpt", 1, kGpt + "--bf16"},
+      {"single_bf16_llama", 1, kLlama + "--bf16"},
+      {"single_fp16_gpt", 1, kGpt + "--fp16 --initial-loss-scale 4096"},
+      {"single_fp16_fp32grads_gpt", 1, kGpt + "--fp16 --initial-loss-scale 4096 --accumulate-allreduce-grads-in-fp32"},
+      {"single_fp8_hybrid_gpt", 1, kGpt + "--bf16 --fp8-format hybrid --fp8-amax-history-len 4"},
+      {"single_dropout_gpt", 1, kGptDropout},
+      {"single_recompute_full_gpt", 1,
+       kGptDropout + "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1"},
+      {"single_recompute_selective_gpt", 1, kGptDropout + "--recompute-granularity selective"},
+      {"dp2_gpt", 2, kGpt},
+      {"dp2_bf16_gpt", 2, kGpt + "--bf16"},
+      {"dp2_zero3_gpt", 2, kGpt + "--data-parallel-sharding-strategy optim_grads_params"},
+      {"dp2_zero1_llama", 2, kLlama + "--use-distributed-optimizer"},
+      {"tp2_sp_gpt", 2, kGpt + "--tensor-model-parallel-size 2 --sequence-parallel"},
+      {"tp2_sp_llama", 2, kLlama + "--tensor-model-parallel-size 2 --sequence-parallel"},
+      {"pp2_interleaved_gpt", 2,
+       kGpt + "--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1"},
+      {"cp2_llama", 2, kLlama + "--context-parallel-size 2"},
+      {"tp2_pp2_gpt", 4, kGpt + "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2"},
+      {"tp2_pp2_dropout_fp16_gpt", 4,
+       kGptDropout + "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --fp16 --initial-loss-scale 4096"},
+  };
+}
+
+// The CPU features that choose Loom's and oneDNN's kernel paths.
+std::string isa_signature() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line, flags;
+  while (std::getline(f, line))
+    if (line.rfind("flags", 0) == 0) {
+      flags = line;
+      break;
+    }
+  std::set<std::string> have;
+  std::istringstream ss(flags);
+  for (std::string w; ss >> w;) have.insert(w);
+  std::string sig;
+  for (const char* k : {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_fp16", "amx_bf16",
+                        "amx_tile"})
+    if (have.count(k)) sig += std::string(sig.empty() ? "" : " ") + k;
+  return sig;
+}
+
+// The "lm loss" of every iteration as JSON (a number, or null where the loss was not finite).
+std::vector<nlohmann::json> run_losses(const FixtureRun& r) {
+  TempDir tmp("lossfix");
+  const std::string jsonl = tmp / "m.jsonl";
+  std::string cmd = r.np > 1 ? std::string(LOOM_MPIEXEC) +
+                                   " --allow-run-as-root --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 -np " +
+                                   std::to_string(r.np) + " "
+                             : std::string("OMP_NUM_THREADS=1 ");
+  cmd += std::string(LOOM_BINARY) + " train " + r.flags + " --metrics-jsonl " + jsonl + " >" + (tmp / "out") +
+         " 2>&1";
+  const int st = std::system(cmd.c_str());
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << cmd << "\n" << read_file(tmp / "out");
+  std::vector<nlohmann::json> out;
+  for (const std::string& line : lines_of(read_file(jsonl))) {
+    if (line.empty()) continue;
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("lm loss") && j.contains("consumed samples")) out.push_back(j["lm loss"]);
+  }
+  return out;
+}
+
+TEST(LossFixture, EveryRunKeepsItsLossesBitForBit) {
+  const bool record = std::getenv("LOOM_RECORD_LOSS_FIXTURE") != nullptr;
+  nlohmann::json fix;
+  if (!record) {
+    std::ifstream f(kFixture);
+    ASSERT_TRUE(f.good()) << kFixture;
+    fix = nlohmann::json::parse(f);
+    if (fix["isa"].get<std::string>() != isa_signature())
+      GTEST_SKIP() << "the fixture was recorded on a CPU with [" << fix["isa"].get<std::string>()
+                   << "], this one has [" << isa_signature() << "]: losses are bit-exact only on the same kernels";
+  } else {
+    fix["isa"] = isa_signature();
+    fix["runs"] = nlohmann::json::object();
+  }
+  for (const FixtureRun& r : runs()) {
+    const std::vector<nlohmann::json> got = run_losses(r);
+    ASSERT_EQ(got.size(), 12u) << r.name;
+    if (record) {
+      fix["runs"][r.name] = {{"np", r.np}, {"flags", r.flags}, {"losses", got}};
+      continue;
+    }
+    ASSERT_TRUE(fix["runs"].contains(r.name)) << r.name << " is not in " << kFixture;
+    EXPECT_EQ(fix["runs"][r.name]["flags"].get<std::string>(), r.flags) << r.name;
+    const nlohmann::json& want = fix["runs"][r.name]["losses"];
+    ASSERT_EQ(want.size(), got.size()) << r.name;
+    for (size_t i = 0; i < got.size(); ++i)  // doubles compare exactly (to_chars round-trips every bit)
+      EXPECT_EQ(got[i], want[i]) << r.name << ": iteration " << i + 1 << ": got " << got[i].dump() << ", recorded "
+                                 << want[i].dump();
+  }
+  if (record) {
+    std::ofstream(kFixture) << fix.dump(1) << "\n";
+    GTEST_SKIP() << "recorded " << kFixture;
+  }
+}
+
+}  // namespace
+}  // namespace loom::e2e
