@@ -196,9 +196,19 @@ struct DistributedOptimizer::Impl {
   template <typename View>
   double model_norm(View view) {
     double local = 0.0;
-    for (Chunk& ch : chunks)
+    for (Chunk& ch : chunks) {
+      // Without sharding, a chunk whose pieces all count tiles its whole flat buffer: one reduction over
+      // it (one device read-back instead of one per parameter; a world of one sums as plain AdamW would).
+      const bool all_count = std::all_of(ch.pieces.begin(), ch.pieces.end(), [](const Piece& p) { return p.count_in_norm; });
+      if (!sharded() && all_count) {
+        Piece whole;
+        whole.flat_end = ch.set->numel();
+        if (whole.flat_end > 0) local += ctx.ops().sum_squares(view(ch, whole));
+        continue;
+      }
       for (const Piece& p : ch.pieces)
         if (p.count_in_norm) local += ctx.ops().sum_squares(view(ch, p));
+    }
     const Communicator& group = sharded() ? ps.world() : ps.mp();
     return std::sqrt(group.all_reduce_scalar(local, ReduceOp::kSum));
   }
@@ -248,7 +258,9 @@ struct DistributedOptimizer::Impl {
     if (!sharded()) {
       TensorView g = bucket_grads(ch, b);
       if (ch.grad_shard.defined()) {  // f16 gradients: Adam reads an f32 copy
-        add_into(ch.grad_shard.view().slice_flat(b.begin, Shape{b.numel()}), g);
+        // Reduced once per step into a shard that step() (or start_step() after a skip) left at zero: a
+        // plain cast, exact and without add_into's f32 temporary of the bucket.
+        ctx.ops().cast(ch.grad_shard.view().slice_flat(b.begin, Shape{b.numel()}), g);
         ctx.ops().fill_(g, 0.0f);
       }
       return;

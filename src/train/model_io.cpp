@@ -124,6 +124,21 @@ std::string loom_checkpoint_dir(const std::string& dir) {
   return latest->dir;
 }
 
+using LoomTensors = std::vector<std::pair<std::string, Tensor>>;
+
+// The model weights of a Loom checkpoint (any layout, either format) as whole f32 tensors: every tensor
+// but the optimizer state and the FP8 scaling state.
+LoomTensors read_checkpoint_weights(const ShardedCheckpoint& ck) {
+  LoomTensors out;
+  const auto ends_with = [](const std::string& s, const std::string& x) {
+    return s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0;
+  };
+  for (const std::string& name : ck.tensor_names())
+    if (name.rfind("optimizer.", 0) != 0 && !ends_with(name, ".fp8_state"))
+      out.emplace_back(name, ck.read_full(name, DType::kF32));
+  return out;
+}
+
 json read_loom_metadata(const std::string& ckpt_dir) {
   const std::string path = ckpt_dir + "/metadata.json";
   const json meta = read_json_file(path, "checkpoint metadata");
@@ -161,7 +176,6 @@ void check_hf_shape(const HfCheckpoint& hf, const std::string& name, const Shape
     user_error("HF tensor '", name, "' in ", hf.dir(), " has dtype ", info.dtype_str, "; weights must be F32, BF16, F16 or F64");
 }
 
-using LoomTensors = std::vector<std::pair<std::string, Tensor>>;
 
 // Every check first, then the reads: the Loom parameters of `cfg` (f32, host) in GPTModel's order.
 LoomTensors import_hf(const HfCheckpoint& hf, const GPTConfig& cfg, std::ostream* log) {
@@ -468,13 +482,7 @@ void load_model_weights(const std::string& dir, ParameterSet& params, const HfIm
     source = "HF directory " + dir;
   } else {
     const std::string ck = loom_checkpoint_dir(dir);
-    const SafetensorsFile f = SafetensorsFile::open(ck + "/model.safetensors");
-    NamedTensors into;
-    for (const Parameter& p : params.all()) {
-      values.emplace_back(p.name, Tensor::empty(p.shape, DType::kF32));
-      into.emplace_back(p.name, values.back().second);
-    }
-    load_tensors_checked(f, into);
+    values = read_checkpoint_weights(ShardedCheckpoint::open(ck));
     source = "checkpoint " + ck;
   }
   std::map<std::string, const Tensor*> by_name;
@@ -537,9 +545,13 @@ void convert_hf_to_loom(const std::string& hf_dir, const std::string& loom_root,
       << ") to a Loom checkpoint in " << loom_root << "\n";
   const LoomTensors values = import_hf(hf, cfg, &log);
   int64_t numel = 0;
-  NamedTensors named;
+  std::vector<TensorPiece> pieces;  // the sharded format of a world of one: each tensor one whole piece
   for (const auto& [name, t] : values) {
-    named.emplace_back(name, t);
+    TensorPiece piece;
+    piece.name = name;
+    piece.global_shape = t.shape();
+    piece.data = t;
+    pieces.push_back(std::move(piece));
     numel += t.numel();
   }
   LOOM_CHECK(numel == cfg.num_parameters(), "[convert] ", numel, " converted values, config implies ",
@@ -554,15 +566,12 @@ void convert_hf_to_loom(const std::string& hf_dir, const std::string& loom_root,
   meta["consumed_tokens"] = 0;
   meta["model_config"] = model_config_json(cfg);
   meta["precision"] = "fp32";
-  meta["files"] = {{"model", "model.safetensors"}};
   json src = {{"format", "huggingface"}, {"model_type", hf.config().model_type}, {"dir", hf_dir}};
   if (hf.config().bos_token_id) src["bos_token_id"] = *hf.config().bos_token_id;
   if (!hf.config().eos_token_ids.empty()) src["eos_token_ids"] = hf.config().eos_token_ids;
   meta["converted_from"] = src;
-  const std::string staging = begin_checkpoint(loom_root, 0);
-  write_checkpoint_tensors(staging, "model.safetensors", named, {{"format", "pt"}});
-  write_checkpoint_text(staging, "metadata.json", meta.dump(2) + "\n");
-  commit_checkpoint(loom_root, 0);
+  save_sharded_checkpoint(loom_root, 0, pieces, R"({"tp":1,"pp":1,"cp":1,"dp":1,"sharding":"no_shard"})",
+                          meta.dump(), /*rank=*/0, /*world_size=*/1, [] {});
   log << "wrote " << checkpoint_dir(loom_root, 0) << ": " << values.size() << " parameters, " << numel
       << " values (vocabulary " << cfg.vocab_size << " padded to " << cfg.padded_vocab_size
       << "); train from it with `loom train --load " << loom_root << " --finetune ...`\n";
@@ -584,16 +593,10 @@ void convert_loom_to_hf(const std::string& loom_dir, const std::string& hf_dir, 
       for (const json& id : src["eos_token_ids"])
         if (id.is_number_integer()) opts.eos_token_ids.push_back(id.get<int64_t>());
   }
-  const std::string file = ck + "/model.safetensors";
-  const SafetensorsFile f = SafetensorsFile::open(file);
-  std::vector<Tensor> tensors;
+  const std::string file = ck + "/metadata.json";
+  const LoomTensors tensors = read_checkpoint_weights(ShardedCheckpoint::open(ck));
   std::map<std::string, TensorView> loom;
-  for (const std::string& name : f.names()) {
-    if (f.info(name).dtype_str != "F32")
-      user_error(file, ": '", name, "' is ", f.info(name).dtype_str, "; Loom checkpoints hold F32 master weights");
-    tensors.push_back(f.read(name));
-    loom[name] = tensors.back();
-  }
+  for (const auto& [name, t] : tensors) loom[name] = t;
   log << "converting Loom checkpoint " << ck << " (" << loom.size() << " parameters) to a Hugging Face "
       << (hf_family_for(cfg) == HfFamily::kGPT2 ? "gpt2" : cfg.window_size_left >= 0 ? "mistral" : "llama")
       << " model in " << hf_dir << " (" << torch_dtype_name(opts.dtype) << ")\n";

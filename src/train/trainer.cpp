@@ -40,19 +40,6 @@ std::string now_string() {
   return buf;
 }
 
-// Coalesces consecutive parameters with the same weight-decay flag into ranges of the flat buffer.
-std::vector<ParamRange> param_ranges(const ParameterSet& ps) {
-  std::vector<ParamRange> out;
-  for (const Parameter& p : ps.all()) {
-    const bool wd = !p.no_weight_decay;
-    if (!out.empty() && out.back().weight_decay == wd && out.back().offset + out.back().numel == p.offset)
-      out.back().numel += p.shape.numel();
-    else
-      out.push_back({p.offset, p.shape.numel(), wd});
-  }
-  return out;
-}
-
 int64_t max_rss_bytes() {
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
@@ -254,25 +241,7 @@ void Trainer::build_model() {
          << amax_compute_algo_name(mo.fp8->amax_compute_algo) << "), weight gradients "
          << (mo.fp8->wgrad ? "in fp8" : "in " + std::string(dtype_name(mo.compute_dtype)))
          << (ctx_->device().is_cpu() ? "; emulated on the CPU (quantise, dequantise, f32 GEMM)" : "") << "\n";
-  if (distributed_) {
-    build_model_distributed();
-  } else {
-  model_ = std::make_unique<GPTModel>(cfg_.model, *ctx_, mo);
-  model_->initialize(cfg_.seed);
-  ParameterSet& params = model_->params();
-  log_ << " > number of parameters on (tensor, pipeline) model parallel rank (0, 0): " << params.numel() << "\n";
-  if (cfg_.precision.bf16 || cfg_.precision.fp16)
-    log_ << " > mixed precision: " << (cfg_.precision.bf16 ? "bf16" : "fp16")
-         << " compute, fp32 master weights and optimizer state, " << dtype_name(mo.grad_dtype) << " main grads\n";
-  if (!cfg_.recompute.granularity.empty())
-    log_ << " > activation recomputation: " << cfg_.recompute.granularity
-         << (cfg_.recompute.granularity == "full"
-                 ? " (" + cfg_.recompute.method + ", " + std::to_string(*cfg_.recompute.num_layers) + " layers)"
-                 : std::string())
-         << "\n";
-  if (mo.grad_dtype != DType::kF32) main_grads_ = ctx_->empty({params.numel()}, DType::kF32);
-  adamw_ = std::make_unique<AdamW>(*ctx_, params.numel(), param_ranges(params), cfg_.optim.adam);
-  }
+  build_model_chunks(mo);
 
   // Megatron's get_optimizer_param_scheduler, in samples.
   SchedulerConfig sc;
@@ -329,7 +298,8 @@ GPTBatch Trainer::to_model_batch(const Batch& b) const {
   if (batch_opts_.reset_position_ids) gb.position_ids = b.position_ids;
   if (batch_opts_.reset_attention_mask) gb.segment_ids = b.segment_ids;
   if (ctx_->device().is_cpu()) return gb;
-  // One micro-batch in flight at a time on the device (single-process path): reuse the staging tensors.
+  // One micro-batch in flight at a time on the device (one pipeline stage: forward then backward of each
+  // micro-batch, GPU runs being single-process for now): reuse the staging tensors.
   TensorView* fields[5] = {&gb.tokens, &gb.targets, &gb.loss_mask, &gb.position_ids, &gb.segment_ids};
   for (int i = 0; i < 5; ++i) {
     const TensorView src = *fields[i];
@@ -355,111 +325,13 @@ float Trainer::micro_batch_dloss(const Batch& b, double loss_scale) const {
   return mask_sum > 0 ? float(loss_scale / (mask_sum * double(nmb_))) : 0.0f;
 }
 
-Trainer::StepOutcome Trainer::train_step() {
-  if (distributed_) return train_step_distributed();
-  const OpTable& ops = ctx_->ops();
-  ParameterSet& params = model_->params();
-  StepOutcome out;
-  out.loss_scale = scaler_ ? scaler_->scale() : 1.0;
-  out.lr = sched_->lr();
-
-  timers_.start("forward-backward", 1);
-  model_->fp8_begin_step();
-  double loss_sum = 0;
-  for (int64_t mb = 0; mb < nmb_; ++mb) {
-    timers_.start("batch-generator", 2);
-    std::optional<Batch> batch = train_loader_->next();
-    timers_.stop("batch-generator");
-    LOOM_CHECK(batch.has_value(), "[trainer] the training data ran out at iteration ", iteration_ + 1);
-    const GPTBatch gb = to_model_batch(*batch);
-    const float dloss = micro_batch_dloss(*batch, out.loss_scale);
-    ForwardOptions fo;
-    fo.training = true;
-    fo.dropout_seed = dropout_seed_;
-    fo.micro_batch_index = micro_batches_done_++;
-    timers_.start("forward-compute", 2);
-    loss_sum += model_->forward(gb, dloss, fo);
-    timers_.stop("forward-compute");
-    timers_.start("backward-compute", 2);
-    if (dloss != 0.0f) model_->backward(gb);
-    timers_.stop("backward-compute");
-  }
-  fp8_after_backward();
-  timers_.stop("forward-backward");
-  out.loss = loss_sum / double(nmb_);
-
-  // Optimizer: Megatron's MixedPrecisionOptimizer.step.
-  timers_.start("optimizer", 1);
-  TensorView main = params.grads();
-  if (main_grads_.defined()) {
-    timers_.start("optimizer-copy-to-main-grad", 1);
-    ops.cast(main_grads_, params.grads());
-    params.zero_grads(*ctx_);
-    main = main_grads_;
-    timers_.stop("optimizer-copy-to-main-grad");
-  }
-  if (scaler_) {
-    timers_.start("optimizer-unscale-and-check-inf", 1);
-    ops.scale_(main, scaler_->inv_scale());
-    timers_.stop("optimizer-unscale-and-check-inf");
-  }
-  timers_.start("optimizer-clip-main-grad", 1);
-  const double norm = global_grad_norm(*ctx_, main, ps_->model_and_dp());
-  timers_.stop("optimizer-clip-main-grad");
-  // The norm is the inf/NaN check: any inf or NaN gradient makes the f64 sum of squares non-finite, and
-  // finite f32 values cannot overflow it. Without a loss scaler (fp32, bf16) a non-finite norm also
-  // skips the update instead of writing NaN into the weights.
-  const bool found_inf = !std::isfinite(norm);
-  if (scaler_) scaler_->update(found_inf);
-  if (found_inf) {
-    ops.fill_(main, 0.0f);  // the f16 model grads were already zeroed when copied to main_grads_
-    out.skipped = true;
-    out.grad_norm = NAN;
-  } else {
-    timers_.start("optimizer-inner-step", 1);
-    adamw_->step(params.values(), main, float(sched_->lr()), float(sched_->wd()),
-                 clip_coefficient(norm, float(cfg_.optim.clip_grad)), /*zero_grads=*/true);
-    timers_.stop("optimizer-inner-step");
-    timers_.start("optimizer-copy-main-to-model-params", 1);
-    params.sync_compute(*ctx_);
-    timers_.stop("optimizer-copy-main-to-model-params");
-    sched_->step(gbs_);
-    out.grad_norm = norm;
-  }
-  timers_.stop("optimizer");
-  return out;
-}
-
 double Trainer::evaluate(const std::shared_ptr<const SampleDataset>& ds, int64_t& consumed_samples) {
   // FP8: the weights changed since the last step's quantisation, and evaluation amaxes must not steer
   // the training scales.
   for (GPTModel* m : models()) m->fp8_begin_step();
-  const double loss =
-      distributed_ ? evaluate_distributed(ds, consumed_samples) : evaluate_single(ds, consumed_samples);
+  const double loss = evaluate_pipeline(ds, consumed_samples);
   for (GPTModel* m : models()) m->fp8_discard_amaxes();
   return loss;
-}
-
-double Trainer::evaluate_single(const std::shared_ptr<const SampleDataset>& ds, int64_t& consumed_samples) {
-  LoaderConfig lc = loader_config(consumed_samples);
-  lc.prefetch_depth = 0;
-  lc.role = ds == test_ds_ ? "test" : "validation";
-  Loader loader(ds, lc);
-  double total = 0;
-  int64_t count = 0;
-  for (int64_t it = 0; it < cfg_.eval.eval_iters; ++it) {
-    for (int64_t mb = 0; mb < nmb_; ++mb) {
-      std::optional<Batch> batch = loader.next();
-      if (!batch) user_error("the evaluation data (", ds->description(), ") ran out after ", count,
-                             " micro-batches; it was sized for --eval-iters ", cfg_.eval.eval_iters);
-      ForwardOptions fo;
-      fo.training = false;
-      total += model_->forward(to_model_batch(*batch), 0.0f, fo);
-      ++count;
-    }
-    consumed_samples += gbs_;
-  }
-  return total / double(count);
 }
 
 void Trainer::evaluate_and_print(const std::string& prefix, bool test_set, bool periodic) {
@@ -588,7 +460,7 @@ void Trainer::training_log(const StepOutcome& s) {
                 ps_->rank(), (long long)iteration_, double(m.current_bytes - base_bytes_) / 1048576.0,
                 double(m.peak_bytes - base_bytes_) / 1048576.0, double(m.reserved_bytes - base_bytes_) / 1048576.0, double(max_rss_bytes()) / 1048576.0);
     // ZeRO-2/3 allocate gradient buckets and gathered parameters around each use: their peak so far.
-    if (distributed_ && dopt_->sharding() != ShardingStrategy::kNone)
+    if (dopt_->sharding() != ShardingStrategy::kNone)
       log_ << fmt("[Rank %d] (after %lld iterations) ZeRO bucket buffers (MB) | max allocated: %.1f\n", ps_->rank(),
                   (long long)iteration_, double(dopt_->memory().buffers_peak) / 1048576.0);
     memory_reported_ = true;
@@ -636,7 +508,6 @@ std::string Trainer::communication_block() {
 
 std::vector<GPTModel*> Trainer::models() const {
   std::vector<GPTModel*> out;
-  if (model_) out.push_back(model_.get());
   for (const auto& m : chunks_) out.push_back(m.get());
   return out;
 }
@@ -655,13 +526,10 @@ NamedTensors Trainer::fp8_state_tensors(std::vector<Tensor>& holder) const {
 void Trainer::fp8_after_backward() {
   // Tensor-parallel ranks hold shards of one tensor, DP x CP ranks replicas of it (or of its tokens): one
   // scale for all of them, from the max of their amaxes.
-  std::vector<const Communicator*> groups;
-  if (distributed_) groups = {&ps_->tp(), &ps_->dp_cp()};
-  for (GPTModel* m : models()) m->fp8_update_scaling(groups);
+  for (GPTModel* m : models()) m->fp8_update_scaling({&ps_->tp(), &ps_->dp_cp()});
 }
 
 double Trainer::params_norm() const {
-  if (!distributed_) return std::sqrt(ctx_->ops().sum_squares(model_->params().values()));
   // The master weights (sharded or not), replicas counted once; collective over the world.
   return dopt_->param_norm();
 }

@@ -1,9 +1,12 @@
 // Trainer checkpoints: --save/--load/--save-interval/--no-save-optim/--no-save-rng/--no-load-optim/
-// --no-load-rng/--finetune in Megatron's directory layout (ckpt/checkpoint.h), with no pickles:
-//   iter_0000100/metadata.json        format, Loom version, iteration, consumed samples/tokens, the model
-//                                      config, precision, scheduler, loss-scaler and RNG state
-//   iter_0000100/model.safetensors     FP32 master weights under Megatron's parameter names
-//   iter_0000100/optimizer.safetensors Adam exp_avg / exp_avg_sq per parameter ("<name>.exp_avg", ...)
+// --no-load-rng/--finetune in Megatron's directory layout (ckpt/checkpoint.h), with no pickles, in one
+// format for every layout (a single process is a world of one; ckpt/sharded.h):
+//   iter_0000100/metadata.json          format, Loom version, iteration, consumed samples/tokens, the model
+//                                        config, precision, scheduler, loss-scaler and RNG state, the layout
+//   iter_0000100/shard_00000.safetensors one per rank: its pieces of the FP32 master weights (Megatron's
+//                                        parameter names), of the Adam moments ("optimizer.exp_avg.<name>")
+//                                        and the FP8 scaling state, each with its place in the global tensor
+// Any checkpoint loads into any layout (resharding), the single-file format of Loom 0.1.0 included.
 // Resume is bit-exact: the master weights, Adam moments and step, the scheduler's sample count, the
 // loss scaler, the data position (consumed samples: the loader is a pure function of it) and the dropout
 // RNG (Philox keyed by seed and micro-batch counter) are all restored, and the compute copy of the
@@ -102,52 +105,49 @@ T get_field(const json& j, const char* key, const std::string& file) {
   }
 }
 
-NamedTensors model_tensors(ParameterSet& ps) {
-  NamedTensors out;
-  for (const Parameter& p : ps.all()) out.emplace_back(p.name, p.value);
-  return out;
+std::string fmt_ms(double ms) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f", ms);
+  return b;
 }
 
-NamedTensors optimizer_tensors(ParameterSet& ps, AdamW& adam) {
-  NamedTensors out;
-  for (const Parameter& p : ps.all()) {
-    out.emplace_back(p.name + ".exp_avg", adam.exp_avg_mut().slice_flat(p.offset, p.shape));
-    out.emplace_back(p.name + ".exp_avg_sq", adam.exp_avg_sq_mut().slice_flat(p.offset, p.shape));
+// The box of a parameter this rank holds: the whole tensor, or its TP ranges along partition_dim.
+TensorPiece param_box(const Parameter& p, const std::string& name) {
+  TensorPiece t;
+  t.name = name;
+  t.global_shape = p.global_shape;
+  if (!p.shard.empty()) {
+    t.partition_dim = p.partition_dim;
+    for (const ShardRange& r : p.shard) t.ranges.push_back({r.start, r.size});
   }
-  return out;
+  return t;
 }
 
-// Checkpoint files are written from and read into host memory: device-resident tensors go through host
-// copies (holder keeps them alive). Host tensors are used in place.
-NamedTensors host_views(const DeviceContext& ctx, const NamedTensors& tensors, std::vector<Tensor>& holder,
-                        bool fill) {
-  NamedTensors out;
-  holder.clear();
-  holder.reserve(tensors.size());
-  for (const auto& [name, t] : tensors) {
-    if (t.device().is_cpu()) {
-      out.emplace_back(name, t);
-      continue;
-    }
-    holder.push_back(Tensor::empty(t.shape(), t.dtype()));
-    if (fill) ctx.copy(holder.back(), t);
-    out.emplace_back(name, holder.back());
+// Who saves a replicated piece: one rank per distinct box. Model parameters are replicated over DP and CP
+// (unless ZeRO-3 shards them: then the optimizer's flat ranges are the pieces), over TP for unsharded
+// ones; the last stage's copy of the tied embedding is never saved.
+bool saves_model_piece(const ParallelState& ps, const Parameter& p) {
+  if (p.tied_embedding_copy) return false;
+  if (p.shard.empty() && ps.tp_rank() != 0) return false;
+  return ps.dp_rank() == 0 && ps.cp_rank() == 0;
+}
+
+// Checkpoint pieces are written from and read into host memory: a device-resident piece is replaced by a
+// host tensor (kept alive by `holder`), filled from the device when `fill` (saving).
+std::vector<size_t> stage_on_host(const DeviceContext& ctx, std::vector<TensorPiece>& pieces,
+                                  std::vector<Tensor>& holder, std::vector<TensorView>& device, bool fill) {
+  std::vector<size_t> staged;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    TensorPiece& t = pieces[i];
+    if (!t.data.defined() || t.data.device().is_cpu()) continue;
+    holder.push_back(Tensor::empty(t.data.shape(), t.data.dtype()));
+    if (fill) ctx.copy(holder.back(), t.data);
+    device.push_back(t.data);
+    t.data = holder.back();
+    staged.push_back(i);
   }
-  return out;
-}
-
-void save_tensors(const DeviceContext& ctx, const std::string& staging, const std::string& file,
-                  const NamedTensors& tensors) {
-  std::vector<Tensor> holder;
-  write_checkpoint_tensors(staging, file, host_views(ctx, tensors, holder, /*fill=*/true), {{"format", "pt"}});
-}
-
-void load_tensors(const DeviceContext& ctx, const SafetensorsFile& f, const NamedTensors& into) {
-  std::vector<Tensor> holder;
-  const NamedTensors host = host_views(ctx, into, holder, /*fill=*/false);
-  load_tensors_checked(f, host);
-  for (size_t i = 0; i < into.size(); ++i)
-    if (!into[i].second.device().is_cpu()) ctx.copy(into[i].second, host[i].second);
+  if (fill && !staged.empty()) ctx.synchronize();
+  return staged;
 }
 
 }  // namespace
@@ -165,19 +165,15 @@ std::string Trainer::metadata_json() const {
   j["seq_length"] = T_;
   j["model_config"] = model_config_json(cfg_.model);
   j["precision"] = cfg_.precision.bf16 ? "bf16" : cfg_.precision.fp16 ? "fp16" : "fp32";
-  if (!distributed_) j["files"] = {{"model", "model.safetensors"}};
   if (!cfg_.checkpoint.no_save_optim) {
-    if (!distributed_) j["files"]["optimizer"] = "optimizer.safetensors";
-    j["optimizer"] = {{"type", "adamw"}, {"step", distributed_ ? dopt_->num_steps() : adamw_->num_steps()}};
+    j["optimizer"] = {{"type", "adamw"}, {"step", dopt_->num_steps()}};
     j["opt_param_scheduler"] = json::parse(sched_->state().to_json());
     if (scaler_) j["grad_scaler"] = json::parse(scaler_->state().to_json());
   }
   if (!cfg_.checkpoint.no_save_rng)
     j["rng"] = {{"generator", "philox4x32-10"}, {"dropout_seed", dropout_seed_}, {"micro_batches", micro_batches_done_}};
-  if (const std::optional<Fp8Recipe> r = cfg_.precision.fp8_recipe()) {
+  if (const std::optional<Fp8Recipe> r = cfg_.precision.fp8_recipe())
     j["fp8"] = {{"format", fp8_format_name(r->format)}, {"amax_history_len", r->amax_history_len}};
-    if (!distributed_) j["files"]["fp8"] = "fp8_state.safetensors";
-  }
   return j.dump(2) + "\n";
 }
 
@@ -187,28 +183,105 @@ void Trainer::save_checkpoint() {
     return;
   }
   check_device_inputs();  // never write weights that a bad batch has made NaN
-  if (distributed_) {
-    save_checkpoint_sharded();
-    return;
-  }
   const auto t0 = std::chrono::steady_clock::now();
   const std::string& root = cfg_.checkpoint.save;
-  log_ << "saving checkpoint at iteration " << std::setw(7) << iteration_ << " to " << root << "\n" << std::flush;
-  ParameterSet& ps = model_->params();
-  const std::string staging = begin_checkpoint(root, iteration_);
-  save_tensors(*ctx_, staging, "model.safetensors", model_tensors(ps));
-  if (!cfg_.checkpoint.no_save_optim)
-    save_tensors(*ctx_, staging, "optimizer.safetensors", optimizer_tensors(ps, *adamw_));
-  if (model_->fp8()) {
-    std::vector<Tensor> holder;
-    write_checkpoint_tensors(staging, "fp8_state.safetensors", fp8_state_tensors(holder), {{"format", "pt"}});
+  log_ << "saving checkpoint at iteration " << std::setw(7) << iteration_ << " to " << root << " ("
+       << ps_->world_size() << (ps_->world_size() == 1 ? " rank)\n" : " ranks)\n") << std::flush;
+  // With any ZeRO strategy the weights are saved from the masters each rank owns (flat ranges): a 16-bit
+  // run's full f32 values exist nowhere else. Without sharding, from the model's full values.
+  const bool from_masters = sharding_strategy() != ShardingStrategy::kNone;
+  std::vector<TensorPiece> pieces;
+  // Optimizer state is saved by whoever owns it; without sharding every data-parallel replica owns all
+  // of it, so only the first one saves.
+  const bool owner_saves = from_masters || (ps_->dp_rank() == 0 && ps_->cp_rank() == 0);
+  for (const StateShard& s : dopt_->state_shards()) {
+    const Parameter& p = *s.param;
+    if (p.tied_embedding_copy || (p.shard.empty() && ps_->tp_rank() != 0) || !owner_saves) continue;
+    auto add = [&](const std::string& name, TensorView v) {
+      TensorPiece t = param_box(p, name);
+      t.flat_begin = s.begin;
+      t.flat_end = s.end;
+      t.data = v;
+      pieces.push_back(std::move(t));
+    };
+    if (from_masters) add(p.name, s.master);
+    if (!cfg_.checkpoint.no_save_optim) {
+      add("optimizer.exp_avg." + p.name, s.exp_avg);
+      add("optimizer.exp_avg_sq." + p.name, s.exp_avg_sq);
+    }
   }
-  write_checkpoint_text(staging, "metadata.json", metadata_json());
-  commit_checkpoint(root, iteration_);
+  if (!from_masters)
+    for (const auto& m : chunks_)
+      for (const Parameter& p : m->params().all()) {
+        if (!saves_model_piece(*ps_, p)) continue;
+        TensorPiece t = param_box(p, p.name);
+        t.data = p.value;
+        pieces.push_back(std::move(t));
+      }
+  // FP8 scaling state: identical on the TP and DP x CP replicas after the amax reduction; one rank of
+  // them saves it, under per-layer names (any layout reads it back).
+  std::vector<Tensor> fp8_holder;
+  if (ps_->tp_rank() == 0 && ps_->dp_rank() == 0 && ps_->cp_rank() == 0)
+    for (const auto& [name, view] : fp8_state_tensors(fp8_holder)) {
+      TensorPiece t;
+      t.name = name;
+      t.global_shape = view.shape();
+      t.data = view;
+      pieces.push_back(std::move(t));
+    }
+  std::vector<Tensor> host;
+  std::vector<TensorView> device;
+  stage_on_host(*ctx_, pieces, host, device, /*fill=*/true);
+  const std::string layout = "{\"tp\":" + std::to_string(ps_->tp_size()) + ",\"pp\":" + std::to_string(ps_->pp_size()) +
+                             ",\"cp\":" + std::to_string(ps_->cp_size()) + ",\"dp\":" + std::to_string(ps_->dp_size()) +
+                             ",\"sharding\":\"" + sharding_strategy_name(sharding_strategy()) + "\"}";
+  save_sharded_checkpoint(root, iteration_, pieces, layout, metadata_json(), ps_->world());
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   log_ << "  successfully saved checkpoint from iteration " << std::setw(7) << iteration_ << " to " << root
-       << " [ t " << std::fixed << std::setprecision(1) << ms << " ms ]\n"
-       << std::defaultfloat << std::flush;
+       << " [ t " << fmt_ms(ms) << " ms ]\n" << std::flush;
+}
+
+void Trainer::load_fp8_state(const ShardedCheckpoint& ck) {
+  for (GPTModel* m : models())
+    for (int s = 0; s < m->fp8_num_sites(); ++s)
+      if (ck.contains(m->fp8_state_name(s))) m->fp8_set_state(s, ck.read_full(m->fp8_state_name(s), DType::kF32));
+}
+
+void Trainer::load_checkpoint_pieces(const ShardedCheckpoint& ck, bool load_optim) {
+  std::vector<TensorPiece> targets;
+  // Weights: every parameter value this rank has (ZeRO-3: none), and the master shards.
+  for (const auto& m : chunks_)
+    for (const Parameter& p : m->params().all()) {
+      if (!p.value.defined()) continue;
+      TensorPiece t = param_box(p, p.name);
+      t.data = p.value;
+      targets.push_back(std::move(t));
+    }
+  for (const StateShard& s : dopt_->state_shards()) {
+    const Parameter& p = *s.param;
+    auto add = [&](const std::string& name, TensorView v) {
+      TensorPiece t = param_box(p, name);
+      t.flat_begin = s.begin;
+      t.flat_end = s.end;
+      t.data = v;
+      targets.push_back(std::move(t));
+    };
+    // The masters (views of the weights or a shard of their own): filled from the same saved tensor.
+    if (s.master.defined()) add(p.name, s.master);
+    if (load_optim) {
+      add("optimizer.exp_avg." + p.name, s.exp_avg);
+      add("optimizer.exp_avg_sq." + p.name, s.exp_avg_sq);
+    }
+  }
+  std::vector<Tensor> host;
+  std::vector<TensorView> device;
+  const std::vector<size_t> staged = stage_on_host(*ctx_, targets, host, device, /*fill=*/false);
+  ck.read(targets);
+  for (size_t k = 0; k < staged.size(); ++k) ctx_->copy(device[k], targets[staged[k]].data);
+  load_fp8_state(ck);
+  dopt_->sync_params_from_masters();
+  for (const auto& m : chunks_)
+    if (m->params().storage() == ParamStorage::kFull) m->sync_compute();
 }
 
 void Trainer::load_checkpoint() {
@@ -218,7 +291,7 @@ void Trainer::load_checkpoint() {
     if (!cfg_.checkpoint.finetune)
       user_error("--load ", dir, " is a Hugging Face model directory (config.json), which holds weights only; add "
                  "--finetune to start from them at iteration 0");
-    if (distributed_)
+    if (chunks_.size() != 1 || distributed_)
       user_error("--load ", dir, ": Hugging Face weights load into a single process; run `loom train --finetune` "
                  "with one process and --save, then launch the distributed run with --load on that checkpoint");
     log_ << " loading Hugging Face model from " << dir << "\n";
@@ -228,8 +301,9 @@ void Trainer::load_checkpoint() {
     opts.rotary_interleaved = cfg_.model.rotary_interleaved;
     opts.log = &log_;
     opts.ctx = ctx_.get();
-    load_model_weights(dir, model_->params(), opts);
-    model_->sync_compute();
+    GPTModel& model = *chunks_.front();
+    load_model_weights(dir, model.params(), opts);
+    dopt_->sync_params_from_masters();
     log_ << " > --finetune: loaded the weights only; starting at iteration 0\n"
          << "  successfully loaded Hugging Face model from " << dir << " at iteration 0\n";
     return;
@@ -250,14 +324,6 @@ void Trainer::load_checkpoint() {
   if (version > kFormatVersion)
     user_error(meta_path, " has format_version ", version, "; this Loom reads up to ", kFormatVersion);
   check_model_config(get_field<json>(meta, "model_config", meta_path), cfg_.model, meta_path, cfg_.checkpoint.finetune);
-  // Distributed checkpoints (one shard file per rank, any layout) load through the resharding reader,
-  // into any layout (a single process included); a distributed run cannot read the single-file format
-  // (convert it with a single-process run first).
-  const bool sharded = meta.contains("sharded_checkpoint");
-  if (distributed_ && !sharded)
-    user_error("checkpoint ", dir, " was saved by a single process (model.safetensors); a distributed run loads "
-               "sharded checkpoints only: resume it once with one process and --save, or use --finetune after "
-               "`loom convert` to Hugging Face");
   if (models().front()->fp8() != meta.contains("fp8"))
     log_ << " > note: checkpoint " << dir << (meta.contains("fp8") ? " holds FP8 scaling state, which this run (no "
             "--fp8-format) does not use" : " has no FP8 scaling state: the FP8 scales start at 1") << "\n";
@@ -271,20 +337,9 @@ void Trainer::load_checkpoint() {
   if (load_optim && !meta.contains("optimizer"))
     user_error("checkpoint ", dir, " holds no optimizer state (saved with --no-save-optim); pass --no-load-optim "
                "to resume with a fresh optimizer, or --finetune");
-  if (sharded) {
-    load_checkpoint_sharded(dir);  // weights, and the Adam state when load_optim
-  } else {
-    ParameterSet& ps = model_->params();
-    const SafetensorsFile f = SafetensorsFile::open(dir + "/model.safetensors");
-    load_tensors(*ctx_, f, model_tensors(ps));
-    ps.sync_compute(*ctx_);
-    if (model_->fp8() && meta.contains("fp8")) {
-      std::vector<Tensor> holder;
-      const NamedTensors st = fp8_state_tensors(holder);
-      load_tensors_checked(SafetensorsFile::open(dir + "/fp8_state.safetensors"), st);
-      for (int s = 0; s < model_->fp8_num_sites(); ++s) model_->fp8_set_state(s, holder[size_t(s)]);
-    }
-  }
+  // Every Loom checkpoint (any layout, or the single-file format of Loom 0.1.0) through the resharding
+  // reader: weights, the FP8 state, and the Adam moments when load_optim.
+  load_checkpoint_pieces(ShardedCheckpoint::open(dir), load_optim);
 
   if (cfg_.checkpoint.finetune) {
     log_ << " > --finetune: loaded the weights only; starting at iteration 0\n"
@@ -295,15 +350,7 @@ void Trainer::load_checkpoint() {
   consumed_train_ = get_field<int64_t>(meta, "consumed_train_samples", meta_path);
   consumed_valid_ = get_field<int64_t>(meta, "consumed_valid_samples", meta_path);
   if (load_optim) {
-    const int64_t steps = get_field<int64_t>(meta["optimizer"], "step", meta_path);
-    if (!sharded) {
-      const SafetensorsFile f = SafetensorsFile::open(dir + "/optimizer.safetensors");
-      load_tensors(*ctx_, f, optimizer_tensors(model_->params(), *adamw_));
-    }
-    if (distributed_)
-      dopt_->set_num_steps(steps);
-    else
-      adamw_->set_num_steps(steps);
+    dopt_->set_num_steps(get_field<int64_t>(meta["optimizer"], "step", meta_path));
     for (const std::string& line :
          sched_->load_state(SchedulerState::from_json(get_field<json>(meta, "opt_param_scheduler", meta_path).dump(),
                                                       meta_path)))

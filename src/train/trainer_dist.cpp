@@ -20,21 +20,24 @@ ShardingStrategy Trainer::sharding_strategy() const {
   return resolve_sharding(cfg_.dist.use_distributed_optimizer, cfg_.dist.sharding_strategy);
 }
 
-void Trainer::build_model_distributed() {
+void Trainer::build_model_chunks(const ModelOptions& base) {
   const int PP = ps_->pp_size(), TP = ps_->tp_size(), CP = ps_->cp_size();
   const int64_t L = cfg_.model.num_layers;
   const int V = cfg_.dist.virtual_stage_layers > 0 ? int(L / (int64_t(PP) * cfg_.dist.virtual_stage_layers)) : 1;
   const std::vector<std::vector<StageLayers>> split =
       pipeline_layer_split(L, PP, V, cfg_.dist.first_stage_layers, cfg_.dist.last_stage_layers);
   const ShardingStrategy sharding = sharding_strategy();
-  if (cfg_.precision.fp16 && cfg_.precision.grad_dtype() != DType::kF32)
+  // A single process keeps --fp16's FP16 gradients (copied to FP32 main grads by the optimizer); with
+  // more ranks they are accumulated and reduced in FP32.
+  const DType grad_dtype = distributed_ ? DType::kF32 : base.grad_dtype;
+  if (grad_dtype != base.grad_dtype)
     log_ << " > note: with more than one rank Loom accumulates and reduces FP32 main gradients (as "
             "--accumulate-allreduce-grads-in-fp32)\n";
   std::vector<ParameterSet*> sets;
   std::vector<std::vector<ParamUnit>> units;
   for (int v = 0; v < V; ++v) {
-    ModelOptions mo = model_options();
-    mo.grad_dtype = DType::kF32;
+    ModelOptions mo = base;
+    mo.grad_dtype = grad_dtype;
     const StageLayers& sl = split[size_t(ps_->pp_rank())][size_t(v)];
     mo.parallel.tp = TP > 1 ? &ps_->tp() : nullptr;
     mo.parallel.sequence_parallel = cfg_.dist.sequence_parallel;
@@ -71,10 +74,16 @@ void Trainer::build_model_distributed() {
        << " (model states " << mem.states() << " bytes; `loom calc` prints the same figures)\n";
   if (cfg_.precision.bf16 || cfg_.precision.fp16)
     log_ << " > mixed precision: " << (cfg_.precision.bf16 ? "bf16" : "fp16")
-         << " compute, fp32 master weights, optimizer state and main grads\n";
+         << " compute, fp32 master weights and optimizer state, " << dtype_name(grad_dtype) << " main grads\n";
+  if (!cfg_.recompute.granularity.empty())
+    log_ << " > activation recomputation: " << cfg_.recompute.granularity
+         << (cfg_.recompute.granularity == "full"
+                 ? " (" + cfg_.recompute.method + ", " + std::to_string(*cfg_.recompute.num_layers) + " layers)"
+                 : std::string())
+         << "\n";
 }
 
-Trainer::StepOutcome Trainer::train_step_distributed() {
+Trainer::StepOutcome Trainer::train_step() {
   StepOutcome out;
   out.loss_scale = scaler_ ? scaler_->scale() : 1.0;
   out.lr = sched_->lr();
@@ -146,7 +155,7 @@ Trainer::StepOutcome Trainer::train_step_distributed() {
   return out;
 }
 
-double Trainer::evaluate_distributed(const std::shared_ptr<const SampleDataset>& ds, int64_t& consumed_samples) {
+double Trainer::evaluate_pipeline(const std::shared_ptr<const SampleDataset>& ds, int64_t& consumed_samples) {
   LoaderConfig lc = loader_config(consumed_samples);
   lc.prefetch_depth = 0;
   lc.role = ds == test_ds_ ? "test" : "validation";
@@ -175,158 +184,6 @@ double Trainer::evaluate_distributed(const std::shared_ptr<const SampleDataset>&
   double loss = last ? total / double(cfg_.eval.eval_iters * nmb_) : 0.0;
   loss = ps_->dp().all_reduce_scalar(loss) / double(ps_->dp_size());
   return ps_->pp().all_reduce_scalar(last ? loss : 0.0);
-}
-
-// ---- sharded checkpoints ------------------------------------------------------------------------------
-
-namespace {
-
-std::string fmt_ms(double ms) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.1f", ms);
-  return b;
-}
-
-// The box of a parameter this rank holds: the whole tensor, or its TP ranges along partition_dim.
-TensorPiece param_box(const Parameter& p, const std::string& name) {
-  TensorPiece t;
-  t.name = name;
-  t.global_shape = p.global_shape;
-  if (!p.shard.empty()) {
-    t.partition_dim = p.partition_dim;
-    for (const ShardRange& r : p.shard) t.ranges.push_back({r.start, r.size});
-  }
-  return t;
-}
-
-// Who saves a replicated piece: one rank per distinct box. Model parameters are replicated over DP and CP
-// (unless ZeRO-3 shards them: then the optimizer's flat ranges are the pieces), over TP for unsharded
-// ones; the last stage's copy of the tied embedding is never saved.
-bool saves_model_piece(const ParallelState& ps, const Parameter& p) {
-  if (p.tied_embedding_copy) return false;
-  if (p.shard.empty() && ps.tp_rank() != 0) return false;
-  return ps.dp_rank() == 0 && ps.cp_rank() == 0;
-}
-
-}  // namespace
-
-void Trainer::save_checkpoint_sharded() {
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::string& root = cfg_.checkpoint.save;
-  log_ << "saving checkpoint at iteration " << iteration_ << " to " << root << " (sharded, " << ps_->world_size()
-       << " ranks)\n" << std::flush;
-  // With any ZeRO strategy the weights are saved from the masters each rank owns (flat ranges): a 16-bit
-  // run's full f32 values exist nowhere else. Without sharding, from the model's full values.
-  const bool from_masters = sharding_strategy() != ShardingStrategy::kNone;
-  std::vector<TensorPiece> pieces;
-  std::vector<StateShard> shards = dopt_->state_shards();
-  // Optimizer state is saved by whoever owns it; without sharding every data-parallel replica owns all
-  // of it, so only the first one saves.
-  const bool owner_saves = sharding_strategy() != ShardingStrategy::kNone || (ps_->dp_rank() == 0 && ps_->cp_rank() == 0);
-  for (const StateShard& s : shards) {
-    const Parameter& p = *s.param;
-    if (p.tied_embedding_copy || (p.shard.empty() && ps_->tp_rank() != 0) || !owner_saves) continue;
-    auto add = [&](const std::string& name, TensorView v) {
-      TensorPiece t = param_box(p, name);
-      t.flat_begin = s.begin;
-      t.flat_end = s.end;
-      t.data = v;
-      pieces.push_back(std::move(t));
-    };
-    if (from_masters) add(p.name, s.master);
-    if (!cfg_.checkpoint.no_save_optim) {
-      add("optimizer.exp_avg." + p.name, s.exp_avg);
-      add("optimizer.exp_avg_sq." + p.name, s.exp_avg_sq);
-    }
-  }
-  if (!from_masters)
-    for (const auto& m : chunks_)
-      for (const Parameter& p : m->params().all()) {
-        if (!saves_model_piece(*ps_, p)) continue;
-        TensorPiece t = param_box(p, p.name);
-        t.data = p.value;
-        pieces.push_back(std::move(t));
-      }
-  // FP8 scaling state: identical on the TP and DP x CP replicas after the amax reduction; one rank of
-  // them saves it, under per-layer names (any layout reads it back).
-  std::vector<Tensor> fp8_holder;
-  if (ps_->tp_rank() == 0 && ps_->dp_rank() == 0 && ps_->cp_rank() == 0)
-    for (const auto& [name, view] : fp8_state_tensors(fp8_holder)) {
-      TensorPiece t;
-      t.name = name;
-      t.global_shape = view.shape();
-      t.data = view;
-      pieces.push_back(std::move(t));
-    }
-  const std::string layout = "{\"tp\":" + std::to_string(ps_->tp_size()) + ",\"pp\":" + std::to_string(ps_->pp_size()) +
-                             ",\"cp\":" + std::to_string(ps_->cp_size()) + ",\"dp\":" + std::to_string(ps_->dp_size()) +
-                             ",\"sharding\":\"" + sharding_strategy_name(sharding_strategy()) + "\"}";
-  save_sharded_checkpoint(root, iteration_, pieces, layout, metadata_json(), ps_->world());
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  log_ << "  successfully saved checkpoint from iteration " << iteration_ << " to " << root << " [ t "
-       << fmt_ms(ms) << " ms ]\n" << std::flush;
-}
-
-void Trainer::load_fp8_state(const ShardedCheckpoint& ck) {
-  for (GPTModel* m : models())
-    for (int s = 0; s < m->fp8_num_sites(); ++s)
-      if (ck.contains(m->fp8_state_name(s))) m->fp8_set_state(s, ck.read_full(m->fp8_state_name(s), DType::kF32));
-}
-
-void Trainer::load_checkpoint_sharded(const std::string& dir) {
-  const ShardedCheckpoint ck = ShardedCheckpoint::open(dir);
-  const bool load_optim = !cfg_.checkpoint.finetune && !cfg_.checkpoint.no_load_optim;
-  std::vector<TensorPiece> targets;
-  if (!distributed_) {
-    // One process: every tensor whole.
-    for (const Parameter& p : model_->params().all()) {
-      TensorPiece t = param_box(p, p.name);
-      t.data = p.value;
-      targets.push_back(t);
-      if (load_optim) {
-        t.name = "optimizer.exp_avg." + p.name;
-        t.data = adamw_->exp_avg_mut().slice_flat(p.offset, p.shape);
-        targets.push_back(t);
-        t.name = "optimizer.exp_avg_sq." + p.name;
-        t.data = adamw_->exp_avg_sq_mut().slice_flat(p.offset, p.shape);
-        targets.push_back(t);
-      }
-    }
-    ck.read(targets);
-    model_->sync_compute();
-    load_fp8_state(ck);
-    return;
-  }
-  // Weights: every parameter value this rank has (ZeRO-3: none), and the master shards.
-  for (const auto& m : chunks_)
-    for (const Parameter& p : m->params().all()) {
-      if (!p.value.defined()) continue;
-      TensorPiece t = param_box(p, p.name);
-      t.data = p.value;
-      targets.push_back(std::move(t));
-    }
-  for (const StateShard& s : dopt_->state_shards()) {
-    const Parameter& p = *s.param;
-    auto add = [&](const std::string& name, TensorView v) {
-      TensorPiece t = param_box(p, name);
-      t.flat_begin = s.begin;
-      t.flat_end = s.end;
-      t.data = v;
-      targets.push_back(std::move(t));
-    };
-    // The masters (views of the weights or a shard of their own): filled from the same saved tensor.
-    if (s.master.defined())
-      add(p.name, s.master);
-    if (load_optim) {
-      add("optimizer.exp_avg." + p.name, s.exp_avg);
-      add("optimizer.exp_avg_sq." + p.name, s.exp_avg_sq);
-    }
-  }
-  ck.read(targets);
-  load_fp8_state(ck);
-  dopt_->sync_params_from_masters();
-  for (const auto& m : chunks_)
-    if (m->params().storage() == ParamStorage::kFull) m->sync_compute();
 }
 
 }  // namespace loom

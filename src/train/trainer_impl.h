@@ -42,27 +42,25 @@ class Trainer {
 
   void build_data();
   void build_model();
+  // This rank's model chunks (its pipeline stage, or its virtual stages with interleaving; one chunk in a
+  // single process) and the distributed optimizer over them (no sharding in a world of one).
+  void build_model_chunks(const ModelOptions& base);
+  // One iteration: the step's micro-batches through the pipeline schedule (gradient accumulation with one
+  // stage), the gradient reduction, and Megatron's MixedPrecisionOptimizer.step (skip on inf/NaN).
   StepOutcome train_step();
   double evaluate(const std::shared_ptr<const SampleDataset>& ds, int64_t& consumed_samples);
-  double evaluate_single(const std::shared_ptr<const SampleDataset>& ds, int64_t& consumed_samples);
+  double evaluate_pipeline(const std::shared_ptr<const SampleDataset>& ds, int64_t& consumed_samples);
   void evaluate_and_print(const std::string& prefix, bool test_set, bool periodic);
   void training_log(const StepOutcome& s);
   // Polls the device's input-error flags (an embedding's out-of-range id) and fails naming the iterations
   // since the last poll; called at each log interval, at the end of training and by save_checkpoint.
   void check_device_inputs();
   void write_tensorboard_step(const StepOutcome& s, double params_norm);
-  // Checkpoints (trainer_checkpoint.cpp).
+  // Checkpoints (trainer_checkpoint.cpp): one format for every layout.
   void save_checkpoint();
   void load_checkpoint();
+  void load_checkpoint_pieces(const ShardedCheckpoint& ck, bool load_optim);
   std::string metadata_json() const;
-
-  // Distributed path (trainer_dist.cpp): world size > 1. Model chunks (pipeline stage / virtual stages),
-  // the distributed optimizer (DDP / ZeRO), the pipeline schedule and sharded checkpoints.
-  void build_model_distributed();
-  StepOutcome train_step_distributed();
-  double evaluate_distributed(const std::shared_ptr<const SampleDataset>& ds, int64_t& consumed_samples);
-  void save_checkpoint_sharded();
-  void load_checkpoint_sharded(const std::string& dir);
   ShardingStrategy sharding_strategy() const;
   double params_norm() const;
   std::string communication_block();  // --timing-log-level 2, distributed: per-iteration communication
@@ -104,13 +102,10 @@ class Trainer {
   BatchOptions batch_opts_;
   std::unique_ptr<Loader> train_loader_;
 
-  std::unique_ptr<GPTModel> model_;  // single process
-  std::vector<std::unique_ptr<GPTModel>> chunks_;  // distributed: this rank's model chunks
-  std::unique_ptr<DistributedOptimizer> dopt_;     // distributed
-  std::unique_ptr<AdamW> adamw_;
+  std::vector<std::unique_ptr<GPTModel>> chunks_;  // this rank's model chunks
+  std::unique_ptr<DistributedOptimizer> dopt_;
   std::unique_ptr<OptimizerParamScheduler> sched_;
   std::unique_ptr<GradScaler> scaler_;
-  Tensor main_grads_;  // f32 copy of the gradients when the model accumulates them in f16
 
   Timers timers_;
   std::unique_ptr<TensorBoardWriter> tb_;

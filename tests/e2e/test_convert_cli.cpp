@@ -82,7 +82,7 @@ TEST(ConvertCli, Gpt2RoundTripIsByteIdentical) {
   EXPECT_NE(a.out.find("transformer.h.*.mlp.c_fc.weight -> decoder.layers.*.mlp.linear_fc1.weight (transposed) x2"),
             std::string::npos)
       << a.out;
-  EXPECT_TRUE(fs::is_regular_file(tmp / "ck/iter_0000000/model.safetensors"));
+  EXPECT_TRUE(fs::is_regular_file(tmp / "ck/iter_0000000/shard_00000.safetensors"));  // a world of one
   EXPECT_EQ(slurp(tmp / "ck/latest_checkpointed_iteration.txt"), "0");
   const CliResult b = run_loom("convert --from loom:" + (tmp / "ck") + " --to hf:" + (tmp / "hf"));
   ASSERT_EQ(b.code, 0) << b.err;
@@ -100,7 +100,7 @@ TEST(ConvertCli, LlamaShardedAndBf16) {
   EXPECT_FALSE(fs::exists(tmp / "hf/model.safetensors"));
   // Sharded HF -> Loom again gives the very same checkpoint weights.
   ASSERT_EQ(run_loom("convert --from hf:" + (tmp / "hf") + " --to loom:" + (tmp / "ck2")).code, 0);
-  EXPECT_EQ(slurp(tmp / "ck2/iter_0000000/model.safetensors"), slurp(tmp / "ck/iter_0000000/model.safetensors"));
+  EXPECT_EQ(slurp(tmp / "ck2/iter_0000000/shard_00000.safetensors"), slurp(tmp / "ck/iter_0000000/shard_00000.safetensors"));
   const HfCheckpoint a = HfCheckpoint::open(tmp / "hf"), b = HfCheckpoint::open(kLlama);
   ASSERT_EQ(a.names(), b.names());
   for (const std::string& n : a.names()) {

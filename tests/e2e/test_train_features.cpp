@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -23,6 +24,7 @@
 #include "e2e_util.h"
 #include "loom/backend/device_context.h"
 #include "loom/ckpt/checkpoint.h"
+#include "loom/ckpt/sharded.h"
 #include "loom/core/check.h"
 #include "loom/data/indexed_dataset.h"
 #include "loom/data/loader.h"
@@ -458,8 +460,9 @@ TEST(TrainExit, ExitIntervalStopsAndSaves) {
   EXPECT_EQ(r.losses.size(), 3u);
   EXPECT_EQ(r.exit_reason, "exit-interval");
   EXPECT_EQ(tracker_of(tmp / "ckpt"), "3");
-  EXPECT_TRUE(fs::exists(tmp / "ckpt/iter_0000003/model.safetensors"));
-  EXPECT_TRUE(fs::exists(tmp / "ckpt/iter_0000003/optimizer.safetensors"));
+  const ShardedCheckpoint ck = ShardedCheckpoint::open(tmp / "ckpt/iter_0000003");
+  EXPECT_TRUE(ck.contains("embedding.word_embeddings.weight"));
+  EXPECT_TRUE(ck.contains("optimizer.exp_avg_sq.embedding.word_embeddings.weight"));
   EXPECT_NE(log.find("exiting program at iteration 3"), std::string::npos) << log;
 }
 
@@ -469,7 +472,7 @@ TEST(TrainExit, ExitDurationStopsAfterTheFirstIterationAndSaves) {
   EXPECT_EQ(r.final_iteration, 1);
   EXPECT_EQ(r.exit_reason, "exit-duration");
   EXPECT_EQ(tracker_of(tmp / "ckpt"), "1");
-  EXPECT_TRUE(fs::exists(tmp / "ckpt/iter_0000001/model.safetensors"));
+  EXPECT_TRUE(ShardedCheckpoint::open(tmp / "ckpt/iter_0000001").contains("embedding.word_embeddings.weight"));
 }
 
 TEST(TrainExit, TrainItersEndsNormallyAndSavesOnce) {
@@ -639,7 +642,11 @@ TEST(TrainCheckpointErrors, ArchitectureMismatchNamesTheFlagAndTouchesNothing) {
 TEST(TrainCheckpointErrors, NoSaveOptimNeedsNoLoadOptim) {
   TempDir tmp("ckpt_optim");
   train(cat(tiny_args(6), {"--exit-interval", "3", "--save", tmp / "ckpt", "--no-save-optim"}));
-  EXPECT_FALSE(fs::exists(tmp / "ckpt/iter_0000003/optimizer.safetensors"));
+  {
+    const ShardedCheckpoint ck = ShardedCheckpoint::open(tmp / "ckpt/iter_0000003");
+    EXPECT_TRUE(ck.contains("embedding.word_embeddings.weight"));
+    for (const std::string& name : ck.tensor_names()) EXPECT_NE(name.rfind("optimizer.", 0), 0u) << name;
+  }
   const Args args = cat(tiny_args(6), {"--load", tmp / "ckpt", "--save", tmp / "ckpt"});
   expect_load_error_touches_nothing(tmp / "ckpt", args, "--no-load-optim");
 
@@ -666,17 +673,17 @@ TEST(TrainCheckpointErrors, NoSaveRngNeedsNoLoadRng) {
 TEST(TrainCheckpointErrors, TruncatedModelFileIsNamed) {
   TempDir tmp("ckpt_trunc");
   train(cat(tiny_args(6), {"--exit-interval", "3", "--save", tmp / "ckpt"}));
-  const std::string model = tmp / "ckpt/iter_0000003/model.safetensors";
+  const std::string model = tmp / "ckpt/iter_0000003/shard_00000.safetensors";
   fs::resize_file(model, fs::file_size(model) / 2);
   expect_load_error_touches_nothing(tmp / "ckpt", cat(tiny_args(6), {"--load", tmp / "ckpt", "--save", tmp / "ckpt"}),
-                                    "model.safetensors");
+                                    "shard_00000.safetensors");
 }
 
 namespace {
 
 // Loss of the saved weights on the first global batch of the mock data (2 micro-batches of 2), as the
 // trainer's first iteration computes it with dropout off: mean over micro-batches of the token mean.
-double first_batch_loss(const std::string& model_file, uint64_t seed) {
+double first_batch_loss(const std::string& checkpoint_dir, uint64_t seed) {
   GPTConfig m;
   m.num_layers = 2;
   m.hidden_size = 32;
@@ -686,9 +693,15 @@ double first_batch_loss(const std::string& model_file, uint64_t seed) {
   m.padded_vocab_size = 128;
   const std::unique_ptr<DeviceContext> ctx = make_cpu_context();
   GPTModel model(m, *ctx);
-  NamedTensors into;
-  for (const Parameter& p : model.params().all()) into.emplace_back(p.name, p.value);
-  load_tensors_checked(SafetensorsFile::open(model_file), into);
+  const ShardedCheckpoint ck = ShardedCheckpoint::open(checkpoint_dir);
+  for (const Parameter& p : model.params().all()) {
+    const Tensor v = ck.read_full(p.name, DType::kF32);
+    if (v.shape() != p.shape) {
+      ADD_FAILURE() << p.name << " is " << v.shape().str() << " in " << checkpoint_dir;
+      return NAN;
+    }
+    std::memcpy(p.value.raw(), v.raw(), size_t(v.nbytes()));
+  }
   model.sync_compute();
   const MockDataset ds(100, 16, seed, 64);
   double sum = 0;
@@ -716,7 +729,7 @@ TEST(TrainCheckpointErrors, FinetuneStartsAtZeroWithTheLoadedWeights) {
   EXPECT_EQ(f.final_iteration, 3);
   ASSERT_EQ(f.losses.size(), 3u);
   EXPECT_EQ(f.learning_rates[0], 0.0);  // warmup starts over
-  const double want = first_batch_loss(tmp / "ckpt/iter_0000005/model.safetensors", 5);
+  const double want = first_batch_loss(tmp / "ckpt/iter_0000005", 5);
   EXPECT_EQ(f.losses[0], want);
   const TrainResult fresh = train(cat(tiny_args(3), no_dropout));
   EXPECT_NE(fresh.losses[0], f.losses[0]);  // the weights were really loaded

@@ -22,6 +22,11 @@
 // range); optimizer state is passed by whoever owns it. The reader tolerates duplicates (overlapping
 // saved elements are taken from any one piece; they are assumed equal).
 //
+// One reader for every Loom checkpoint: open() also reads the single-file format that single processes of
+// Loom 0.1.0 wrote (metadata.json "files": model.safetensors, optimizer.safetensors as "<param>.exp_avg",
+// fp8_state.safetensors) as a world of one whose every tensor is one whole piece, under this format's
+// names ("optimizer.exp_avg.<param>"), so it too loads into any layout.
+//
 // Reading cost: open() reads metadata.json and every shard's header (no tensor data). Data is read
 // through a read-only memory map of each shard actually needed, opened once per ShardedCheckpoint, and
 // only the bytes that overlap a target are touched.
@@ -98,9 +103,9 @@ bool is_sharded_checkpoint(const std::string& dir);
 
 class ShardedCheckpoint {
  public:
-  // Reads <dir>/metadata.json and the header (piece index) of every shard it names. UserError naming the
-  // file on a missing or unreadable metadata.json or shard, a corrupt header or index, or pieces of one
-  // tensor that disagree on its global shape.
+  // Reads <dir>/metadata.json and the header (piece index) of every shard it names (or of the files of a
+  // single-file checkpoint). UserError naming the file on a missing or unreadable metadata.json or shard,
+  // a corrupt header or index, or pieces of one tensor that disagree on its global shape.
   static ShardedCheckpoint open(const std::string& dir);
 
   ShardedCheckpoint();

@@ -8,6 +8,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <filesystem>
 #include <thread>
@@ -264,6 +266,35 @@ TEST(DistTrain, CheckpointsReshardAcrossLayouts) {
                            "(tokenizer / --vocab-size / --make-vocab-size-divisible-by) = 256"),
               std::string::npos)
         << bad.err;
+  }
+}
+
+// The single-file checkpoint of Loom 0.1.0 (one process, model.safetensors + optimizer.safetensors) loads
+// into every layout through the resharding reader and continues as the single process does.
+TEST(DistTrain, SingleFileCheckpointOfTheFirstReleaseLoadsIntoAnyLayout) {
+  const std::string dir = std::string(LOOM_SOURCE_DIR) + "/tests/golden/fixtures/legacy_single_ckpt";
+  std::ifstream f(dir + "/expected.json");
+  ASSERT_TRUE(f.good()) << dir;
+  std::string flags = nlohmann::json::parse(f)["flags"].get<std::string>();
+  // Dropout masks follow the data-parallel micro-batch order: compare the layouts without dropout.
+  // (train_losses adds --train-iters itself.)
+  for (const char* d : {"--hidden-dropout 0.1", "--attention-dropout 0.1", "--train-iters 8"}) {
+    const size_t at = flags.find(d);
+    ASSERT_NE(at, std::string::npos) << flags;
+    flags.replace(at, std::strlen(d), d[2] == 't' ? "" : std::string(d, std::strlen(d) - 3) + "0");
+  }
+  TempDir tmp("legacy");
+  std::filesystem::copy(dir + "/ck", tmp / "ck", std::filesystem::copy_options::recursive);
+  const std::string load = " --load " + (tmp / "ck");
+  const std::vector<double> ref = train_losses(flags, load, 1, 8);
+  ASSERT_EQ(ref.size(), 4u);
+  for (const char* layout : {"", "--use-distributed-optimizer", // TP2 pads the vocabulary to a multiple of 64 x 2 = 128, as the checkpoint was.
+                             "--tensor-model-parallel-size 2 --sequence-parallel --make-vocab-size-divisible-by 64",
+                             "--pipeline-model-parallel-size 2"}) {
+    std::string log;
+    expect_close(ref, train_losses(flags, std::string(layout) + load, 2, 8, &log), 1e-5,
+                 std::string("single file -> np 2 ") + layout);
+    EXPECT_NE(log.find("successfully loaded checkpoint"), std::string::npos) << log;
   }
 }
 

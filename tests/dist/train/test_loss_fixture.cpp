@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -139,6 +140,29 @@ TEST(LossFixture, EveryRunKeepsItsLossesBitForBit) {
     std::ofstream(kFixture) << fix.dump(1) << "\n";
     GTEST_SKIP() << "recorded " << kFixture;
   }
+}
+
+// The single-file checkpoint of Loom 0.1.0 (tests/golden/fixtures/legacy_single_ckpt, written by the build
+// that recorded the losses above): today's trainer resumes it to the very losses that build resumed to,
+// and to those of an uninterrupted run.
+TEST(LossFixture, SingleFileCheckpointOfTheFirstReleaseResumesBitForBit) {
+  const std::string dir = LOOM_SOURCE_DIR "/tests/golden/fixtures/legacy_single_ckpt";
+  std::ifstream f(dir + "/expected.json");
+  ASSERT_TRUE(f.good()) << dir;
+  const nlohmann::json want = nlohmann::json::parse(f);
+  const std::string flags = want["flags"].get<std::string>();
+  TempDir tmp("legacy");
+  std::filesystem::copy(dir + "/ck", tmp / "ck", std::filesystem::copy_options::recursive);  // loading writes nothing
+  const std::vector<nlohmann::json> resumed = run_losses({"legacy_resume", 1, flags + " --load " + (tmp / "ck")});
+  const std::vector<nlohmann::json> full = run_losses({"legacy_full", 1, flags});
+  ASSERT_EQ(resumed.size(), 4u);
+  ASSERT_EQ(full.size(), 8u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(resumed[i], full[4 + i]) << "iteration " << i + 5;
+  std::ifstream fx(kFixture);
+  ASSERT_TRUE(fx.good()) << kFixture;
+  if (nlohmann::json::parse(fx)["isa"].get<std::string>() != isa_signature())
+    GTEST_SKIP() << "the first release's losses were recorded on another CPU's kernels";
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(resumed[i], want["resumed_losses"][i]) << "iteration " << i + 5;
 }
 
 }  // namespace

@@ -467,3 +467,63 @@ TEST_F(ShardedTest, CollectiveSaveOverASingleRankWorld) {
 
 }  // namespace
 }  // namespace loom
+
+namespace loom {
+namespace {
+
+// The single-file format of Loom 0.1.0 reads as a world of one: every tensor one whole piece, the Adam
+// moments under the sharded names, the values those of the files; broken "files" lists are named.
+TEST_F(TempDirTest, SingleFileCheckpointsReadAsAWorldOfOne) {
+  const std::string fixture =
+      std::string(LOOM_SOURCE_DIR) + "/tests/golden/fixtures/legacy_single_ckpt/ck/iter_0000004";
+  const ShardedCheckpoint ck = ShardedCheckpoint::open(fixture);
+  EXPECT_EQ(ck.world_size(), 1);
+  EXPECT_EQ(nlohmann::json::parse(ck.layout_json())["sharding"], "no_shard");
+  const SafetensorsFile model = SafetensorsFile::open(fixture + "/model.safetensors");
+  const SafetensorsFile optim = SafetensorsFile::open(fixture + "/optimizer.safetensors");
+  EXPECT_EQ(ck.tensor_names().size(), model.names().size() + optim.names().size());
+  for (const std::string& name : model.names()) {
+    ASSERT_TRUE(ck.contains(name)) << name;
+    EXPECT_EQ(ck.num_saved_pieces(name), 1);
+    const Tensor a = ck.read_full(name, DType::kF32), b = model.read(name);
+    ASSERT_EQ(a.shape(), b.shape()) << name;
+    EXPECT_EQ(std::memcmp(a.raw(), b.raw(), size_t(a.nbytes())), 0) << name;
+    const Tensor m = ck.read_full("optimizer.exp_avg_sq." + name, DType::kF32);
+    const Tensor want = optim.read(name + ".exp_avg_sq");
+    EXPECT_EQ(std::memcmp(m.raw(), want.raw(), size_t(m.nbytes())), 0) << name;
+  }
+  // A slice of a whole piece (how a TP rank reads it).
+  TensorPiece row;
+  row.name = "embedding.word_embeddings.weight";
+  row.global_shape = ck.global_shape(row.name);
+  row.partition_dim = 0;
+  row.ranges = {{64, 64}};
+  Tensor half = Tensor::empty({64, row.global_shape[1]}, DType::kF32);
+  row.data = half;
+  ck.read(row);
+  const Tensor full = model.read(row.name);
+  EXPECT_EQ(std::memcmp(half.raw(), full.data<float>() + 64 * row.global_shape[1], size_t(half.nbytes())), 0);
+
+  // Broken lists of files.
+  const std::string dir = file("legacy");
+  std::filesystem::copy(fixture, dir);
+  const std::string meta = read_file(dir + "/metadata.json");
+  auto with_files = [&](const std::string& files) {
+    nlohmann::json j = nlohmann::json::parse(meta);
+    j["files"] = nlohmann::json::parse(files);
+    write_file(dir + "/metadata.json", j.dump());
+  };
+  with_files(R"({"model": "../model.safetensors"})");
+  expect_user_error([&] { ShardedCheckpoint::open(dir); }, {"../model.safetensors", "inside the checkpoint directory"});
+  with_files(R"({"model": "gone.safetensors"})");
+  expect_user_error([&] { ShardedCheckpoint::open(dir); }, {"gone.safetensors", "is missing"});
+  with_files(R"({"optimizer": "optimizer.safetensors"})");
+  expect_user_error([&] { ShardedCheckpoint::open(dir); }, {"metadata.json", "not a Loom checkpoint"});
+  with_files(R"({"model": "optimizer.safetensors"})");
+  (void)ShardedCheckpoint::open(dir);  // names are the file's own: "<param>.exp_avg" as a model tensor
+  with_files(R"({"model": "model.safetensors", "optimizer": "model.safetensors"})");
+  expect_user_error([&] { ShardedCheckpoint::open(dir); }, {"model.safetensors", "is not \"<param>.exp_avg\""});
+}
+
+}  // namespace
+}  // namespace loom

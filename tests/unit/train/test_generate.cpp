@@ -223,7 +223,8 @@ TEST(Generate, LoadsASavedCheckpoint) {
   GPTConfig cfg = tiny(true);
   GPTModel model(cfg, *ctx);
   model.initialize(21);
-  // What Trainer::save_checkpoint writes, minus the optimizer: metadata.json + model.safetensors.
+  // The single-file layout of Loom 0.1.0, minus the optimizer: metadata.json (no "files" list, as the
+  // earliest ones) + model.safetensors; today's reader still loads it.
   const std::string staging = begin_checkpoint(root.string(), 3);
   NamedTensors tensors;
   for (const Parameter& p : model.params().all()) tensors.emplace_back(p.name, p.value);

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "loom/ckpt/checkpoint.h"
+#include "loom/ckpt/sharded.h"
 #include "loom/ckpt/hf_dir.h"
 #include "loom/model/hf_mapping.h"
 #include "loom/train/args.h"
@@ -574,8 +575,8 @@ TEST(ModelIo, InterleavedAndShardedRoundTripsAreByteIdentical) {
     EXPECT_EQ(std::memcmp(x.raw(), y.raw(), size_t(x.nbytes())), 0) << n;
   }
   // The interleaved checkpoint's qkv rows really are permuted.
-  const SafetensorsFile f = SafetensorsFile::open(read_latest_checkpoint(tmp / "loom")->dir + "/model.safetensors");
-  const Tensor qkv = f.read("decoder.layers.0.self_attention.linear_qkv.weight");
+  const ShardedCheckpoint ck = ShardedCheckpoint::open(read_latest_checkpoint(tmp / "loom")->dir);
+  const Tensor qkv = ck.read_full("decoder.layers.0.self_attention.linear_qkv.weight", DType::kF32);
   const Tensor q = orig.read("model.layers.0.self_attn.q_proj.weight", DType::kF32);
   const int64_t C = 32;
   EXPECT_EQ(std::memcmp(qkv.data<float>(), q.data<float>(), C * sizeof(float)), 0);              // row 0 = HF row 0
@@ -625,8 +626,8 @@ TEST(ModelIo, ReadsTrainerCheckpoints) {
   auto ctx = make_cpu_context();
   GPTModel model(cfg, *ctx);
   load_model_weights(tmp / "ck", model.params());
-  const SafetensorsFile f = SafetensorsFile::open(read_latest_checkpoint(tmp / "ck")->dir + "/model.safetensors");
-  const Tensor w = f.read("decoder.layers.1.mlp.linear_fc2.weight");
+  const ShardedCheckpoint ck = ShardedCheckpoint::open(read_latest_checkpoint(tmp / "ck")->dir);
+  const Tensor w = ck.read_full("decoder.layers.1.mlp.linear_fc2.weight", DType::kF32);
   EXPECT_EQ(std::memcmp(model.params().find("decoder.layers.1.mlp.linear_fc2.weight")->value.raw(), w.raw(),
                         size_t(w.nbytes())),
             0);
