@@ -15,8 +15,9 @@
 #include <sstream>
 
 #include "loom/ckpt/checkpoint.h"
+#include "loom/ckpt/sharded.h"
 #include "train/checkpoint_format.h"
-#include "train/trainer_impl.h"
+#include "train/training_run.h"
 
 namespace fs = std::filesystem;
 

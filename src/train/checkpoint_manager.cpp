@@ -1,16 +1,4 @@
-// Trainer checkpoints: --save/--load/--save-interval/--no-save-optim/--no-save-rng/--no-load-optim/
-// --no-load-rng/--finetune in Megatron's directory layout (ckpt/checkpoint.h), with no pickles, in one
-// format for every layout (a single process is a world of one; ckpt/sharded.h):
-//   iter_0000100/metadata.json          format, Loom version, iteration, consumed samples/tokens, the model
-//                                        config, precision, scheduler, loss-scaler and RNG state, the layout
-//   iter_0000100/shard_00000.safetensors one per rank: its pieces of the FP32 master weights (Megatron's
-//                                        parameter names), of the Adam moments ("optimizer.exp_avg.<name>")
-//                                        and the FP8 scaling state, each with its place in the global tensor
-// Any checkpoint loads into any layout (resharding), the single-file format of Loom 0.1.0 included.
-// Resume is bit-exact: the master weights, Adam moments and step, the scheduler's sample count, the
-// loss scaler, the data position (consumed samples: the loader is a pure function of it) and the dropout
-// RNG (Philox keyed by seed and micro-batch counter) are all restored, and the compute copy of the
-// weights is re-derived from the masters by the same rounding.
+// Checkpoints of a training run (see checkpoint_manager.h).
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -20,7 +8,7 @@
 #include "loom/ckpt/checkpoint.h"
 #include "loom/train/model_io.h"
 #include "train/checkpoint_format.h"
-#include "train/trainer_impl.h"
+#include "train/checkpoint_manager.h"
 
 namespace loom {
 
@@ -152,51 +140,66 @@ std::vector<size_t> stage_on_host(const DeviceContext& ctx, std::vector<TensorPi
 
 }  // namespace
 
-std::string Trainer::metadata_json() const {
+CheckpointManager::CheckpointManager(TrainingRun& run, std::ostream& log) : run_(run), log_(log) {}
+
+NamedTensors CheckpointManager::fp8_state_tensors(std::vector<Tensor>& holder) const {
+  NamedTensors out;
+  holder.clear();
+  for (GPTModel* m : run_.models())
+    for (int s = 0; s < m->fp8_num_sites(); ++s) holder.push_back(m->fp8_state(s));
+  size_t k = 0;
+  for (GPTModel* m : run_.models())
+    for (int s = 0; s < m->fp8_num_sites(); ++s) out.emplace_back(m->fp8_state_name(s), holder[k++]);
+  return out;
+}
+
+std::string CheckpointManager::metadata_json() const {
+  const TrainConfig& cfg = run_.cfg;
   json j;
   j["format"] = kFormat;
   j["format_version"] = kFormatVersion;
   j["loom_version"] = kLoomVersion;
-  j["iteration"] = iteration_;
-  j["consumed_train_samples"] = consumed_train_;
-  j["consumed_valid_samples"] = consumed_valid_;
-  j["consumed_tokens"] = consumed_train_ * T_;
-  j["global_batch_size"] = gbs_;
-  j["seq_length"] = T_;
-  j["model_config"] = model_config_json(cfg_.model);
-  j["precision"] = cfg_.precision.bf16 ? "bf16" : cfg_.precision.fp16 ? "fp16" : "fp32";
-  if (!cfg_.checkpoint.no_save_optim) {
-    j["optimizer"] = {{"type", "adamw"}, {"step", dopt_->num_steps()}};
-    j["opt_param_scheduler"] = json::parse(sched_->state().to_json());
-    if (scaler_) j["grad_scaler"] = json::parse(scaler_->state().to_json());
+  j["iteration"] = run_.progress.iteration;
+  j["consumed_train_samples"] = run_.progress.consumed_train;
+  j["consumed_valid_samples"] = run_.progress.consumed_valid;
+  j["consumed_tokens"] = run_.progress.consumed_train * run_.T;
+  j["global_batch_size"] = run_.gbs;
+  j["seq_length"] = run_.T;
+  j["model_config"] = model_config_json(cfg.model);
+  j["precision"] = cfg.precision.bf16 ? "bf16" : cfg.precision.fp16 ? "fp16" : "fp32";
+  if (!cfg.checkpoint.no_save_optim) {
+    j["optimizer"] = {{"type", "adamw"}, {"step", run_.dopt->num_steps()}};
+    j["opt_param_scheduler"] = json::parse(run_.sched->state().to_json());
+    if (run_.scaler) j["grad_scaler"] = json::parse(run_.scaler->state().to_json());
   }
-  if (!cfg_.checkpoint.no_save_rng)
-    j["rng"] = {{"generator", "philox4x32-10"}, {"dropout_seed", dropout_seed_}, {"micro_batches", micro_batches_done_}};
-  if (const std::optional<Fp8Recipe> r = cfg_.precision.fp8_recipe())
+  if (!cfg.checkpoint.no_save_rng)
+    j["rng"] = {{"generator", "philox4x32-10"}, {"dropout_seed", run_.progress.dropout_seed}, {"micro_batches", run_.progress.micro_batches_done}};
+  if (const std::optional<Fp8Recipe> r = cfg.precision.fp8_recipe())
     j["fp8"] = {{"format", fp8_format_name(r->format)}, {"amax_history_len", r->amax_history_len}};
   return j.dump(2) + "\n";
 }
 
-void Trainer::save_checkpoint() {
-  if (cfg_.checkpoint.save.empty()) {
-    log_ << " > no --save directory: not saving a checkpoint at iteration " << iteration_ << "\n";
+void CheckpointManager::save() {
+  const TrainConfig& cfg = run_.cfg;
+  if (cfg.checkpoint.save.empty()) {
+    log_ << " > no --save directory: not saving a checkpoint at iteration " << run_.progress.iteration << "\n";
     return;
   }
-  check_device_inputs();  // never write weights that a bad batch has made NaN
+  run_.check_device_inputs();  // never write weights that a bad batch has made NaN
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string& root = cfg_.checkpoint.save;
-  log_ << "saving checkpoint at iteration " << std::setw(7) << iteration_ << " to " << root << " ("
-       << ps_->world_size() << (ps_->world_size() == 1 ? " rank)\n" : " ranks)\n") << std::flush;
+  const std::string& root = cfg.checkpoint.save;
+  log_ << "saving checkpoint at iteration " << std::setw(7) << run_.progress.iteration << " to " << root << " ("
+       << run_.ps->world_size() << (run_.ps->world_size() == 1 ? " rank)\n" : " ranks)\n") << std::flush;
   // With any ZeRO strategy the weights are saved from the masters each rank owns (flat ranges): a 16-bit
   // run's full f32 values exist nowhere else. Without sharding, from the model's full values.
-  const bool from_masters = sharding_strategy() != ShardingStrategy::kNone;
+  const bool from_masters = run_.sharding() != ShardingStrategy::kNone;
   std::vector<TensorPiece> pieces;
   // Optimizer state is saved by whoever owns it; without sharding every data-parallel replica owns all
   // of it, so only the first one saves.
-  const bool owner_saves = from_masters || (ps_->dp_rank() == 0 && ps_->cp_rank() == 0);
-  for (const StateShard& s : dopt_->state_shards()) {
+  const bool owner_saves = from_masters || (run_.ps->dp_rank() == 0 && run_.ps->cp_rank() == 0);
+  for (const StateShard& s : run_.dopt->state_shards()) {
     const Parameter& p = *s.param;
-    if (p.tied_embedding_copy || (p.shard.empty() && ps_->tp_rank() != 0) || !owner_saves) continue;
+    if (p.tied_embedding_copy || (p.shard.empty() && run_.ps->tp_rank() != 0) || !owner_saves) continue;
     auto add = [&](const std::string& name, TensorView v) {
       TensorPiece t = param_box(p, name);
       t.flat_begin = s.begin;
@@ -205,15 +208,15 @@ void Trainer::save_checkpoint() {
       pieces.push_back(std::move(t));
     };
     if (from_masters) add(p.name, s.master);
-    if (!cfg_.checkpoint.no_save_optim) {
+    if (!cfg.checkpoint.no_save_optim) {
       add("optimizer.exp_avg." + p.name, s.exp_avg);
       add("optimizer.exp_avg_sq." + p.name, s.exp_avg_sq);
     }
   }
   if (!from_masters)
-    for (const auto& m : chunks_)
+    for (const auto& m : run_.chunks)
       for (const Parameter& p : m->params().all()) {
-        if (!saves_model_piece(*ps_, p)) continue;
+        if (!saves_model_piece(*run_.ps, p)) continue;
         TensorPiece t = param_box(p, p.name);
         t.data = p.value;
         pieces.push_back(std::move(t));
@@ -221,7 +224,7 @@ void Trainer::save_checkpoint() {
   // FP8 scaling state: identical on the TP and DP x CP replicas after the amax reduction; one rank of
   // them saves it, under per-layer names (any layout reads it back).
   std::vector<Tensor> fp8_holder;
-  if (ps_->tp_rank() == 0 && ps_->dp_rank() == 0 && ps_->cp_rank() == 0)
+  if (run_.ps->tp_rank() == 0 && run_.ps->dp_rank() == 0 && run_.ps->cp_rank() == 0)
     for (const auto& [name, view] : fp8_state_tensors(fp8_holder)) {
       TensorPiece t;
       t.name = name;
@@ -231,33 +234,27 @@ void Trainer::save_checkpoint() {
     }
   std::vector<Tensor> host;
   std::vector<TensorView> device;
-  stage_on_host(*ctx_, pieces, host, device, /*fill=*/true);
-  const std::string layout = "{\"tp\":" + std::to_string(ps_->tp_size()) + ",\"pp\":" + std::to_string(ps_->pp_size()) +
-                             ",\"cp\":" + std::to_string(ps_->cp_size()) + ",\"dp\":" + std::to_string(ps_->dp_size()) +
-                             ",\"sharding\":\"" + sharding_strategy_name(sharding_strategy()) + "\"}";
-  save_sharded_checkpoint(root, iteration_, pieces, layout, metadata_json(), ps_->world());
+  stage_on_host(*run_.ctx, pieces, host, device, /*fill=*/true);
+  const std::string layout = "{\"tp\":" + std::to_string(run_.ps->tp_size()) + ",\"pp\":" + std::to_string(run_.ps->pp_size()) +
+                             ",\"cp\":" + std::to_string(run_.ps->cp_size()) + ",\"dp\":" + std::to_string(run_.ps->dp_size()) +
+                             ",\"sharding\":\"" + sharding_strategy_name(run_.sharding()) + "\"}";
+  save_sharded_checkpoint(root, run_.progress.iteration, pieces, layout, metadata_json(), run_.ps->world());
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  log_ << "  successfully saved checkpoint from iteration " << std::setw(7) << iteration_ << " to " << root
+  log_ << "  successfully saved checkpoint from iteration " << std::setw(7) << run_.progress.iteration << " to " << root
        << " [ t " << fmt_ms(ms) << " ms ]\n" << std::flush;
 }
 
-void Trainer::load_fp8_state(const ShardedCheckpoint& ck) {
-  for (GPTModel* m : models())
-    for (int s = 0; s < m->fp8_num_sites(); ++s)
-      if (ck.contains(m->fp8_state_name(s))) m->fp8_set_state(s, ck.read_full(m->fp8_state_name(s), DType::kF32));
-}
-
-void Trainer::load_checkpoint_pieces(const ShardedCheckpoint& ck, bool load_optim) {
+void CheckpointManager::load_pieces(const ShardedCheckpoint& ck, bool load_optim) {
   std::vector<TensorPiece> targets;
   // Weights: every parameter value this rank has (ZeRO-3: none), and the master shards.
-  for (const auto& m : chunks_)
+  for (const auto& m : run_.chunks)
     for (const Parameter& p : m->params().all()) {
       if (!p.value.defined()) continue;
       TensorPiece t = param_box(p, p.name);
       t.data = p.value;
       targets.push_back(std::move(t));
     }
-  for (const StateShard& s : dopt_->state_shards()) {
+  for (const StateShard& s : run_.dopt->state_shards()) {
     const Parameter& p = *s.param;
     auto add = [&](const std::string& name, TensorView v) {
       TensorPiece t = param_box(p, name);
@@ -275,47 +272,56 @@ void Trainer::load_checkpoint_pieces(const ShardedCheckpoint& ck, bool load_opti
   }
   std::vector<Tensor> host;
   std::vector<TensorView> device;
-  const std::vector<size_t> staged = stage_on_host(*ctx_, targets, host, device, /*fill=*/false);
+  const std::vector<size_t> staged = stage_on_host(*run_.ctx, targets, host, device, /*fill=*/false);
   ck.read(targets);
-  for (size_t k = 0; k < staged.size(); ++k) ctx_->copy(device[k], targets[staged[k]].data);
-  load_fp8_state(ck);
-  dopt_->sync_params_from_masters();
-  for (const auto& m : chunks_)
+  for (size_t k = 0; k < staged.size(); ++k) run_.ctx->copy(device[k], targets[staged[k]].data);
+  for (GPTModel* m : run_.models())
+    for (int s = 0; s < m->fp8_num_sites(); ++s)
+      if (ck.contains(m->fp8_state_name(s))) m->fp8_set_state(s, ck.read_full(m->fp8_state_name(s), DType::kF32));
+  run_.dopt->sync_params_from_masters();
+  for (const auto& m : run_.chunks)
     if (m->params().storage() == ParamStorage::kFull) m->sync_compute();
 }
 
-void Trainer::load_checkpoint() {
-  if (cfg_.checkpoint.load.empty()) return;
-  if (is_hf_model_dir(cfg_.checkpoint.load)) {  // a Hugging Face model directory: weights only
-    const std::string& dir = cfg_.checkpoint.load;
-    if (!cfg_.checkpoint.finetune)
+void CheckpointManager::check_load_flags(const TrainConfig& cfg) {
+  if (!cfg.checkpoint.load.empty() && is_hf_model_dir(cfg.checkpoint.load) && !cfg.checkpoint.finetune)
+    user_error("--load ", cfg.checkpoint.load, " is a Hugging Face model directory (config.json), which holds "
+               "weights only; add --finetune to start from them at iteration 0");
+}
+
+void CheckpointManager::load() {
+  const TrainConfig& cfg = run_.cfg;
+  if (cfg.checkpoint.load.empty()) return;
+  if (is_hf_model_dir(cfg.checkpoint.load)) {  // a Hugging Face model directory: weights only
+    const std::string& dir = cfg.checkpoint.load;
+    if (!cfg.checkpoint.finetune)
       user_error("--load ", dir, " is a Hugging Face model directory (config.json), which holds weights only; add "
                  "--finetune to start from them at iteration 0");
-    if (chunks_.size() != 1 || distributed_)
+    if (run_.chunks.size() != 1 || run_.distributed)
       user_error("--load ", dir, ": Hugging Face weights load into a single process; run `loom train --finetune` "
                  "with one process and --save, then launch the distributed run with --load on that checkpoint");
     log_ << " loading Hugging Face model from " << dir << "\n";
-    const GPTConfig hf = read_model_config(dir, cfg_.data.make_vocab_size_divisible_by * ps_->tp_size());
-    check_model_config(model_config_json(hf), cfg_.model, dir + "/config.json", /*finetune=*/true);
+    const GPTConfig hf = read_model_config(dir, cfg.data.make_vocab_size_divisible_by * run_.ps->tp_size());
+    check_model_config(model_config_json(hf), cfg.model, dir + "/config.json", /*finetune=*/true);
     HfImportOptions opts;
-    opts.rotary_interleaved = cfg_.model.rotary_interleaved;
+    opts.rotary_interleaved = cfg.model.rotary_interleaved;
     opts.log = &log_;
-    opts.ctx = ctx_.get();
-    GPTModel& model = *chunks_.front();
+    opts.ctx = run_.ctx.get();
+    GPTModel& model = *run_.chunks.front();
     load_model_weights(dir, model.params(), opts);
-    dopt_->sync_params_from_masters();
+    run_.dopt->sync_params_from_masters();
     log_ << " > --finetune: loaded the weights only; starting at iteration 0\n"
          << "  successfully loaded Hugging Face model from " << dir << " at iteration 0\n";
     return;
   }
-  const std::optional<LatestCheckpoint> latest = read_latest_checkpoint(cfg_.checkpoint.load);
+  const std::optional<LatestCheckpoint> latest = read_latest_checkpoint(cfg.checkpoint.load);
   if (!latest) {
-    log_ << " > WARNING: could not find the metadata file " << checkpoint_tracker_path(cfg_.checkpoint.load)
+    log_ << " > WARNING: could not find the metadata file " << checkpoint_tracker_path(cfg.checkpoint.load)
          << "\n    will not load any checkpoints and will start from random\n";
     return;
   }
   const std::string dir = latest->dir;
-  log_ << " loading checkpoint from " << cfg_.checkpoint.load << " at iteration " << latest->iteration << "\n";
+  log_ << " loading checkpoint from " << cfg.checkpoint.load << " at iteration " << latest->iteration << "\n";
   const std::string meta_path = dir + "/metadata.json";
   const json meta = read_json_file(meta_path, "checkpoint metadata");
   if (get_field<std::string>(meta, "format", meta_path) != kFormat)
@@ -323,51 +329,51 @@ void Trainer::load_checkpoint() {
   const int version = get_field<int>(meta, "format_version", meta_path);
   if (version > kFormatVersion)
     user_error(meta_path, " has format_version ", version, "; this Loom reads up to ", kFormatVersion);
-  check_model_config(get_field<json>(meta, "model_config", meta_path), cfg_.model, meta_path, cfg_.checkpoint.finetune);
-  if (models().front()->fp8() != meta.contains("fp8"))
+  check_model_config(get_field<json>(meta, "model_config", meta_path), cfg.model, meta_path, cfg.checkpoint.finetune);
+  if (run_.models().front()->fp8() != meta.contains("fp8"))
     log_ << " > note: checkpoint " << dir << (meta.contains("fp8") ? " holds FP8 scaling state, which this run (no "
             "--fp8-format) does not use" : " has no FP8 scaling state: the FP8 scales start at 1") << "\n";
-  if (meta.contains("fp8") && models().front()->fp8()) {
+  if (meta.contains("fp8") && run_.models().front()->fp8()) {
     const int64_t saved = get_field<int64_t>(meta["fp8"], "amax_history_len", meta_path);
-    if (saved != cfg_.precision.fp8_recipe()->amax_history_len)
+    if (saved != cfg.precision.fp8_recipe()->amax_history_len)
       user_error("checkpoint ", dir, " keeps ", saved, " steps of FP8 amax history; this run has "
-                 "--fp8-amax-history-len ", cfg_.precision.fp8_recipe()->amax_history_len, ": use the same length");
+                 "--fp8-amax-history-len ", cfg.precision.fp8_recipe()->amax_history_len, ": use the same length");
   }
-  const bool load_optim = !cfg_.checkpoint.finetune && !cfg_.checkpoint.no_load_optim;
+  const bool load_optim = !cfg.checkpoint.finetune && !cfg.checkpoint.no_load_optim;
   if (load_optim && !meta.contains("optimizer"))
     user_error("checkpoint ", dir, " holds no optimizer state (saved with --no-save-optim); pass --no-load-optim "
                "to resume with a fresh optimizer, or --finetune");
   // Every Loom checkpoint (any layout, or the single-file format of Loom 0.1.0) through the resharding
   // reader: weights, the FP8 state, and the Adam moments when load_optim.
-  load_checkpoint_pieces(ShardedCheckpoint::open(dir), load_optim);
+  load_pieces(ShardedCheckpoint::open(dir), load_optim);
 
-  if (cfg_.checkpoint.finetune) {
+  if (cfg.checkpoint.finetune) {
     log_ << " > --finetune: loaded the weights only; starting at iteration 0\n"
-         << "  successfully loaded checkpoint from " << cfg_.checkpoint.load << " at iteration 0\n";
+         << "  successfully loaded checkpoint from " << cfg.checkpoint.load << " at iteration 0\n";
     return;
   }
-  iteration_ = get_field<int64_t>(meta, "iteration", meta_path);
-  consumed_train_ = get_field<int64_t>(meta, "consumed_train_samples", meta_path);
-  consumed_valid_ = get_field<int64_t>(meta, "consumed_valid_samples", meta_path);
+  run_.progress.iteration = get_field<int64_t>(meta, "iteration", meta_path);
+  run_.progress.consumed_train = get_field<int64_t>(meta, "consumed_train_samples", meta_path);
+  run_.progress.consumed_valid = get_field<int64_t>(meta, "consumed_valid_samples", meta_path);
   if (load_optim) {
-    dopt_->set_num_steps(get_field<int64_t>(meta["optimizer"], "step", meta_path));
+    run_.dopt->set_num_steps(get_field<int64_t>(meta["optimizer"], "step", meta_path));
     for (const std::string& line :
-         sched_->load_state(SchedulerState::from_json(get_field<json>(meta, "opt_param_scheduler", meta_path).dump(),
+         run_.sched->load_state(SchedulerState::from_json(get_field<json>(meta, "opt_param_scheduler", meta_path).dump(),
                                                       meta_path)))
       log_ << line << "\n";
-    if (scaler_ && meta.contains("grad_scaler"))
-      scaler_->load_state(GradScalerState::from_json(meta["grad_scaler"].dump(), meta_path));
-    else if (scaler_)
+    if (run_.scaler && meta.contains("grad_scaler"))
+      run_.scaler->load_state(GradScalerState::from_json(meta["grad_scaler"].dump(), meta_path));
+    else if (run_.scaler)
       log_ << " > WARNING: checkpoint " << dir << " has no loss-scaler state (not an FP16 run); the scaler starts "
            << "from --initial-loss-scale\n";
   }
-  if (!cfg_.checkpoint.no_load_rng && !meta.contains("rng"))
+  if (!cfg.checkpoint.no_load_rng && !meta.contains("rng"))
     user_error("checkpoint ", dir, " holds no RNG state (saved with --no-save-rng); pass --no-load-rng or --finetune");
-  if (!cfg_.checkpoint.no_load_rng) {
-    dropout_seed_ = get_field<uint64_t>(meta["rng"], "dropout_seed", meta_path);
-    micro_batches_done_ = get_field<uint64_t>(meta["rng"], "micro_batches", meta_path);
+  if (!cfg.checkpoint.no_load_rng) {
+    run_.progress.dropout_seed = get_field<uint64_t>(meta["rng"], "dropout_seed", meta_path);
+    run_.progress.micro_batches_done = get_field<uint64_t>(meta["rng"], "micro_batches", meta_path);
   }
-  log_ << "  successfully loaded checkpoint from " << cfg_.checkpoint.load << " at iteration " << iteration_ << "\n"
+  log_ << "  successfully loaded checkpoint from " << cfg.checkpoint.load << " at iteration " << run_.progress.iteration << "\n"
        << std::flush;
 }
 

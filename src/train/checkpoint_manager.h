@@ -1,0 +1,47 @@
+// --save / --load for a training run, Megatron's directory layout in Loom's one checkpoint format (a
+// single process is a world of one; ckpt/sharded.h), with no pickles:
+//   iter_0000100/metadata.json          format, Loom version, iteration, consumed samples/tokens, the model
+//                                        config, precision, scheduler, loss-scaler and RNG state, the layout
+//   iter_0000100/shard_00000.safetensors one per rank: its pieces of the FP32 master weights (Megatron's
+//                                        parameter names), of the Adam moments ("optimizer.exp_avg.<name>")
+//                                        and the FP8 scaling state, each with its place in the global tensor
+// Any checkpoint loads into any layout (resharding), the single-file format of Loom 0.1.0 included, and a
+// Hugging Face model directory loads with --finetune (weights only, one process).
+// Resume is bit-exact: the master weights, Adam moments and step, the scheduler's sample count, the loss
+// scaler, the data position (consumed samples: the loader is a pure function of it) and the dropout RNG
+// (Philox keyed by seed and micro-batch counter) are all restored, and the compute copy of the weights is
+// re-derived from the masters by the same rounding. Private to the train layer.
+#pragma once
+#include <ostream>
+#include <string>
+
+#include "loom/ckpt/safetensors.h"
+#include "loom/ckpt/sharded.h"
+#include "train/training_run.h"
+
+namespace loom {
+
+class CheckpointManager {
+ public:
+  CheckpointManager(TrainingRun& run, std::ostream& log);
+  // Cheap checks of --load, before any data or model is built.
+  static void check_load_flags(const TrainConfig& cfg);
+  // Saves the current iteration to --save (collective; a note without --save). Polls the device input
+  // flags first, so weights a bad batch made NaN are never written.
+  void save();
+  // --load: weights, and unless --finetune / --no-load-* the optimizer, scheduler, loss scaler, progress
+  // and RNG. Every check (architecture, tensors, shapes) happens before anything is changed.
+  void load();
+
+ private:
+  std::string metadata_json() const;
+  void load_pieces(const ShardedCheckpoint& ck, bool load_optim);
+  void load_hf(const std::string& dir);
+  // FP8 scaling state of this rank's model chunks as named host tensors (`holder` keeps them alive).
+  NamedTensors fp8_state_tensors(std::vector<Tensor>& holder) const;
+
+  TrainingRun& run_;
+  std::ostream& log_;
+};
+
+}  // namespace loom
