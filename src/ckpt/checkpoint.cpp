@@ -16,7 +16,7 @@
 #include <set>
 #include <sstream>
 
-#include "atomic_file.h"
+#include "loom/core/file_io.h"
 
 namespace loom {
 
@@ -32,12 +32,9 @@ std::string errno_text() { return std::strerror(errno); }
 
 std::string join(const std::string& dir, const std::string& name) { return (fs::path(dir) / name).string(); }
 
-using ckpt_io::fsync_dir;
-
 // <dir>/<name> via <name>.tmp + fsync + rename + fsync dir, so readers see the old file or the new one.
 void write_text_atomic(const std::string& dir, const std::string& name, const std::string& text) {
-  ckpt_io::write_file_atomic(join(dir, name),
-                             [&](int fd) { return ckpt_io::write_all(fd, text.data(), text.size()); });
+  write_file_atomic(join(dir, name), text);
 }
 
 void rename_or_fail(const std::string& from, const std::string& to) {
@@ -89,7 +86,7 @@ void clean_up_crashed_saves(const std::string& root) {
       if (fs::exists(fs::symlink_status(final_dir))) remove_all_or_fail(path);
       else rename_or_fail(path, final_dir);
       changed = true;
-    } else if (name == std::string(kTrackerName) + ".tmp") {
+    } else if (is_atomic_write_leftover(name, kTrackerName)) {
       remove_all_or_fail(path);
       changed = true;
     }
@@ -201,11 +198,7 @@ std::optional<LatestCheckpoint> read_latest_checkpoint(const std::string& root) 
     user_error("cannot access checkpoint tracker '", tracker, "': ", ec.message());
   if (!fs::exists(st)) return std::nullopt;
   if (!fs::is_regular_file(st)) user_error("checkpoint tracker '", tracker, "' is not a regular file");
-  std::ifstream in(tracker, std::ios::binary);
-  if (!in) user_error("cannot read checkpoint tracker '", tracker, "': ", errno_text());
-  std::ostringstream os;
-  os << in.rdbuf();
-  std::string text = os.str();
+  std::string text = read_file(tracker, "checkpoint tracker");
   const char* space = " \t\r\n\v\f";
   const size_t first = text.find_first_not_of(space);
   text = first == std::string::npos ? "" : text.substr(first, text.find_last_not_of(space) - first + 1);

@@ -16,7 +16,7 @@
 #include <set>
 #include <sstream>
 
-#include "atomic_file.h"
+#include "loom/core/file_io.h"
 #include "json_no_duplicates.h"
 #include "loom/ckpt/checkpoint.h"
 
@@ -51,18 +51,7 @@ Json parse_json_strict(const std::string& text, const std::string& where) {
 }
 
 std::string read_small_file(const std::string& path, const std::string& what) {
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) user_error(what, " '", path, "' does not exist or is not a regular file");
-  const auto size = fs::file_size(path, ec);
-  if (ec) user_error("cannot stat ", what, " '", path, "': ", ec.message());
-  if (int64_t(size) > kMaxJsonFileBytes)
-    user_error(what, " '", path, "' is ", size, " bytes; a JSON file of this kind is at most ", kMaxJsonFileBytes);
-  std::ifstream f(path, std::ios::binary);
-  if (!f) user_error("cannot open ", what, " '", path, "': ", std::strerror(errno));
-  std::ostringstream os;
-  os << f.rdbuf();
-  if (!f.good() && !f.eof()) user_error("reading ", what, " '", path, "' failed");
-  return os.str();
+  return read_file(path, what, kMaxJsonFileBytes);
 }
 
 // Short JSON rendering of a bad value for error messages.
@@ -467,12 +456,12 @@ void write_hf_dir(const std::string& dir_in, const std::string& config_json, con
     }
     write_checkpoint_text(staging, kConfigFile, config_json);
     for (const auto& [name, bytes] : extra_files) write_checkpoint_text(staging, name, bytes);
-    ckpt_io::fsync_dir(staging);
+    fsync_dir(staging);
     // rename(2) replaces an empty directory atomically and fails on a non-empty one, so a directory
     // that appeared since the check above is never clobbered.
     if (::rename(staging.c_str(), dir.c_str()) != 0)
       user_error("renaming '", staging, "' to '", dir, "' failed: ", std::strerror(errno));
-    ckpt_io::fsync_dir(parent.empty() ? "." : parent.string());
+    fsync_dir(parent.empty() ? "." : parent.string());
   } catch (...) {
     fs::remove_all(staging, ec);
     throw;

@@ -18,7 +18,7 @@
 #include <set>
 #include <unordered_map>
 
-#include "atomic_file.h"
+#include "loom/core/file_io.h"
 #include "json_no_duplicates.h"
 
 namespace loom {
@@ -474,11 +474,11 @@ void write_safetensors(const std::string& path, const NamedTensors& tensors,
   unsigned char len_bytes[8];
   for (int i = 0; i < 8; ++i) len_bytes[i] = uint8_t(uint64_t(text.size()) >> (8 * i));
 
-  ckpt_io::write_file_atomic(path, [&](int fd) {
-    bool ok = ckpt_io::write_all(fd, len_bytes, 8) && ckpt_io::write_all(fd, text.data(), text.size());
+  write_file_atomic(path, [&](int fd) {
+    bool ok = write_all(fd, len_bytes, 8) && write_all(fd, text.data(), text.size());
     for (size_t k = 0; ok && k < order.size(); ++k) {
       const TensorView& t = tensors[order[k]].second;
-      ok = ckpt_io::write_all(fd, t.raw(), size_t(t.nbytes()));
+      ok = write_all(fd, t.raw(), size_t(t.nbytes()));
     }
     return ok;
   });

@@ -14,6 +14,7 @@
 #include "loom/ckpt/checkpoint.h"
 #include "loom/ckpt/safetensors.h"
 #include "loom/ckpt/sharded.h"
+#include "loom/core/file_io.h"
 #include "sharded_geometry.h"
 
 namespace loom {
@@ -46,13 +47,7 @@ struct CopyOp {
   int64_t len = 0;
 };
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) user_error("cannot read ", path, ": ", std::strerror(errno));
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
-}
+
 
 }  // namespace
 
@@ -278,7 +273,7 @@ bool is_sharded_checkpoint(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_regular_file(path, ec)) return false;
   try {
-    const json j = json::parse(read_text(path));
+    const json j = json::parse(read_file(path, "checkpoint metadata"));
     return j.is_object() && j.contains(kShardedKey) && j[kShardedKey].is_object();
   } catch (const json::exception&) {
     return false;
@@ -294,7 +289,7 @@ ShardedCheckpoint ShardedCheckpoint::open(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_regular_file(meta_path, ec))
     user_error("checkpoint ", dir, " has no ", kMetadataName, " (not a checkpoint directory, or an incomplete one)");
-  m.metadata = read_text(meta_path);
+  m.metadata = read_file(meta_path, "checkpoint metadata");
   json j;
   try {
     j = json::parse(m.metadata);

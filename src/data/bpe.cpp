@@ -214,15 +214,6 @@ void WordCache::insert(std::string_view word, std::span<const int32_t> ids) {
 
 // ---- helpers --------------------------------------------------------------------------------------
 
-std::string read_file(const std::string& path, std::string_view what) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) user_error(what, " '", path, "': cannot open (", std::strerror(errno), ")");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) user_error(what, " '", path, "': read error");
-  return std::move(ss).str();
-}
-
 std::pair<size_t, size_t> line_col(std::string_view text, size_t offset) {
   offset = std::min(offset, text.size());
   size_t line = 1, col = 1;

@@ -113,8 +113,6 @@ std::unique_ptr<Tokenizer> make_tiktoken_tokenizer(const TokenizerConfig& cfg, c
 
 // ---- helpers for the loaders -------------------------------------------------------------------
 
-// Whole file as bytes; UserError "<what> '<path>': cannot open/read ..." when it fails.
-std::string read_file(const std::string& path, std::string_view what);
 // 1-based line and column of byte `offset` in `text`.
 std::pair<size_t, size_t> line_col(std::string_view text, size_t offset);
 // Appends the UTF-8 encoding of `cp` (< 0x110000) to `out`.

@@ -28,6 +28,7 @@
 
 #include "data/numpy_random.h"
 #include "loom/core/check.h"
+#include "loom/core/file_io.h"
 
 namespace loom {
 
@@ -129,37 +130,20 @@ std::string shape_2d(size_t n, size_t m) {
   return os.str();
 }
 
-std::atomic<uint64_t> g_tmp_counter{0};
-
-// Writes header + payload to path through a temporary name in the same directory and a rename, so
-// readers see either no file or a complete one. Returns false (and leaves nothing) on any failure.
+// Writes header + payload to path atomically (core/file_io.h); false (leaving nothing) on any failure:
+// the cache is an optimisation, and a read-only data directory must not stop a run.
 bool write_atomic(const std::string& path, const std::string& header, const void* data, size_t bytes) {
-  const std::string tmp =
-      path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(g_tmp_counter.fetch_add(1));
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) return false;
-  bool ok = std::fwrite(header.data(), 1, header.size(), f) == header.size();
-  if (ok && bytes > 0) ok = std::fwrite(data, 1, bytes, f) == bytes;
-  ok = (std::fclose(f) == 0) && ok;
-  if (ok) ok = std::rename(tmp.c_str(), path.c_str()) == 0;
-  if (!ok) std::remove(tmp.c_str());
-  return ok;
-}
-
-bool read_file(const std::string& path, std::string& out) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return false;
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  out = ss.str();
-  return bool(in) || in.eof();
+  return try_write_file_atomic(path, [&](int fd) {
+    return write_all(fd, header.data(), header.size()) && (bytes == 0 || write_all(fd, data, bytes));
+  });
 }
 
 // Loads an .npy written by write_atomic with exactly the expected header (dtype and shape).
 template <typename T>
 bool read_npy(const std::string& path, const std::string& header, size_t count, std::vector<T>& out) {
-  std::string bytes;
-  if (!read_file(path, bytes)) return false;
+  const std::optional<std::string> file = read_file_if_present(path);
+  if (!file) return false;
+  const std::string& bytes = *file;
   if (bytes.size() != header.size() + count * sizeof(T)) return false;
   if (bytes.compare(0, header.size(), header) != 0) return false;
   out.resize(count);
@@ -405,8 +389,8 @@ void GPTDataset::build_indices(std::optional<int64_t> num_samples) {
 }
 
 bool GPTDataset::load_cache(const std::string& base) {
-  std::string desc;
-  if (!read_file(base + "-description.txt", desc) || desc != unique_description_) return false;
+  const std::optional<std::string> desc = read_file_if_present(base + "-description.txt");
+  if (!desc || *desc != unique_description_) return false;
   const int64_t n_seq = seq_end_ - seq_begin_;
   const size_t n_doc = size_t(num_epochs_ * n_seq);
   const int64_t n_samples = (num_epochs_ * tokens_per_epoch_ - 1) / seq_length_;

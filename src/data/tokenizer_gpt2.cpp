@@ -13,6 +13,7 @@
 
 #include "data/bpe.h"
 #include "loom/core/check.h"
+#include "loom/core/file_io.h"
 
 namespace loom {
 
@@ -229,7 +230,7 @@ class Gpt2BpeTokenizer final : public Tokenizer {
 
   // Fills token_bytes_ and returns token string -> id.
   std::unordered_map<std::string, int32_t> load_vocab(const std::string& path) {
-    const std::string text = bpe::read_file(path, "--vocab-file");
+    const std::string text = read_file(path, "--vocab-file");
     VocabJsonReader reader(path, text);
     const auto entries = reader.read();
     if (entries.empty()) user_error("--vocab-file '", path, "' is an empty JSON object");
@@ -275,7 +276,7 @@ class Gpt2BpeTokenizer final : public Tokenizer {
   }
 
   void load_merges(const std::string& path, const std::unordered_map<std::string, int32_t>& vocab) {
-    const std::string text = bpe::read_file(path, "--merge-file");
+    const std::string text = read_file(path, "--merge-file");
     std::vector<std::string_view> lines;
     for (size_t start = 0; start <= text.size();) {
       const size_t nl = text.find('\n', start);

@@ -24,6 +24,7 @@
 
 #include "data/tokenizers_impl.h"
 #include "loom/core/check.h"
+#include "loom/core/file_io.h"
 
 namespace loom {
 
@@ -328,20 +329,6 @@ class SentencePieceTokenizer final : public Tokenizer {
   int32_t eod_ = -1;
 };
 
-std::string read_model_file(const std::string& path) {
-  std::error_code ec;
-  const auto st = std::filesystem::status(path, ec);
-  if (!std::filesystem::exists(st))
-    user_error("--tokenizer-model: SentencePiece model '", path, "' does not exist");
-  if (!std::filesystem::is_regular_file(st))
-    user_error("--tokenizer-model: SentencePiece model '", path, "' is not a regular file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) user_error("--tokenizer-model: cannot open SentencePiece model '", path, "': ", std::strerror(errno));
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  if (in.bad()) user_error("--tokenizer-model: error reading SentencePiece model '", path, "'");
-  return std::move(buf).str();
-}
 
 }  // namespace
 
@@ -360,7 +347,7 @@ std::unique_ptr<Tokenizer> make_sentencepiece_tokenizer(const TokenizerConfig& c
   if (cfg.tokenizer_model.empty())
     user_error("--tokenizer-type ", name, " needs --tokenizer-model (a SentencePiece .model file)");
   return std::make_unique<SentencePieceTokenizer>(name, kind, cfg.tokenizer_model,
-                                                  read_model_file(cfg.tokenizer_model));
+                                                  read_file(cfg.tokenizer_model, "--tokenizer-model: SentencePiece model"));
 }
 
 }  // namespace loom

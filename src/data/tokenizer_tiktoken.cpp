@@ -20,6 +20,7 @@
 
 #include "data/bpe.h"
 #include "loom/core/check.h"
+#include "loom/core/file_io.h"
 
 namespace loom {
 
@@ -63,7 +64,7 @@ class TikTokenizer final : public Tokenizer {
     if (num_special_ < kNumNamedSpecials || num_special_ > (int64_t(1) << 30))
       user_error("--tiktoken-num-special-tokens must be in [", kNumNamedSpecials, ", 2^30] (Megatron reserves ",
                  kNumNamedSpecials, " named special tokens), got ", num_special_);
-    const std::string text = bpe::read_file(path, "--tokenizer-model");
+    const std::string text = read_file(path, "--tokenizer-model");
     const bool json = text.find_first_not_of(" \t\r\n") != std::string::npos &&
                       text[text.find_first_not_of(" \t\r\n")] == '[';
     int64_t inner;  // number of ranks kept

@@ -1,9 +1,7 @@
 #include "train/checkpoint_format.h"
 
-#include <fstream>
-#include <sstream>
-
 #include "loom/core/check.h"
+#include "loom/core/file_io.h"
 
 namespace loom {
 
@@ -39,12 +37,9 @@ json model_config_json(const GPTConfig& m) {
 }
 
 json read_json_file(const std::string& path, const char* what) {
-  std::ifstream f(path);
-  if (!f) user_error("cannot read ", what, " ", path);
-  std::stringstream ss;
-  ss << f.rdbuf();
+  const std::string text = read_file(path, what);
   try {
-    return json::parse(ss.str());
+    return json::parse(text);
   } catch (const json::exception& e) {
     user_error(what, " ", path, " is not valid JSON: ", e.what());
   }

@@ -14,8 +14,9 @@
 
 #include <algorithm>
 #include <cctype>
-#include <fstream>
 #include <sstream>
+
+#include "loom/core/file_io.h"
 
 namespace loom {
 
@@ -39,20 +40,14 @@ int64_t line_of(const YAML::Node& n) { return int64_t(n.Mark().line) + 1; }
   user_error("config file '", path, "', line ", line, ": ", what);
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) user_error("--config: cannot open config file '", path, "'");
-  std::ostringstream os;
-  os << f.rdbuf();
-  return os.str();
-}
+
 
 // The file's tokens, except for flags in `overridden`; appends one ConfigFileKey per key.
 std::vector<std::string> config_tokens(const std::string& path, const std::set<std::string>& overridden,
                                        std::vector<ConfigFileKey>& keys) {
   YAML::Node root;
   try {
-    root = YAML::Load(read_file(path));
+    root = YAML::Load(read_file(path, "--config: config file"));
   } catch (const YAML::Exception& e) {  // ParserException and the rest carry the position
     user_error("config file '", path, "', line ", e.mark.line + 1, ", column ", e.mark.column + 1,
                ": invalid YAML: ", e.msg);

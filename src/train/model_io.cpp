@@ -16,6 +16,7 @@
 
 #include "loom/ckpt/checkpoint.h"
 #include "loom/ckpt/sharded.h"
+#include "loom/core/file_io.h"
 #include "train/checkpoint_format.h"
 #include "train/training_run.h"
 
@@ -42,13 +43,7 @@ double tidy(float x) {
   return std::strtod(buf, nullptr);
 }
 
-std::string read_text(const std::string& path, const char* what) {
-  std::ifstream f(path);
-  if (!f) user_error("cannot read ", what, " ", path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+
 
 template <typename T>
 T field(const json& j, const char* key, const std::string& file) {
@@ -393,7 +388,7 @@ GPTConfig gpt_config_from_hf(const HfConfig& hf, int64_t divisible_by) {
 GPTConfig read_model_config(const std::string& dir, int64_t divisible_by) {
   if (is_hf_model_dir(dir)) {
     const std::string path = (fs::path(dir) / "config.json").string();
-    return gpt_config_from_hf(parse_hf_config(read_text(path, "HF config"), path), divisible_by);
+    return gpt_config_from_hf(parse_hf_config(read_file(path, "HF config"), path), divisible_by);
   }
   const std::string ck = loom_checkpoint_dir(dir);
   const json meta = read_loom_metadata(ck);

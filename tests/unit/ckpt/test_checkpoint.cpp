@@ -247,7 +247,8 @@ TEST_F(CheckpointTest, BeginCleansOnlyItsOwnLeftovers) {
   mkdir_with_file("iter_0000003.loom-staging");
   mkdir_with_file("iter_12345678.loom-staging");
   mkdir_with_file("iter_0000011.loom-staging");  // the iteration about to be saved
-  write_file(root_ + "/latest_checkpointed_iteration.txt.tmp", "9");
+  write_file(root_ + "/latest_checkpointed_iteration.txt.tmp", "9");         // Loom 0.1.0's temporary name
+  write_file(root_ + "/latest_checkpointed_iteration.txt.tmp.4242.0", "9");  // today's (pid, counter)
   // Everything else is the user's and must survive.
   const std::vector<std::string> foreign = {"iter_0000005.tmp", "iter_abc.loom-staging", "iter_123.loom-staging",
                                             "xiter_0000003.loom-staging", "iter_0000003.loom-staging.bak",
@@ -261,6 +262,7 @@ TEST_F(CheckpointTest, BeginCleansOnlyItsOwnLeftovers) {
   EXPECT_FALSE(fs::exists(root_ + "/iter_0000003.loom-staging"));
   EXPECT_FALSE(fs::exists(root_ + "/iter_12345678.loom-staging"));
   EXPECT_FALSE(fs::exists(root_ + "/latest_checkpointed_iteration.txt.tmp"));
+  EXPECT_FALSE(fs::exists(root_ + "/latest_checkpointed_iteration.txt.tmp.4242.0"));
   for (const std::string& n : foreign) EXPECT_TRUE(fs::exists(root_ + "/" + n + "/model.safetensors.tmp")) << n;
   EXPECT_EQ(read_file(root_ + "/notes.txt"), "keep me");
   verify_generated(checkpoint_dir(root_, 7), 7, 1);

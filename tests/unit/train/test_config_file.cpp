@@ -154,7 +154,7 @@ TEST_F(ConfigFileTest, BadFilesNameTheFileAndLine) {
     for (const std::string& part : c.expect) EXPECT_HAS(msg, part);
   }
   const std::string missing = (dir_ / "missing.yaml").string();
-  EXPECT_HAS(user_error_of([&] { expand_config_file({"--config", missing}); }), "cannot open config file '" + missing);
+  EXPECT_HAS(user_error_of([&] { expand_config_file({"--config", missing}); }), "--config: config file '" + missing + "': cannot open");
   const std::string p = write("num-layers: 1\n");
   EXPECT_HAS(user_error_of([&] { expand_config_file({"--config", p, "--config", p}); }), "--config given twice");
   EXPECT_HAS(user_error_of([&] { expand_config_file({"--config"}); }), "--config needs a value");
