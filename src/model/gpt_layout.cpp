@@ -167,6 +167,7 @@ GPTModel::Declared GPTModel::declare_parameters(ParameterSet& ps, const GPTConfi
                                                           cfg.init_method_std)
                             : std::make_unique<Embedding>(ps, cfg.padded_vocab_size, cfg.hidden_size, P,
                                                           cfg.init_method_std, vocab);
+      d.embedding->word_embeddings().tied_embedding = !cfg.untie_embeddings_and_output_weights;
     });
   }
   for (int64_t l = 0; l < nl; ++l) {
@@ -193,6 +194,7 @@ GPTModel::Declared GPTModel::declare_parameters(ParameterSet& ps, const GPTConfi
                               : &ps.add_sharded("embedding.word_embeddings.weight", g, 0, {vocab}, InitKind::kNormal,
                                                 cfg.init_method_std, false);
         d.tied_copy->tied_embedding_copy = true;
+        d.tied_copy->tied_embedding = true;
       }
     });
   }

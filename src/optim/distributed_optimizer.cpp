@@ -67,7 +67,6 @@ ParamStorage param_storage_for(ShardingStrategy s) {
 
 namespace {
 
-constexpr const char* kWordEmbedding = "embedding.word_embeddings.weight";
 
 int64_t bytes(const Tensor& t) { return t.defined() ? t.nbytes() : 0; }
 
@@ -573,7 +572,7 @@ DistributedOptimizer::DistributedOptimizer(const DeviceContext& ctx, std::vector
         }
         LOOM_CHECK(pe <= b.end, "[DistributedOptimizer] parameter ", p.name, " crosses a unit boundary");
         if (p.sequence_parallel) b.sp.push_back({p.offset - b.begin, p.shape.numel()});
-        if (im.tied_embedding && (p.tied_embedding_copy || p.name == kWordEmbedding))
+        if (im.tied_embedding && p.tied_embedding)
           b.emb.push_back({p.offset - b.begin, p.shape.numel()});
         const int64_t lo = std::max(p.offset, b.own_begin), hi = std::min(pe, b.own_end);
         if (lo >= hi) continue;

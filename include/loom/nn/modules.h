@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "loom/nn/parameter.h"
+#include "loom/param/parameter.h"
 
 namespace loom {
 

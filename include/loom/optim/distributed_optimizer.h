@@ -47,7 +47,7 @@
 #include <vector>
 
 #include "loom/dist/parallel_state.h"
-#include "loom/nn/parameter.h"
+#include "loom/param/parameter.h"
 #include "loom/optim/optimizer.h"
 
 namespace loom {

@@ -14,7 +14,7 @@
 
 #include "loom/backend/device_context.h"
 #include "loom/dist/communicator.h"
-#include "loom/nn/parameter.h"
+#include "loom/param/parameter.h"
 
 namespace loom {
 

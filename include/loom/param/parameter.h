@@ -49,6 +49,10 @@ struct Parameter {
   // stage's, its gradient summed with it over the embedding group; the first stage's copy is the one that
   // checkpoints save and gradient norms count.
   bool tied_embedding_copy = false;
+  // The word embedding shared with the output layer (a tied model, the default): set on the first
+  // stage's embedding and on the last stage's copy alike, so the optimizer finds the pair whose gradients
+  // it sums over the embedding group by this flag, never by name.
+  bool tied_embedding = false;
   int64_t offset = 0;          // element offset in the contiguous buffers (set by allocate)
   Tensor value;                // f32 master, view into ParameterSet::values()
   Tensor compute;              // view into ParameterSet::compute_values(); modules read this one

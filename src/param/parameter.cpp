@@ -1,5 +1,5 @@
 // ParameterSet: contiguous master / compute / grad buffers and name-keyed initialisation.
-#include "loom/nn/parameter.h"
+#include "loom/param/parameter.h"
 
 #include <algorithm>
 #include <utility>
