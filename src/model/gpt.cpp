@@ -34,26 +34,32 @@ GPTModel::GPTModel(const GPTConfig& cfg, const DeviceContext& ctx, const ModelOp
   }
   first_layer_unit_ = embedding_unit_ >= 0 ? 1 : 0;
   if (opts_.fp8) {
-    // Sites: qkv, proj, fc1, fc2 of every local layer, then the output layer (post_process).
-    const int sites = int(4 * int64_t(layers_.size())) + (opts_.parallel.post_process ? 1 : 0);
+    // Sites: qkv, proj, fc1, fc2 of every local layer, then the output layer (post_process); each linear
+    // owns its Fp8Gemm, with slots (2s, 2s + 1) of the forward group and s of the backward group.
+    const int sites = int(4 * int64_t(layers_.size())) + (output_layer_ ? 1 : 0);
     fp8_ = std::make_unique<Fp8State>();
     if (sites > 0) {
       fp8_->fwd = std::make_unique<Fp8ScalingGroup>(ctx, opts_.fp8->forward_dtype(), 2 * sites, *opts_.fp8);
       fp8_->bwd = std::make_unique<Fp8ScalingGroup>(ctx, opts_.fp8->backward_dtype(), sites, *opts_.fp8);
-      for (int s = 0; s < sites; ++s)
-        fp8_->gemms.emplace_back(fp8_->fwd.get(), 2 * s, 2 * s + 1, fp8_->bwd.get(), s, opts_.fp8->wgrad);
-      for (size_t l = 0; l < layers_.size(); ++l) {
-        const Layer& L = *layers_[l];
-        const Linear* lins[4] = {&L.qkv, &L.proj, &L.fc1, &L.fc2};
-        for (int k = 0; k < 4; ++k) fp8_->gemms[size_t(fp8_site(int64_t(l), k))].reserve(ctx, lins[k]->weight().shape);
+      auto add = [&](auto& linear) {
+        const int s = int(fp8_->sites.size());
+        linear.enable_fp8(ctx, fp8_->fwd.get(), 2 * s, 2 * s + 1, fp8_->bwd.get(), s, opts_.fp8->wgrad);
+        fp8_->sites.push_back({linear.name(), linear.fp8()});
+      };
+      for (const auto& L : layers_) {
+        add(L->qkv);
+        add(L->proj);
+        add(L->fc1);
+        add(L->fc2);
       }
-      if (opts_.parallel.post_process) fp8_->gemms[size_t(fp8_output_site())].reserve(ctx, output_weight().shape);
+      if (output_layer_) add(*output_layer_);
     } else {
       fp8_.reset();  // an embedding-only stage has no GEMM
     }
   }
   // A tied output layer in the same instance reads (and its backward writes) the word embedding.
-  if (!output_layer_ && head_unit_ >= 0 && embedding_unit_ >= 0) units_[size_t(head_unit_)].reads = {embedding_unit_};
+  if (!cfg_.untie_embeddings_and_output_weights && head_unit_ >= 0 && embedding_unit_ >= 0)
+    units_[size_t(head_unit_)].reads = {embedding_unit_};
   if (cfg.position_embedding_type == PositionEmbeddingType::kRope)
     rope_ = std::make_unique<RotaryEmbedding>(ctx, cfg.rotary_options(), cfg.max_position_embeddings);
   roles_ = layer_roles(cfg_, opts_);
@@ -70,11 +76,11 @@ GPTModel::~GPTModel() = default;
 
 // ---- FP8 -------------------------------------------------------------------------------------------
 
-int GPTModel::fp8_num_sites() const { return fp8_ ? int(fp8_->gemms.size()) : 0; }
+int GPTModel::fp8_num_sites() const { return fp8_ ? int(fp8_->sites.size()) : 0; }
 
 void GPTModel::fp8_begin_step() {
   if (!fp8_) return;
-  for (Fp8Gemm& g : fp8_->gemms) g.begin_step();
+  for (const Fp8State::Site& s : fp8_->sites) s.gemm->begin_step();
 }
 
 void GPTModel::fp8_update_scaling(const std::vector<const Communicator*>& groups) {
@@ -96,17 +102,14 @@ void GPTModel::fp8_discard_amaxes() {
 
 std::string GPTModel::fp8_state_name(int site) const {
   LOOM_CHECK(site >= 0 && site < fp8_num_sites(), "[GPTModel] FP8 site ", site, " out of range (", fp8_num_sites(), ")");
-  if (site == fp8_output_site()) return "output_layer.fp8_state";
-  static const char* kNames[] = {"self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1",
-                                 "mlp.linear_fc2"};
-  const int64_t layer = opts_.parallel.first_layer + site / 4;
-  return "decoder.layers." + std::to_string(layer) + "." + kNames[site % 4] + ".fp8_state";
+  return fp8_->sites[size_t(site)].name + ".fp8_state";
 }
 
 Tensor GPTModel::fp8_state(int site) const {
   LOOM_CHECK(site >= 0 && site < fp8_num_sites(), "[GPTModel] FP8 site ", site, " out of range");
   const Fp8ScalingGroup* groups[3] = {fp8_->fwd.get(), fp8_->fwd.get(), fp8_->bwd.get()};
-  const int slots[3] = {2 * site, 2 * site + 1, site};
+  const Fp8Gemm& g = *fp8_->sites[size_t(site)].gemm;
+  const int slots[3] = {g.input_slot(), g.weight_slot(), g.grad_slot()};
   const int64_t L = fp8_->fwd->amax_history().size(0);
   Tensor out = Tensor::empty({3, 1 + L}, DType::kF32);
   for (int r = 0; r < 3; ++r) {
@@ -127,7 +130,8 @@ void GPTModel::fp8_set_state(int site, TensorView st) {
   Tensor host = Tensor::empty({3, 1 + L}, DType::kF32);
   ctx_.copy(host, st.reshape({3, 1 + L}));
   const Fp8ScalingGroup* groups[3] = {fp8_->fwd.get(), fp8_->fwd.get(), fp8_->bwd.get()};
-  const int slots[3] = {2 * site, 2 * site + 1, site};
+  const Fp8Gemm& g = *fp8_->sites[size_t(site)].gemm;
+  const int slots[3] = {g.input_slot(), g.weight_slot(), g.grad_slot()};
   for (int r = 0; r < 3; ++r) {
     const float scale = host.data<float>()[r * (1 + L)];
     Tensor s = Tensor::empty({1}, DType::kF32), si = Tensor::empty({1}, DType::kF32);
@@ -141,23 +145,6 @@ void GPTModel::fp8_set_state(int site, TensorView st) {
                 host.view().slice_flat(r * (1 + L) + 1 + h, Shape{1}));
   }
   fp8_begin_step();
-}
-
-void GPTModel::gemm_forward(int site, TensorView out, TensorView inp, const Parameter& w, TensorView bias) const {
-  if (fp8_) {
-    fp8_->gemms[size_t(site)].forward(ctx_, out, inp, w.compute, bias);
-    return;
-  }
-  ctx_.ops().matmul_forward(out, inp, w.compute, bias);
-}
-
-void GPTModel::gemm_backward(int site, TensorView dinp, const Parameter& w, TensorView dbias, TensorView dout,
-                             TensorView inp) const {
-  if (fp8_) {
-    fp8_->gemms[size_t(site)].backward(ctx_, dinp, w.grad, dbias, dout, inp, w.compute);
-    return;
-  }
-  ctx_.ops().matmul_backward(dinp, w.grad, dbias, dout, inp, w.compute);
 }
 
 void GPTModel::store_slot() {
@@ -309,80 +296,19 @@ DropoutMask GPTModel::attention_mask(uint64_t site) const {
   return {cfg_.attention_dropout, fwd_.dropout_seed, dropout_stream(s, fwd_.micro_batch_index), 0};
 }
 
-Parameter& GPTModel::output_weight() const {
-  if (output_layer_) return output_layer_->weight();
-  if (tied_copy_) return *tied_copy_;
-  return embedding_->word_embeddings();
-}
-
 TensorView GPTModel::layer_input(int64_t l) const {
   return l == 0 ? TensorView(x0_) : TensorView(acts_[size_t(l - 1)].out);
 }
 
-TensorView GPTModel::column_input(TensorView shard) const {
-  if (!opts_.parallel.sequence_parallel) return shard;
-  sp_all_gather(opts_.parallel.tp, sp_gathered_, shard);
-  return sp_gathered_;
-}
-
-TensorView GPTModel::column_input_grad() const {
-  return opts_.parallel.sequence_parallel ? TensorView(sp_grad_) : TensorView(dln_);
-}
-
-void GPTModel::reduce_column_input_grad() const {
-  // The input of a column-parallel layer is replicated (or all-gathered): its gradient is the sum of
-  // every rank's partial gradient, reduce-scattered back to the token shard under SP.
-  if (opts_.parallel.sequence_parallel) sp_reduce_scatter(opts_.parallel.tp, dln_, sp_grad_);
-  else tp_all_reduce(opts_.parallel.tp, dln_);
-}
-
-// Forward of a row-parallel layer into the residual stream, dropout included. Returns the branch output
-// in the residual layout: out_full itself, or (SP) shard_out. The bias is added by TP rank 0 only, before
-// the reduction; under SP dropout runs before the reduce-scatter on every rank's partial sum with the
-// single-process mask of the full (N, C) tensor (dropout is linear in its input, so the reduced result is
-// the single-process one).
-TensorView GPTModel::row_parallel_forward(int site, const Linear& lin, TensorView out_full, TensorView inp,
-                                          const DropoutMask& drop, TensorView shard_out) const {
-  const ModelParallel& mp = opts_.parallel;
-  Parameter* b = lin.bias();
-  if (mp.tp_size() == 1) {
-    gemm_forward(site, out_full, inp, lin.weight(), b != nullptr ? b->compute.view() : TensorView());
-    hidden_dropout_forward(out_full, out_full, drop);
-    return out_full;
+RowEpilogue GPTModel::hidden_dropout_epilogue(uint64_t site) const {
+  const DropoutMask drop = hidden_mask(site);
+  RowEpilogue e;
+  e.active = drop.active();
+  if (e.active) {
+    e.forward = [this, drop](TensorView out, TensorView inp) { hidden_dropout_forward(out, inp, drop); };
+    e.backward = [this, drop](TensorView dinp, TensorView dout) { hidden_dropout_backward(dinp, dout, drop); };
   }
-  gemm_forward(site, out_full, inp, lin.weight(), b != nullptr && mp.tp_rank() == 0 ? b->compute.view() : TensorView());
-  if (mp.sequence_parallel) {
-    hidden_dropout_forward(out_full, out_full, drop);
-    sp_reduce_scatter(mp.tp, shard_out, out_full);
-    return shard_out;
-  }
-  tp_all_reduce(mp.tp, out_full);
-  hidden_dropout_forward(out_full, out_full, drop);
-  return out_full;
-}
-
-// dout: d(branch output) in the residual layout. Without SP it is replicated: every rank computes the
-// whole (replicated) bias gradient. With SP it is all-gathered first and the bias gradient sums this
-// rank's token rows only (a partial sum: the bias is marked sequence_parallel).
-void GPTModel::row_parallel_backward(int site, const Linear& lin, TensorView dinp, TensorView dout, TensorView inp,
-                                     const DropoutMask& drop) const {
-  const ModelParallel& mp = opts_.parallel;
-  if (!mp.sequence_parallel) {
-    TensorView d = dout;
-    if (drop.active()) {
-      hidden_dropout_backward(branch_, dout, drop);
-      d = branch_;
-    }
-    gemm_backward(site, dinp, lin.weight(), lin.bias() ? lin.bias()->grad.view() : TensorView(), d, inp);
-    return;
-  }
-  const Dims dm = make_dims(cfg_, opts_, B_, T_);
-  const TensorView full = TensorView(branch_).reshape({dm.N, dm.C});
-  sp_all_gather(mp.tp, full, dout);
-  hidden_dropout_backward(full, full, drop);
-  gemm_backward(site, dinp, lin.weight(), TensorView(), full, inp);
-  if (Parameter* b = lin.bias())
-    ctx_.ops().bias_backward(b->grad, full.slice_flat(int64_t(mp.tp_rank()) * dm.Nl * dm.C, {dm.Nl, dm.C}));
+  return e;
 }
 
 void GPTModel::forward_layer(int64_t l, TensorView segment_ids) {
@@ -391,20 +317,17 @@ void GPTModel::forward_layer(int64_t l, TensorView segment_ids) {
   const bool sp = opts_.parallel.sequence_parallel;
   const TensorView x = layer_input(l);
   L.ln1.forward(ctx_, a.ln1, a.ln1_saved, x);
-  gemm_forward(fp8_site(l, 0), a.qkv, column_input(a.ln1), L.qkv.weight(),
-               L.qkv.bias() ? L.qkv.bias()->compute.view() : TensorView());
+  L.qkv.forward(ctx_, a.qkv, a.ln1, sp_gathered_);
   if (L.qk_norm) L.qk_norm->forward(ctx_, a.qkv, a.qk_saved, qk_a_);
   if (rope_) rope_->forward(ctx_, a.qkv, L.attn.params(), cp_positions_);  // in place: attention reads rotated q, k
   attention_forward(L, a, segment_ids, attention_mask(L.attn_dropout_site));
   // Bias-dropout-add: the bias is part of the linear output, dropout follows, then the residual add.
-  const TensorView attn_out =
-      row_parallel_forward(fp8_site(l, 1), L.proj, branch_, a.att, hidden_mask(L.proj_dropout_site), dln_);
+  const TensorView attn_out = L.proj.forward(ctx_, branch_, a.att, hidden_dropout_epilogue(L.proj_dropout_site), dln_);
   L.ln2.forward_residual(ctx_, a.residual2, a.ln2, a.ln2_saved, x, attn_out);
-  gemm_forward(fp8_site(l, 2), a.fc, column_input(a.ln2), L.fc1.weight(),
-               L.fc1.bias() ? L.fc1.bias()->compute.view() : TensorView());
+  L.fc1.forward(ctx_, a.fc, a.ln2, sp_gathered_);
   mlp_activation_forward(a.fc);
-  row_parallel_forward(fp8_site(l, 3), L.fc2, sp ? TensorView(branch_) : TensorView(a.out), act_,
-                       hidden_mask(L.mlp_dropout_site), a.out);
+  L.fc2.forward(ctx_, sp ? TensorView(branch_) : TensorView(a.out), act_, hidden_dropout_epilogue(L.mlp_dropout_site),
+                a.out);
   ctx_.ops().residual_forward(a.out, a.out, a.residual2);
 }
 
@@ -469,7 +392,7 @@ void GPTModel::backward_layer(int64_t l, TensorView segment_ids) {
   const OpTable& ops = ctx_.ops();
   // MLP branch: dres is d(out) = d(residual2) through the skip connection.
   mlp_activation_forward(a.fc);  // recompute instead of saving B·T·F per layer
-  row_parallel_backward(fp8_site(l, 3), L.fc2, dfc_, dres_, act_, hidden_mask(L.mlp_dropout_site));  // dfc_ = d(act)
+  L.fc2.backward(ctx_, dfc_, dres_, act_, hidden_dropout_epilogue(L.mlp_dropout_site), branch_);  // dfc_ = d(act)
   TensorView dfc1 = dfc_;
   if (cfg_.gated_mlp()) {
     // d[gate | up] is twice as wide as dfc_; it overwrites fc1's output in place (the op allows dinp to
@@ -481,14 +404,12 @@ void GPTModel::backward_layer(int64_t l, TensorView segment_ids) {
   } else {
     ops.gelu_backward(dfc_, a.fc, dfc_);
   }
-  gemm_backward(fp8_site(l, 2), column_input_grad(), L.fc1.weight(), L.fc1.bias() ? L.fc1.bias()->grad.view() : TensorView(),
-                dfc1, column_input(a.ln2));
-  reduce_column_input_grad();
+  L.fc1.backward(ctx_, dln_, dfc1, a.ln2, sp_gathered_, sp_grad_);
   L.ln2.backward(ctx_, dres_, dln_, a.residual2, a.ln2_saved);
   // Attention branch: dres is now d(residual2) = d(x) through the skip connection.
   if (opts_.recompute_granularity == RecomputeGranularity::kSelective)
     attention_forward(L, a, segment_ids, a.attn_saved.dropout);
-  row_parallel_backward(fp8_site(l, 1), L.proj, datt_, dres_, a.att, hidden_mask(L.proj_dropout_site));
+  L.proj.backward(ctx_, datt_, dres_, a.att, hidden_dropout_epilogue(L.proj_dropout_site), branch_);
   if (opts_.parallel.cp_size() > 1)
     ContextParallelAttention::backward(ctx_, dqkv_, datt_, a.qkv, a.att, a.attn_saved.lse,
                                        L.attn.with_dropout(a.attn_saved.dropout), *opts_.parallel.cp,
@@ -497,9 +418,7 @@ void GPTModel::backward_layer(int64_t l, TensorView segment_ids) {
     L.attn.backward(ctx_, dqkv_, datt_, a.qkv, a.att, a.attn_saved, segment_ids);
   if (rope_) rope_->backward(ctx_, dqkv_, L.attn.params(), cp_positions_);
   if (L.qk_norm) L.qk_norm->backward(ctx_, dqkv_, a.qk_saved, qk_a_, qk_b_);
-  gemm_backward(fp8_site(l, 0), column_input_grad(), L.qkv.weight(), L.qkv.bias() ? L.qkv.bias()->grad.view() : TensorView(),
-                dqkv_, column_input(a.ln1));
-  reduce_column_input_grad();
+  L.qkv.backward(ctx_, dln_, dqkv_, a.ln1, sp_gathered_, sp_grad_);
   L.ln1.backward(ctx_, dres_, dln_, layer_input(l), a.ln1_saved);
 }
 
@@ -609,7 +528,7 @@ float GPTModel::forward(const GPTBatch& batch, float dloss_scale, const ForwardO
   call_hook(&ParamHooks::before_forward, head_unit_);
   const Dims d = make_dims(cfg_, opts_, B, T);
   final_ln_->forward(ctx_, lnf_, lnf_saved_, layer_input(nl));
-  gemm_forward(fp8_output_site(), logits_, column_input(lnf_), output_weight(), TensorView());
+  output_layer_->forward(ctx_, logits_, lnf_, sp_gathered_);
   const int64_t N = d.N;
   const TensorView mask = batch.loss_mask.defined() ? batch.loss_mask.reshape({N}) : TensorView();
   // CP: each rank's gradient is CP x its share of d(mean loss), so the average over dp_cp (DP x CP
@@ -666,10 +585,7 @@ void GPTModel::backward(const GPTBatch& batch_in) {
     call_hook(&ParamHooks::before_backward, head_unit_);
     const Dims d = make_dims(cfg_, opts_, B_, T_);
     // Output layer: dlnf = dlogits · W; dW += dlogits^T · lnf (W: output_layer.weight, or the tied Wte).
-    Parameter& w = output_weight();
-    gemm_backward(fp8_output_site(), column_input_grad(), w, TensorView(), logits_.reshape({d.N, d.Vl}),
-                  column_input(lnf_));
-    reduce_column_input_grad();
+    output_layer_->backward(ctx_, dln_, logits_.reshape({d.N, d.Vl}), lnf_, sp_gathered_, sp_grad_);
     ops.fill_(dres_, 0.0f);
     final_ln_->backward(ctx_, dres_, dln_, layer_input(nl), lnf_saved_);
     call_hook(&ParamHooks::after_backward, head_unit_);

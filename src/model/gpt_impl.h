@@ -73,21 +73,19 @@ inline Dims make_dims(const GPTConfig& c, const ModelOptions& o, int64_t B, int6
   return d;
 }
 
-// A linear layer: whole at TP = 1 (the original declaration), else the shard `ranges` along partition_dim.
-inline Linear make_linear(ParameterSet& ps, const std::string& prefix, int64_t in, int64_t out, bool bias, float std_,
-                   int tp, int partition_dim, std::vector<ShardRange> ranges) {
-  if (tp == 1) return Linear(ps, prefix, in, out, bias, std_);
-  return Linear(ps, prefix, in, out, bias, std_, partition_dim, std::move(ranges));
-}
-
 }  // namespace gpt_detail
 using namespace gpt_detail;  // private header of the model layer
 
-// FP8: two scaling groups (forward: input and weight of every GEMM site; backward: its output gradient)
-// and one Fp8Gemm per site.
+// FP8: two scaling groups (forward: input and weight of every GEMM site; backward: its output gradient);
+// the sites are the linear layers' own Fp8Gemms, listed with their layer's name (checkpoint names) in
+// slot order: qkv, proj, fc1, fc2 of every local layer, then the output layer.
 struct GPTModel::Fp8State {
   std::unique_ptr<Fp8ScalingGroup> fwd, bwd;
-  std::vector<Fp8Gemm> gemms;
+  struct Site {
+    std::string name;  // the linear layer's parameter prefix, e.g. decoder.layers.3.mlp.linear_fc1
+    Fp8Gemm* gemm = nullptr;
+  };
+  std::vector<Site> sites;
 };
 
 struct GPTModel::Layer {
@@ -96,28 +94,30 @@ struct GPTModel::Layer {
   // (one contiguous row range of the grouped layout), fc1 its FFN rows (a gated fc1 its gate rows and its
   // up rows), linear_proj / fc2 their input columns; norms and the row-parallel biases are whole.
   Norm ln1, ln2;
-  Linear qkv, proj;
+  ColumnParallelLinear qkv;
+  RowParallelLinear proj;
   std::optional<QKNorm> qk_norm;
-  Linear fc1, fc2;
+  ColumnParallelLinear fc1;
+  RowParallelLinear fc2;
   AttentionCore attn;
   uint64_t attn_dropout_site, proj_dropout_site, mlp_dropout_site;
-  Layer(ParameterSet& ps, const GPTConfig& c, int64_t i, int tp, int r)
+  Layer(ParameterSet& ps, const GPTConfig& c, int64_t i, const TpRegion& region)
       : ln1(ps, prefix(i) + "input_layernorm", c.hidden_size, c.layernorm_epsilon, c.normalization),
         ln2(ps, prefix(i) + "pre_mlp_layernorm", c.hidden_size, c.layernorm_epsilon, c.normalization),
-        qkv(make_linear(ps, prefix(i) + "self_attention.linear_qkv", c.hidden_size, c.qkv_size(), c.qkv_bias(),
-                        c.init_method_std, tp, 0, {even_shard(c.qkv_size(), tp, r)})),
-        proj(make_linear(ps, prefix(i) + "self_attention.linear_proj", c.num_attention_heads * c.head_dim(),
-                         c.hidden_size, c.add_bias_linear, scaled_std(c), tp, 1,
-                         {even_shard(c.num_attention_heads * c.head_dim(), tp, r)})),
+        qkv(ps, prefix(i) + "self_attention.linear_qkv", c.hidden_size, c.qkv_size(), c.qkv_bias(),
+            c.init_method_std, region, {even_shard(c.qkv_size(), region.size(), region.rank())}),
+        proj(ps, prefix(i) + "self_attention.linear_proj", c.num_attention_heads * c.head_dim(), c.hidden_size,
+             c.add_bias_linear, scaled_std(c), region,
+             even_shard(c.num_attention_heads * c.head_dim(), region.size(), region.rank())),
         qk_norm(c.qk_layernorm ? std::optional<QKNorm>(std::in_place, ps, prefix(i) + "self_attention",
-                                                       local_attention_params(c, tp), c.layernorm_epsilon,
-                                                       c.normalization)
+                                                       local_attention_params(c, region.size()),
+                                                       c.layernorm_epsilon, c.normalization)
                                : std::nullopt),
-        fc1(make_linear(ps, prefix(i) + "mlp.linear_fc1", c.hidden_size, (c.gated_mlp() ? 2 : 1) * c.ffn_hidden_size(),
-                        c.add_bias_linear, c.init_method_std, tp, 0, fc1_shard(c, tp, r))),
-        fc2(make_linear(ps, prefix(i) + "mlp.linear_fc2", c.ffn_hidden_size(), c.hidden_size, c.add_bias_linear,
-                        scaled_std(c), tp, 1, {even_shard(c.ffn_hidden_size(), tp, r)})),
-        attn(local_attention_params(c, tp)),
+        fc1(ps, prefix(i) + "mlp.linear_fc1", c.hidden_size, (c.gated_mlp() ? 2 : 1) * c.ffn_hidden_size(),
+            c.add_bias_linear, c.init_method_std, region, fc1_shard(c, region.size(), region.rank())),
+        fc2(ps, prefix(i) + "mlp.linear_fc2", c.ffn_hidden_size(), c.hidden_size, c.add_bias_linear, scaled_std(c),
+            region, even_shard(c.ffn_hidden_size(), region.size(), region.rank())),
+        attn(local_attention_params(c, region.size())),
         attn_dropout_site(hash_stream(prefix(i) + "self_attention.core_attention.attention_dropout")),
         proj_dropout_site(hash_stream(prefix(i) + "self_attention.hidden_dropout")),
         mlp_dropout_site(hash_stream(prefix(i) + "mlp.hidden_dropout")) {}
@@ -166,7 +166,7 @@ struct GPTModel::Declared {
   std::unique_ptr<Embedding> embedding;
   std::vector<std::unique_ptr<Layer>> layers;
   std::unique_ptr<Norm> final_ln;
-  std::unique_ptr<Linear> output_layer;
+  std::unique_ptr<ColumnParallelLinear> output_layer;
   Parameter* tied_copy = nullptr;
   // Parameter index ranges [begin, end) in ParameterSet::all() of the units, in forward order.
   std::vector<std::pair<std::string, std::pair<size_t, size_t>>> units;

@@ -153,6 +153,7 @@ GPTModel::Declared GPTModel::declare_parameters(ParameterSet& ps, const GPTConfi
   const int tp = mp.tp_size(), r = mp.tp_rank();
   const int64_t nl = mp.layer_count(cfg.num_layers);
   const ShardRange vocab = even_shard(cfg.padded_vocab_size, tp, r);
+  const TpRegion region{mp.tp, mp.sequence_parallel};
   Declared d;
   auto unit = [&](std::string name, auto&& build) {
     const size_t begin = ps.all().size();
@@ -173,7 +174,7 @@ GPTModel::Declared GPTModel::declare_parameters(ParameterSet& ps, const GPTConfi
   for (int64_t l = 0; l < nl; ++l) {
     const int64_t g = mp.first_layer + l;
     unit("decoder.layers." + std::to_string(g),
-         [&] { d.layers.push_back(std::make_unique<Layer>(ps, cfg, g, tp, r)); });
+         [&] { d.layers.push_back(std::make_unique<Layer>(ps, cfg, g, region)); });
   }
   if (mp.post_process) {
     unit("head", [&] {
@@ -181,10 +182,9 @@ GPTModel::Declared GPTModel::declare_parameters(ParameterSet& ps, const GPTConfi
                                           cfg.normalization);
       // Megatron initialises the untied output layer with init_method (not the scaled one).
       if (cfg.untie_embeddings_and_output_weights) {
-        d.output_layer = std::make_unique<Linear>(
-            tp == 1 ? Linear(ps, "output_layer", cfg.hidden_size, cfg.padded_vocab_size, false, cfg.init_method_std)
-                    : Linear(ps, "output_layer", cfg.hidden_size, cfg.padded_vocab_size, false, cfg.init_method_std, 0,
-                             {vocab}));
+        d.output_layer = std::make_unique<ColumnParallelLinear>(ps, "output_layer", cfg.hidden_size,
+                                                                cfg.padded_vocab_size, false, cfg.init_method_std,
+                                                                region, std::vector<ShardRange>{vocab});
       } else if (!mp.pre_process) {
         // The last stage's copy of the tied word embedding: the same name, so it initialises to the same
         // values as the first stage's; its gradient is summed with that one over the embedding group.
@@ -196,11 +196,15 @@ GPTModel::Declared GPTModel::declare_parameters(ParameterSet& ps, const GPTConfi
         d.tied_copy->tied_embedding_copy = true;
         d.tied_copy->tied_embedding = true;
       }
+      // A tied output layer borrows the word embedding (this chunk's, or the last stage's copy).
+      if (!cfg.untie_embeddings_and_output_weights)
+        d.output_layer = std::make_unique<ColumnParallelLinear>(
+            "output_layer", d.tied_copy ? *d.tied_copy : d.embedding->word_embeddings(), region);
     });
   }
   // Gradients that are partial sums over the TP group (summed there before the optimizer, see
-  // Parameter::sequence_parallel): with SP the norms and the row-parallel biases see this rank's token
-  // shard only; with TP the qk-norms see this rank's heads only.
+  // Parameter::sequence_parallel): with SP the norms see this rank's token shard only (the row-parallel
+  // biases too: RowParallelLinear marks its own); with TP the qk-norms see this rank's heads only.
   for (size_t i = 0; i < ps.all().size(); ++i) {
     Parameter& p = ps.all()[i];
     const std::string& n = p.name;
@@ -208,8 +212,7 @@ GPTModel::Declared GPTModel::declare_parameters(ParameterSet& ps, const GPTConfi
     const bool qk = has("q_layernorm") || has("k_layernorm");
     if (tp > 1 && qk) p.sequence_parallel = true;
     if (mp.sequence_parallel && !qk &&
-        (has("input_layernorm.") || has("pre_mlp_layernorm.") || has("final_layernorm.") ||
-         has("linear_proj.bias") || has("linear_fc2.bias")))
+        (has("input_layernorm.") || has("pre_mlp_layernorm.") || has("final_layernorm.")))
       p.sequence_parallel = true;
   }
   return d;

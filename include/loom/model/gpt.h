@@ -46,6 +46,7 @@
 #include "loom/dist/communicator.h"
 #include "loom/fp8/fp8.h"
 #include "loom/nn/modules.h"
+#include "loom/parallel/parallel_linear.h"
 
 namespace loom {
 
@@ -335,7 +336,6 @@ class GPTModel {
   void forward_layer(int64_t l, TensorView segment_ids);
   void backward_layer(int64_t l, TensorView segment_ids);
   TensorView layer_input(int64_t l) const;
-  Parameter& output_weight() const;  // output_layer.weight when untied, else the word embedding (or its copy)
   void mlp_activation_forward(TensorView fc) const;  // act_ = act(fc) (GeLU, or a GLU of [gate | up])
   GluKind glu_kind() const;                          // the GLU of a gated MLP
   DropoutMask hidden_mask(uint64_t site) const;
@@ -345,23 +345,11 @@ class GPTModel {
   template <typename F>
   void for_hidden_dropout_runs(TensorView out, TensorView inp, const DropoutMask& d, F apply) const;
   DropoutMask attention_mask(uint64_t site) const;
-  // Tensor-parallel plumbing (identities at TP = 1): a column-parallel layer's input (all-gathered from
-  // the token shard under SP), the buffer its input gradient goes to, and the reduction of that gradient
-  // into dln_; the row-parallel forward (bias once, reduction, dropout) and backward.
-  TensorView column_input(TensorView shard) const;
-  TensorView column_input_grad() const;
-  void reduce_column_input_grad() const;
-  TensorView row_parallel_forward(int site, const Linear& lin, TensorView out_full, TensorView inp,
-                                  const DropoutMask& drop, TensorView shard_out) const;
-  void row_parallel_backward(int site, const Linear& lin, TensorView dinp, TensorView dout, TensorView inp,
-                             const DropoutMask& drop) const;
-  // One linear layer's GEMMs (FP8 site `site` when FP8 is on; the plain matmul otherwise):
-  // out = inp · W^T (+ bias); dinp overwritten, dW and dbias accumulate (empty views skip).
-  void gemm_forward(int site, TensorView out, TensorView inp, const Parameter& w, TensorView bias) const;
-  void gemm_backward(int site, TensorView dinp, const Parameter& w, TensorView dbias, TensorView dout,
-                     TensorView inp) const;
-  int fp8_site(int64_t local_layer, int which) const { return int(4 * local_layer) + which; }  // 0 qkv .. 3 fc2
-  int fp8_output_site() const { return int(4 * int64_t(layers_.size())); }
+  // The hidden dropout of a row-parallel layer's bias-dropout-add, as its epilogue.
+  RowEpilogue hidden_dropout_epilogue(uint64_t site) const;
+  // The column-parallel layers' input (all-gathered under SP) and input-gradient scratch.
+  TensorView sp_gathered() const { return sp_gathered_; }
+  TensorView sp_grad() const { return sp_grad_; }
   struct Fp8State;
   void attention_forward(const Layer& L, LayerActs& a, TensorView segment_ids, const DropoutMask& drop);
   void embedding_forward(const GPTBatch& batch);
@@ -380,8 +368,10 @@ class GPTModel {
   std::unique_ptr<Embedding> embedding_;   // pre_process only
   std::vector<std::unique_ptr<Layer>> layers_;  // the local layers [first_layer, first_layer + num_layers)
   std::unique_ptr<Norm> final_ln_;         // post_process only
-  std::unique_ptr<Linear> output_layer_;  // untied output layer (null when tied to the word embedding)
-  Parameter* tied_copy_ = nullptr;         // tied, post_process without pre_process: the word embedding's copy
+  // post_process only: the vocabulary-parallel output layer; tied, it borrows the word embedding (or, on
+  // a last stage without the embedding, tied_copy_, the embedding's copy).
+  std::unique_ptr<ColumnParallelLinear> output_layer_;
+  Parameter* tied_copy_ = nullptr;
   std::unique_ptr<RotaryEmbedding> rope_;  // RoPE tables (null without RoPE)
   std::vector<LayerRole> roles_;   // per local layer: kept or recomputed (and its group)
   int embedding_unit_ = -1, first_layer_unit_ = 0, head_unit_ = -1;  // indices into units_ (-1: absent)

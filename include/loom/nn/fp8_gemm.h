@@ -30,6 +30,10 @@ class Fp8Gemm {
           bool wgrad)
       : fwd_(fwd), bwd_(bwd), input_slot_(input_slot), weight_slot_(weight_slot), grad_slot_(grad_slot),
         wgrad_(wgrad) {}
+  // The scaling slots of its input and weight (forward group) and its output gradient (backward group).
+  int input_slot() const { return input_slot_; }
+  int weight_slot() const { return weight_slot_; }
+  int grad_slot() const { return grad_slot_; }
   // A new step: the weights changed (or their scale did), so the next use quantises them again.
   void begin_step() { weight_valid_ = false; }
   // Allocates the weight cache up front (q(W) (N, K) and q(W)^T (K, N) in the forward fp8 format), so a

@@ -1,0 +1,156 @@
+// Tensor-parallel linear layers and their mappings (see include/loom/parallel/parallel_linear.h).
+#include "loom/parallel/parallel_linear.h"
+
+#include "loom/parallel/tensor_parallel.h"
+
+namespace loom {
+
+namespace {
+
+void gemm_forward(const DeviceContext& ctx, const std::optional<Fp8Gemm>& fp8, TensorView out, TensorView inp,
+                  const Parameter& w, TensorView bias) {
+  if (fp8) {
+    fp8->forward(ctx, out, inp, w.compute, bias);
+    return;
+  }
+  ctx.ops().matmul_forward(out, inp, w.compute, bias);
+}
+
+void gemm_backward(const DeviceContext& ctx, const std::optional<Fp8Gemm>& fp8, TensorView dinp, const Parameter& w,
+                   TensorView dbias, TensorView dout, TensorView inp) {
+  if (fp8) {
+    fp8->backward(ctx, dinp, w.grad, dbias, dout, inp, w.compute);
+    return;
+  }
+  ctx.ops().matmul_backward(dinp, w.grad, dbias, dout, inp, w.compute);
+}
+
+}  // namespace
+
+TensorView copy_or_gather_to_tp_forward(const TpRegion& r, TensorView shard, TensorView full) {
+  if (!r.sequence_parallel) return shard;  // copy_to_tp: the input is replicated already
+  sp_all_gather(r.tp, full, shard);
+  return full;
+}
+
+void copy_or_gather_to_tp_backward(const TpRegion& r, TensorView dshard, TensorView dfull) {
+  if (r.sequence_parallel)
+    sp_reduce_scatter(r.tp, dshard, dfull);
+  else
+    tp_all_reduce(r.tp, dshard);
+}
+
+TensorView reduce_or_scatter_from_tp_forward(const TpRegion& r, TensorView full, TensorView shard) {
+  if (!r.sequence_parallel) {
+    tp_all_reduce(r.tp, full);
+    return full;
+  }
+  sp_reduce_scatter(r.tp, shard, full);
+  return shard;
+}
+
+TensorView reduce_or_scatter_from_tp_backward(const TpRegion& r, TensorView dfull, TensorView dshard) {
+  if (!r.sequence_parallel) return dshard;
+  sp_all_gather(r.tp, dfull, dshard);
+  return dfull;
+}
+
+// ---- ColumnParallelLinear ---------------------------------------------------------------------------
+
+ColumnParallelLinear::ColumnParallelLinear(ParameterSet& ps, const std::string& prefix, int64_t in_features,
+                                           int64_t out_features, bool bias, float init_std, const TpRegion& region,
+                                           std::vector<ShardRange> shard)
+    : name_(prefix), region_(region) {
+  const Linear lin = region.size() == 1
+                         ? Linear(ps, prefix, in_features, out_features, bias, init_std)
+                         : Linear(ps, prefix, in_features, out_features, bias, init_std, 0, std::move(shard));
+  weight_ = &lin.weight();
+  bias_ = lin.bias();
+}
+
+ColumnParallelLinear::ColumnParallelLinear(const std::string& prefix, Parameter& borrowed_weight,
+                                           const TpRegion& region)
+    : name_(prefix), region_(region), weight_(&borrowed_weight) {}
+
+void ColumnParallelLinear::forward(const DeviceContext& ctx, TensorView out, TensorView input,
+                                   TensorView gathered) const {
+  const TensorView x = copy_or_gather_to_tp_forward(region_, input, gathered);
+  gemm_forward(ctx, fp8_, out, x, *weight_, bias_ ? bias_->compute.view() : TensorView());
+}
+
+void ColumnParallelLinear::backward(const DeviceContext& ctx, TensorView dinput, TensorView dout, TensorView input,
+                                    TensorView gathered, TensorView dgathered) const {
+  const TensorView x = copy_or_gather_to_tp_forward(region_, input, gathered);
+  const TensorView dx = region_.sequence_parallel ? dgathered : dinput;
+  gemm_backward(ctx, fp8_, dx, *weight_, bias_ ? bias_->grad.view() : TensorView(), dout, x);
+  copy_or_gather_to_tp_backward(region_, dinput, dgathered);
+}
+
+void ColumnParallelLinear::enable_fp8(const DeviceContext& ctx, const Fp8ScalingGroup* fwd, int input_slot,
+                                      int weight_slot, const Fp8ScalingGroup* bwd, int grad_slot, bool wgrad) {
+  fp8_.emplace(fwd, input_slot, weight_slot, bwd, grad_slot, wgrad);
+  fp8_->reserve(ctx, weight_->shape);
+}
+
+// ---- RowParallelLinear ------------------------------------------------------------------------------
+
+RowParallelLinear::RowParallelLinear(ParameterSet& ps, const std::string& prefix, int64_t in_features,
+                                     int64_t out_features, bool bias, float init_std, const TpRegion& region,
+                                     ShardRange shard)
+    : name_(prefix),
+      region_(region),
+      linear_(region.size() == 1 ? Linear(ps, prefix, in_features, out_features, bias, init_std)
+                                 : Linear(ps, prefix, in_features, out_features, bias, init_std, 1, {shard})) {
+  // Under SP the bias is added to this rank's token rows only (after the reduce-scatter in effect): its
+  // gradient is a partial sum, completed over the TP group before the optimizer.
+  if (Parameter* b = linear_.bias(); b && region.sequence_parallel) b->sequence_parallel = true;
+}
+
+TensorView RowParallelLinear::forward(const DeviceContext& ctx, TensorView full, TensorView input,
+                                      const RowEpilogue& epilogue, TensorView shard) const {
+  Parameter* b = linear_.bias();
+  // The bias once across the group: added by rank 0 before the reduction.
+  gemm_forward(ctx, fp8_, full, input, linear_.weight(),
+               b != nullptr && region_.rank() == 0 ? b->compute.view() : TensorView());
+  if (region_.size() == 1) {
+    if (epilogue.active) epilogue.forward(full, full);
+    return full;
+  }
+  if (region_.sequence_parallel) {
+    if (epilogue.active) epilogue.forward(full, full);
+    return reduce_or_scatter_from_tp_forward(region_, full, shard);
+  }
+  reduce_or_scatter_from_tp_forward(region_, full, shard);
+  if (epilogue.active) epilogue.forward(full, full);
+  return full;
+}
+
+void RowParallelLinear::backward(const DeviceContext& ctx, TensorView dinput, TensorView dout, TensorView input,
+                                 const RowEpilogue& epilogue, TensorView full) const {
+  Parameter* b = linear_.bias();
+  if (!region_.sequence_parallel) {
+    // dout is replicated: every rank computes the whole (replicated) bias gradient.
+    TensorView d = reduce_or_scatter_from_tp_backward(region_, full, dout);
+    if (epilogue.active) {
+      epilogue.backward(full, d);
+      d = full;
+    }
+    gemm_backward(ctx, fp8_, dinput, linear_.weight(), b ? b->grad.view() : TensorView(), d, input);
+    return;
+  }
+  // SP: all-gather the token shards; the bias gradient sums this rank's own rows only.
+  const int64_t C = full.size(full.ndim() - 1), N = full.numel() / C, Nl = N / region_.size();
+  const TensorView rows = full.reshape({N, C});
+  reduce_or_scatter_from_tp_backward(region_, rows, dout);
+  if (epilogue.active) epilogue.backward(rows, rows);
+  gemm_backward(ctx, fp8_, dinput, linear_.weight(), TensorView(), rows, input);
+  if (b) ctx.ops().bias_backward(b->grad, rows.slice_flat(int64_t(region_.rank()) * Nl * C, {Nl, C}));
+}
+
+void RowParallelLinear::enable_fp8(const DeviceContext& ctx, const Fp8ScalingGroup* fwd, int input_slot,
+                                   int weight_slot, const Fp8ScalingGroup* bwd, int grad_slot, bool wgrad) {
+  fp8_.emplace(fwd, input_slot, weight_slot, bwd, grad_slot, wgrad);
+  fp8_->reserve(ctx, linear_.weight().shape);
+}
+
+}  // namespace loom
