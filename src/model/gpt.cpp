@@ -311,35 +311,53 @@ RowEpilogue GPTModel::hidden_dropout_epilogue(uint64_t site) const {
   return e;
 }
 
-void GPTModel::forward_layer(int64_t l, TensorView segment_ids) {
-  const Layer& L = *layers_[size_t(l)];
-  LayerActs& a = acts_[size_t(l)];
-  const bool sp = opts_.parallel.sequence_parallel;
-  const TensorView x = layer_input(l);
-  L.ln1.forward(ctx_, a.ln1, a.ln1_saved, x);
-  L.qkv.forward(ctx_, a.qkv, a.ln1, sp_gathered_);
-  if (L.qk_norm) L.qk_norm->forward(ctx_, a.qkv, a.qk_saved, qk_a_);
-  if (rope_) rope_->forward(ctx_, a.qkv, L.attn.params(), cp_positions_);  // in place: attention reads rotated q, k
-  attention_forward(L, a, segment_ids, attention_mask(L.attn_dropout_site));
-  // Bias-dropout-add: the bias is part of the linear output, dropout follows, then the residual add.
-  const TensorView attn_out = L.proj.forward(ctx_, branch_, a.att, hidden_dropout_epilogue(L.proj_dropout_site), dln_);
-  L.ln2.forward_residual(ctx_, a.residual2, a.ln2, a.ln2_saved, x, attn_out);
-  L.fc1.forward(ctx_, a.fc, a.ln2, sp_gathered_);
-  mlp_activation_forward(a.fc);
-  L.fc2.forward(ctx_, sp ? TensorView(branch_) : TensorView(a.out), act_, hidden_dropout_epilogue(L.mlp_dropout_site),
-                a.out);
-  ctx_.ops().residual_forward(a.out, a.out, a.residual2);
+TransformerLayerContext GPTModel::layer_context(TensorView segment_ids) const {
+  TransformerLayerContext c{ctx_};
+  c.act = act_;
+  c.branch = branch_;
+  c.dln = dln_;
+  c.dres = dres_;
+  c.datt = datt_;
+  c.dqkv = dqkv_;
+  c.dfc = dfc_;
+  c.qk_a = qk_a_;
+  c.qk_b = qk_b_;
+  c.sp_gathered = sp_gathered_;
+  c.sp_grad = sp_grad_;
+  c.rope = rope_.get();
+  c.positions = cp_positions_;
+  c.recompute_attention = opts_.recompute_granularity == RecomputeGranularity::kSelective;
+  c.hidden_dropout = [this](uint64_t site) { return hidden_dropout_epilogue(site); };
+  // The attention core over this rank's tokens: the CP ring over the whole sequence when CP > 1.
+  c.attend = [this, segment_ids](const TransformerLayer& L, LayerActs& a, bool recompute) {
+    const DropoutMask drop = recompute ? a.attn_saved.dropout : attention_mask(L.attn_dropout_site);
+    if (opts_.parallel.cp_size() == 1) {
+      L.attn.forward(ctx_, a.att, a.attn_saved, a.qkv, segment_ids, drop);
+      return;
+    }
+    a.attn_saved.dropout = drop;
+    ContextParallelAttention::forward(ctx_, a.att, a.attn_saved.lse, a.qkv, L.attn.with_dropout(drop),
+                                      *opts_.parallel.cp, segment_ids);
+  };
+  c.attend_backward = [this, segment_ids](const TransformerLayer& L, LayerActs& a) {
+    if (opts_.parallel.cp_size() > 1)
+      ContextParallelAttention::backward(ctx_, dqkv_, datt_, a.qkv, a.att, a.attn_saved.lse,
+                                         L.attn.with_dropout(a.attn_saved.dropout), *opts_.parallel.cp,
+                                         segment_ids);
+    else
+      L.attn.backward(ctx_, dqkv_, datt_, a.qkv, a.att, a.attn_saved, segment_ids);
+  };
+  return c;
 }
 
-// The attention core over this rank's tokens: the CP ring over the whole sequence when CP > 1.
-void GPTModel::attention_forward(const Layer& L, LayerActs& a, TensorView segment_ids, const DropoutMask& drop) {
-  if (opts_.parallel.cp_size() == 1) {
-    L.attn.forward(ctx_, a.att, a.attn_saved, a.qkv, segment_ids, drop);
-    return;
-  }
-  a.attn_saved.dropout = drop;
-  ContextParallelAttention::forward(ctx_, a.att, a.attn_saved.lse, a.qkv, L.attn.with_dropout(drop),
-                                    *opts_.parallel.cp, segment_ids);
+void GPTModel::forward_layer(int64_t l, TensorView segment_ids) {
+  LayerActs& a = acts_[size_t(l)];
+  layers_[size_t(l)]->forward(layer_context(segment_ids), a.out, a, layer_input(l));
+}
+
+// Enters with dres_ = d(layer output), leaves with dres_ = d(layer input).
+void GPTModel::backward_layer(int64_t l, TensorView segment_ids) {
+  layers_[size_t(l)]->backward(layer_context(segment_ids), acts_[size_t(l)], layer_input(l));
 }
 
 GPTBatch GPTModel::local_batch(const GPTBatch& batch) {
@@ -364,62 +382,6 @@ GPTBatch GPTModel::local_batch(const GPTBatch& batch) {
   if (!ctx_.device().is_cpu()) ctx_.copy(cp_positions_, host_pos);
   lb.position_ids = batch.position_ids.defined() ? slice(cp_position_ids_, batch.position_ids) : TensorView(cp_positions_);
   return lb;
-}
-
-void GPTModel::mlp_activation_forward(TensorView fc) const {
-  const Dims d = make_dims(cfg_, opts_, B_, T_);
-  const int64_t N = d.N, F = d.Fl;
-  switch (cfg_.activation) {
-    case MlpActivation::kGeLU: ctx_.ops().gelu_forward(act_, fc); return;
-    case MlpActivation::kSwiGLU:
-    case MlpActivation::kGeGLU:
-    case MlpActivation::kReGLU: ctx_.ops().glu_forward(act_.reshape({N, F}), fc.reshape({N, 2 * F}), glu_kind()); return;
-  }
-}
-
-GluKind GPTModel::glu_kind() const {
-  switch (cfg_.activation) {
-    case MlpActivation::kGeGLU: return GluKind::kGeGLU;
-    case MlpActivation::kReGLU: return GluKind::kReGLU;
-    default: return GluKind::kSwiGLU;
-  }
-}
-
-// Enters with dres_ = d(layer output), leaves with dres_ = d(layer input).
-void GPTModel::backward_layer(int64_t l, TensorView segment_ids) {
-  const Layer& L = *layers_[size_t(l)];
-  LayerActs& a = acts_[size_t(l)];
-  const OpTable& ops = ctx_.ops();
-  // MLP branch: dres is d(out) = d(residual2) through the skip connection.
-  mlp_activation_forward(a.fc);  // recompute instead of saving B·T·F per layer
-  L.fc2.backward(ctx_, dfc_, dres_, act_, hidden_dropout_epilogue(L.mlp_dropout_site), branch_);  // dfc_ = d(act)
-  TensorView dfc1 = dfc_;
-  if (cfg_.gated_mlp()) {
-    // d[gate | up] is twice as wide as dfc_; it overwrites fc1's output in place (the op allows dinp to
-    // alias inp), which nothing reads after this point.
-    const Dims d = make_dims(cfg_, opts_, B_, T_);
-    const int64_t N = d.N, F = d.Fl;
-    ops.glu_backward(a.fc.reshape({N, 2 * F}), a.fc.reshape({N, 2 * F}), dfc_.reshape({N, F}), glu_kind());
-    dfc1 = a.fc;
-  } else {
-    ops.gelu_backward(dfc_, a.fc, dfc_);
-  }
-  L.fc1.backward(ctx_, dln_, dfc1, a.ln2, sp_gathered_, sp_grad_);
-  L.ln2.backward(ctx_, dres_, dln_, a.residual2, a.ln2_saved);
-  // Attention branch: dres is now d(residual2) = d(x) through the skip connection.
-  if (opts_.recompute_granularity == RecomputeGranularity::kSelective)
-    attention_forward(L, a, segment_ids, a.attn_saved.dropout);
-  L.proj.backward(ctx_, datt_, dres_, a.att, hidden_dropout_epilogue(L.proj_dropout_site), branch_);
-  if (opts_.parallel.cp_size() > 1)
-    ContextParallelAttention::backward(ctx_, dqkv_, datt_, a.qkv, a.att, a.attn_saved.lse,
-                                       L.attn.with_dropout(a.attn_saved.dropout), *opts_.parallel.cp,
-                                       segment_ids);
-  else
-    L.attn.backward(ctx_, dqkv_, datt_, a.qkv, a.att, a.attn_saved, segment_ids);
-  if (rope_) rope_->backward(ctx_, dqkv_, L.attn.params(), cp_positions_);
-  if (L.qk_norm) L.qk_norm->backward(ctx_, dqkv_, a.qk_saved, qk_a_, qk_b_);
-  L.qkv.backward(ctx_, dln_, dqkv_, a.ln1, sp_gathered_, sp_grad_);
-  L.ln1.backward(ctx_, dres_, dln_, layer_input(l), a.ln1_saved);
 }
 
 // Embedding output (after dropout) into x0_. TP > 1: vocabulary-parallel lookup (rows of other ranks'

@@ -12,6 +12,7 @@
 #include "loom/model/gpt.h"
 #include "loom/nn/fp8_gemm.h"
 #include "loom/parallel/tensor_parallel.h"
+#include "model/transformer_layer.h"
 
 namespace loom {
 
@@ -30,13 +31,6 @@ inline uint64_t mix64(uint64_t x) {  // splitmix64 finaliser: a bijection that s
 // for the replicated hidden dropout so all TP ranks drop the same elements.
 inline uint64_t dropout_stream(uint64_t site, uint64_t micro_batch_index) { return mix64(site ^ mix64(micro_batch_index)); }
 
-// The attention core's parameters on one TP rank: its NH/TP query heads and NKV/TP query groups.
-inline AttentionParams local_attention_params(const GPTConfig& c, int tp) {
-  AttentionParams p = c.attention_params();
-  p.num_heads /= tp;
-  p.num_kv_heads /= tp;
-  return p;
-}
 
 // Local sizes of one (cfg, opts, B, T): the residual stream holds Nl token rows (the SP shard of the
 // flattened B·Tl tokens, else all of them); tensor-parallel regions hold all N = B·Tl rows with the local
@@ -86,67 +80,6 @@ struct GPTModel::Fp8State {
     Fp8Gemm* gemm = nullptr;
   };
   std::vector<Site> sites;
-};
-
-struct GPTModel::Layer {
-  // Declaration order is parameter order in the flat buffers: norms, attention, MLP (GPT-2's order, with
-  // the qk-norms after the attention projections). With TP > 1: linear_qkv holds this rank's query groups
-  // (one contiguous row range of the grouped layout), fc1 its FFN rows (a gated fc1 its gate rows and its
-  // up rows), linear_proj / fc2 their input columns; norms and the row-parallel biases are whole.
-  Norm ln1, ln2;
-  ColumnParallelLinear qkv;
-  RowParallelLinear proj;
-  std::optional<QKNorm> qk_norm;
-  ColumnParallelLinear fc1;
-  RowParallelLinear fc2;
-  AttentionCore attn;
-  uint64_t attn_dropout_site, proj_dropout_site, mlp_dropout_site;
-  Layer(ParameterSet& ps, const GPTConfig& c, int64_t i, const TpRegion& region)
-      : ln1(ps, prefix(i) + "input_layernorm", c.hidden_size, c.layernorm_epsilon, c.normalization),
-        ln2(ps, prefix(i) + "pre_mlp_layernorm", c.hidden_size, c.layernorm_epsilon, c.normalization),
-        qkv(ps, prefix(i) + "self_attention.linear_qkv", c.hidden_size, c.qkv_size(), c.qkv_bias(),
-            c.init_method_std, region, {even_shard(c.qkv_size(), region.size(), region.rank())}),
-        proj(ps, prefix(i) + "self_attention.linear_proj", c.num_attention_heads * c.head_dim(), c.hidden_size,
-             c.add_bias_linear, scaled_std(c), region,
-             even_shard(c.num_attention_heads * c.head_dim(), region.size(), region.rank())),
-        qk_norm(c.qk_layernorm ? std::optional<QKNorm>(std::in_place, ps, prefix(i) + "self_attention",
-                                                       local_attention_params(c, region.size()),
-                                                       c.layernorm_epsilon, c.normalization)
-                               : std::nullopt),
-        fc1(ps, prefix(i) + "mlp.linear_fc1", c.hidden_size, (c.gated_mlp() ? 2 : 1) * c.ffn_hidden_size(),
-            c.add_bias_linear, c.init_method_std, region, fc1_shard(c, region.size(), region.rank())),
-        fc2(ps, prefix(i) + "mlp.linear_fc2", c.ffn_hidden_size(), c.hidden_size, c.add_bias_linear, scaled_std(c),
-            region, even_shard(c.ffn_hidden_size(), region.size(), region.rank())),
-        attn(local_attention_params(c, region.size())),
-        attn_dropout_site(hash_stream(prefix(i) + "self_attention.core_attention.attention_dropout")),
-        proj_dropout_site(hash_stream(prefix(i) + "self_attention.hidden_dropout")),
-        mlp_dropout_site(hash_stream(prefix(i) + "mlp.hidden_dropout")) {}
-  static std::string prefix(int64_t i) { return "decoder.layers." + std::to_string(i) + "."; }
-  // Megatron's output_layer_init_method: std / sqrt(2 · num_layers) for projections into the residual
-  // (the GLOBAL layer count, whatever this pipeline stage holds).
-  static float scaled_std(const GPTConfig& c) {
-    return float(c.init_method_std / std::sqrt(2.0 * double(c.num_layers)));
-  }
-  static std::vector<ShardRange> fc1_shard(const GPTConfig& c, int tp, int r) {
-    const int64_t F = c.ffn_hidden_size();
-    const ShardRange s = even_shard(F, tp, r);
-    if (!c.gated_mlp()) return {s};
-    return {s, {F + s.start, s.size}};  // [gate_r | up_r]: the local GLU sees its own halves
-  }
-};
-
-struct GPTModel::LayerActs {
-  Tensor ln1;        // (B, T, C)
-  Norm::Saved ln1_saved;
-  Tensor qkv;        // (B, T, (NH + 2·NKV)·HS) after the qk-norm and RoPE: what the attention core reads
-  QKNorm::Saved qk_saved;  // --qk-layernorm: the q/k heads before the norm and its statistics
-  Tensor att;        // (B, T, NH·HS) attention core output
-  AttentionCore::Saved attn_saved;
-  Tensor residual2;  // (B, T, C) x + attention branch
-  Tensor ln2;        // (B, T, C)
-  Norm::Saved ln2_saved;
-  Tensor fc;         // (B, T, F), or (B, T, 2F) = [gate | up] for a gated MLP: fc1's output
-  Tensor out;        // (B, T, C) layer output = next layer's input
 };
 
 // Full recomputation: a recomputed layer belongs to the group [group_begin, group_end), re-run together

@@ -1,10 +1,10 @@
-// InferenceSession: the training forward's op sequence on only the new positions, plus a key/value cache
-// and a single-pass attention of the new queries over it. The op order per layer mirrors
-// GPTModel::forward_layer (ln1, qkv, qk-norm, RoPE, attention, proj, fused residual + ln2, fc1, activation,
-// fc2, residual), so a step reproduces the full forward's values for those rows up to the attention core's
-// rounding. Buffers for a step are reused until the number of new tokens per row changes (prefill, then
+// InferenceSession: the model's own TransformerLayers run on only the new positions, with a key/value
+// cache and a single-pass attention of the new queries over it in place of the training attention core,
+// so a step reproduces the full forward's values for those rows up to the attention core's rounding. Buffers for a step are reused until the number of new tokens per row changes (prefill, then
 // one token per decode step).
 #include "loom/model/inference.h"
+
+#include "model/transformer_layer.h"
 
 #include <algorithm>
 #include <cmath>
@@ -35,25 +35,6 @@ void store_value(void* base, DType dt, int64_t i, float v) {
 
 }  // namespace
 
-struct InferenceSession::LayerWeights {
-  const Parameter* ln1_w = nullptr;
-  const Parameter* ln1_b = nullptr;
-  const Parameter* qkv_w = nullptr;
-  const Parameter* qkv_b = nullptr;
-  const Parameter* q_norm_w = nullptr;
-  const Parameter* q_norm_b = nullptr;
-  const Parameter* k_norm_w = nullptr;
-  const Parameter* k_norm_b = nullptr;
-  const Parameter* proj_w = nullptr;
-  const Parameter* proj_b = nullptr;
-  const Parameter* ln2_w = nullptr;
-  const Parameter* ln2_b = nullptr;
-  const Parameter* fc1_w = nullptr;
-  const Parameter* fc1_b = nullptr;
-  const Parameter* fc2_w = nullptr;
-  const Parameter* fc2_b = nullptr;
-};
-
 const Parameter& InferenceSession::param(const std::string& name) const {
   const Parameter* p = model_.params().find(name);
   LOOM_CHECK(p != nullptr, "[InferenceSession] the model has no parameter ", name);
@@ -74,29 +55,9 @@ InferenceSession::InferenceSession(const GPTModel& model, const DeviceContext& c
   wte_ = &param("embedding.word_embeddings.weight");
   if (cfg_.position_embedding_type == PositionEmbeddingType::kLearnedAbsolute)
     wpe_ = &param("embedding.position_embeddings.weight");
-  for (int64_t l = 0; l < cfg_.num_layers; ++l) {
-    const std::string p = "decoder.layers." + std::to_string(l) + ".";
-    LayerWeights w;
-    w.ln1_w = &param(p + "input_layernorm.weight");
-    w.ln1_b = bias(p + "input_layernorm.bias", layernorm);
-    w.qkv_w = &param(p + "self_attention.linear_qkv.weight");
-    w.qkv_b = bias(p + "self_attention.linear_qkv.bias", cfg_.qkv_bias());
-    if (cfg_.qk_layernorm) {
-      w.q_norm_w = &param(p + "self_attention.q_layernorm.weight");
-      w.q_norm_b = bias(p + "self_attention.q_layernorm.bias", layernorm);
-      w.k_norm_w = &param(p + "self_attention.k_layernorm.weight");
-      w.k_norm_b = bias(p + "self_attention.k_layernorm.bias", layernorm);
-    }
-    w.proj_w = &param(p + "self_attention.linear_proj.weight");
-    w.proj_b = bias(p + "self_attention.linear_proj.bias", cfg_.add_bias_linear);
-    w.ln2_w = &param(p + "pre_mlp_layernorm.weight");
-    w.ln2_b = bias(p + "pre_mlp_layernorm.bias", layernorm);
-    w.fc1_w = &param(p + "mlp.linear_fc1.weight");
-    w.fc1_b = bias(p + "mlp.linear_fc1.bias", cfg_.add_bias_linear);
-    w.fc2_w = &param(p + "mlp.linear_fc2.weight");
-    w.fc2_b = bias(p + "mlp.linear_fc2.bias", cfg_.add_bias_linear);
-    layers_.push_back(w);
-  }
+  LOOM_CHECK(model.num_local_layers() == cfg_.num_layers && model.options().parallel.tp_size() == 1,
+             "[InferenceSession] generation needs the whole model in one process (", model.num_local_layers(), " of ",
+             cfg_.num_layers, " layers here)");
   lnf_w_ = &param("decoder.final_layernorm.weight");
   lnf_b_ = bias("decoder.final_layernorm.bias", layernorm);
   out_w_ = cfg_.untie_embeddings_and_output_weights ? &param("output_layer.weight") : wte_;
@@ -137,13 +98,9 @@ void InferenceSession::ensure_step_buffers(int64_t Tn) {
   res2_ = ctx_.empty({N, C}, cd);
   fc_ = ctx_.empty({N, F1}, cd);
   act_ = ctx_.empty({N, F}, cd);
-  out_ = ctx_.empty({N, C}, cd);
-  if (cfg_.qk_layernorm) {
-    heads_ = ctx_.empty({N * NH, HS}, cd);
-    heads_out_ = ctx_.empty({N * NH, HS}, cd);
-  }
-  mean_ = ctx_.empty({N * std::max<int64_t>(NH, 1)}, DType::kF32);
-  rstd_ = ctx_.empty({N * std::max<int64_t>(NH, 1)}, DType::kF32);
+  if (cfg_.qk_layernorm) qk_scratch_ = ctx_.empty({N * NH * HS}, cd);
+  mean_ = ctx_.empty({B_}, DType::kF32);
+  rstd_ = ctx_.empty({B_}, DType::kF32);
   step_tn_ = Tn;
 }
 
@@ -155,39 +112,6 @@ void InferenceSession::norm(TensorView out, TensorView inp, const Parameter& w, 
   } else {
     ctx_.ops().layernorm_forward(y, mean_.view().slice_flat(0, {N}), rstd_.view().slice_flat(0, {N}), x, w.compute,
                                  b->compute, cfg_.layernorm_epsilon);
-  }
-}
-
-void InferenceSession::norm_residual(TensorView residual, TensorView out, TensorView a, TensorView b,
-                                     const Parameter& w, const Parameter* bias) const {
-  const int64_t N = a.size(0);
-  if (cfg_.normalization == NormKind::kRMSNorm) {
-    ctx_.ops().residual_rmsnorm_forward(residual, out, rstd_.view().slice_flat(0, {N}), a, b, w.compute,
-                                        cfg_.layernorm_epsilon);
-  } else {
-    ctx_.ops().residual_layernorm_forward(residual, out, mean_.view().slice_flat(0, {N}),
-                                          rstd_.view().slice_flat(0, {N}), a, b, w.compute, bias->compute,
-                                          cfg_.layernorm_epsilon);
-  }
-}
-
-// Per-head norms of the q and k heads of the N new rows: each kind is gathered into contiguous (rows, HS)
-// rows (query heads in head order, key heads in group order, as QKNorm does), normalised, scattered back.
-void InferenceSession::qk_norm(TensorView qkv, const LayerWeights& w, int64_t rows) const {
-  const int64_t NKV = attn_.num_kv_heads, G = attn_.num_heads / attn_.num_kv_heads, HS = attn_.head_dim;
-  const int64_t row = NKV * (G + 2) * HS;
-  for (const bool query : {true, false}) {
-    const int64_t chunk = (query ? G : 1) * HS, first = query ? 0 : G * HS, n = rows * NKV * chunk / HS;
-    const TensorView packed = heads_.view().slice_flat(0, {n, HS}), normed = heads_out_.view().slice_flat(0, {n, HS});
-    for (int64_t i = 0; i < rows; ++i)
-      for (int64_t g = 0; g < NKV; ++g)
-        ctx_.copy(packed.slice_flat((i * NKV + g) * chunk, {chunk}),
-                  qkv.slice_flat(i * row + g * (G + 2) * HS + first, {chunk}));
-    norm(normed, packed, query ? *w.q_norm_w : *w.k_norm_w, query ? w.q_norm_b : w.k_norm_b);
-    for (int64_t i = 0; i < rows; ++i)
-      for (int64_t g = 0; g < NKV; ++g)
-        ctx_.copy(qkv.slice_flat(i * row + g * (G + 2) * HS + first, {chunk}),
-                  normed.slice_flat((i * NKV + g) * chunk, {chunk}));
   }
 }
 
@@ -281,27 +205,27 @@ TensorView InferenceSession::forward(TensorView tokens) {
   const int64_t C = cfg_.hidden_size;
   ops.embedding_forward(x_.reshape({B_, Tn, C}), tokens_, wte_->compute,
                         wpe_ ? TensorView(wpe_->compute) : TensorView(), positions_);
-  for (int64_t l = 0; l < cfg_.num_layers; ++l) {
-    const LayerWeights& w = layers_[size_t(l)];
-    auto bias = [](const Parameter* p) { return p ? TensorView(p->compute) : TensorView(); };
-    norm(h_, x_, *w.ln1_w, w.ln1_b);
-    ops.matmul_forward(qkv_.reshape({N, cfg_.qkv_size()}), h_, w.qkv_w->compute, bias(w.qkv_b));
-    if (cfg_.qk_layernorm) qk_norm(qkv_, w, N);
-    if (rope_) rope_->forward(ctx_, qkv_, attn_, positions_);
-    append_kv(l, qkv_, Tn);
-    cached_attention(l, att_, qkv_, Tn);
-    ops.matmul_forward(branch_, att_, w.proj_w->compute, bias(w.proj_b));
-    norm_residual(res2_, h_, x_, branch_, *w.ln2_w, w.ln2_b);
-    ops.matmul_forward(fc_, h_, w.fc1_w->compute, bias(w.fc1_b));
-    switch (cfg_.activation) {
-      case MlpActivation::kGeLU: ops.gelu_forward(act_, fc_); break;
-      case MlpActivation::kSwiGLU: ops.glu_forward(act_, fc_, GluKind::kSwiGLU); break;
-      case MlpActivation::kGeGLU: ops.glu_forward(act_, fc_, GluKind::kGeGLU); break;
-      case MlpActivation::kReGLU: ops.glu_forward(act_, fc_, GluKind::kReGLU); break;
-    }
-    ops.matmul_forward(out_, act_, w.fc2_w->compute, bias(w.fc2_b));
-    ops.residual_forward(x_, out_, res2_);  // the next layer's input
-  }
+  // The model's own layers, with a KV-cache attention and no dropout. The layer's saved activations are
+  // this session's step buffers (ln1 and ln2 share h_: each is consumed before the next is written).
+  TransformerLayerContext c{ctx_};
+  c.act = act_;
+  c.branch = branch_;
+  c.qk_a = qk_scratch_;
+  c.rope = rope_;
+  c.positions = positions_;
+  int64_t layer = 0;
+  c.attend = [&](const TransformerLayer&, TransformerLayerSaved& s, bool) {
+    append_kv(layer, s.qkv, Tn);
+    cached_attention(layer, s.att, s.qkv, Tn);
+  };
+  TransformerLayerSaved saved;
+  saved.ln1 = h_;
+  saved.qkv = qkv_;
+  saved.att = att_;
+  saved.residual2 = res2_;
+  saved.ln2 = h_;
+  saved.fc = fc_;
+  for (layer = 0; layer < cfg_.num_layers; ++layer) model_.layer(layer).forward(c, x_, saved, x_);
   length_ += Tn;
   for (int64_t b = 0; b < B_; ++b)
     ctx_.copy(last_.view().slice_flat(b * C, {C}), x_.view().slice_flat((b * Tn + Tn - 1) * C, {C}));

@@ -50,6 +50,11 @@
 
 namespace loom {
 
+class TransformerLayer;  // model/transformer_layer.h (private to the model layer)
+struct TransformerLayerSaved;
+struct TransformerLayerContext;
+
+
 // --position-embedding-type: learned_absolute | rope | none.
 enum class PositionEmbeddingType { kLearnedAbsolute, kRope, kNone };
 PositionEmbeddingType parse_position_embedding_type(std::string_view s);  // UserError naming the flag
@@ -277,6 +282,9 @@ class GPTModel {
   TensorView losses() const { return losses_; }  // (B, T) f32 per-token losses of the last forward
   // The RoPE tables (null without RoPE); constants, shared with InferenceSession.
   const RotaryEmbedding* rotary() const { return rope_.get(); }
+  // The local transformer layers (model/transformer_layer.h; generation runs them over a KV cache).
+  int64_t num_local_layers() const { return int64_t(layers_.size()); }
+  const TransformerLayer& layer(int64_t l) const { return *layers_.at(size_t(l)); }
 
   // ---- parallel layouts (see ModelParallel) ----
   // The units of this instance in forward order (pre_process adds "embedding", post_process "head").
@@ -320,8 +328,8 @@ class GPTModel {
   int64_t activation_bytes() const { return activation_bytes_; }
 
  private:
-  struct Layer;
-  struct LayerActs;
+  using Layer = TransformerLayer;
+  using LayerActs = TransformerLayerSaved;
   struct LayerRole;
   struct BufferSlot;
   struct Declared;
@@ -336,8 +344,6 @@ class GPTModel {
   void forward_layer(int64_t l, TensorView segment_ids);
   void backward_layer(int64_t l, TensorView segment_ids);
   TensorView layer_input(int64_t l) const;
-  void mlp_activation_forward(TensorView fc) const;  // act_ = act(fc) (GeLU, or a GLU of [gate | up])
-  GluKind glu_kind() const;                          // the GLU of a gated MLP
   DropoutMask hidden_mask(uint64_t site) const;
   // Hidden dropout on this rank's tokens with the single process's mask (CP: per sequence chunk).
   void hidden_dropout_forward(TensorView out, TensorView inp, const DropoutMask& d) const;
@@ -351,7 +357,9 @@ class GPTModel {
   TensorView sp_gathered() const { return sp_gathered_; }
   TensorView sp_grad() const { return sp_grad_; }
   struct Fp8State;
-  void attention_forward(const Layer& L, LayerActs& a, TensorView segment_ids, const DropoutMask& drop);
+  // The context the layers run in: this model's scratch, RoPE positions, attention (core or CP ring) and
+  // hidden dropout.
+  TransformerLayerContext layer_context(TensorView segment_ids) const;
   void embedding_forward(const GPTBatch& batch);
   void embedding_backward(const GPTBatch& batch);
   void call_hook(void (ParamHooks::*f)(int), int unit) const {

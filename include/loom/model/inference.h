@@ -44,12 +44,8 @@ class InferenceSession {
   TensorView forward(TensorView tokens);
 
  private:
-  struct LayerWeights;
   const Parameter& param(const std::string& name) const;
   void norm(TensorView out, TensorView inp, const Parameter& w, const Parameter* b) const;
-  void norm_residual(TensorView residual, TensorView out, TensorView a, TensorView b, const Parameter& w,
-                     const Parameter* bias) const;
-  void qk_norm(TensorView qkv, const LayerWeights& w, int64_t rows) const;
   void append_kv(int64_t layer, TensorView qkv, int64_t Tn) const;
   void cached_attention(int64_t layer, TensorView out, TensorView qkv, int64_t Tn) const;
   void ensure_step_buffers(int64_t Tn);
@@ -65,17 +61,15 @@ class InferenceSession {
   const Parameter* lnf_w_ = nullptr;
   const Parameter* lnf_b_ = nullptr;
   const Parameter* out_w_ = nullptr;
-  std::vector<LayerWeights> layers_;
   std::vector<Tensor> k_cache_, v_cache_;  // per layer (B, NKV, capacity, HS) f32
 
   // Per-step buffers, sized for Tn new tokens per row (N = B·Tn rows); reallocated when Tn changes.
   int64_t step_tn_ = 0;
   Tensor positions_;        // (B, Tn) i32
   Tensor tokens_;           // (B, Tn) i32 on the context's device
-  Tensor x_, h_, qkv_, att_, branch_, res2_, fc_, act_, out_;  // compute dtype
-  Tensor heads_;            // (N·NH, HS) qk-norm gather buffer
-  Tensor heads_out_;        // (N·NH, HS) qk-norm output before the scatter
-  Tensor mean_, rstd_;      // (N·max(NH, 1)) f32 norm statistics (unused by the caller)
+  Tensor x_, h_, qkv_, att_, branch_, res2_, fc_, act_;  // compute dtype
+  Tensor qk_scratch_;       // (N·NH·HS) the qk-norm's scratch (--qk-layernorm)
+  Tensor mean_, rstd_;      // (N) f32 final-norm statistics (unused by the caller)
   Tensor last_, lnf_;       // (B, C) the last new position's hidden state, and after the final norm
   Tensor logits_c_;         // (B, Vp) compute dtype
   Tensor logits_;           // (B, Vp) f32

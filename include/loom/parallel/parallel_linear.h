@@ -106,6 +106,7 @@ class RowParallelLinear {
 
   Parameter& weight() const { return linear_.weight(); }
   Parameter* bias() const { return linear_.bias(); }
+  bool sequence_parallel() const { return region_.sequence_parallel; }
   const std::string& name() const { return name_; }
   void enable_fp8(const DeviceContext& ctx, const Fp8ScalingGroup* fwd, int input_slot, int weight_slot,
                   const Fp8ScalingGroup* bwd, int grad_slot, bool wgrad);

@@ -1,0 +1,66 @@
+// One transformer layer's forward and backward (see transformer_layer.h). Invariant: a recomputed forward
+// runs the very same ops on the very same inputs with the same dropout masks, so it reproduces every bit.
+#include "model/transformer_layer.h"
+
+namespace loom {
+
+void TransformerLayer::mlp_activation(const DeviceContext& ctx, TensorView act, TensorView fc) const {
+  const int64_t F = ffn_local_, N = act.numel() / F;
+  switch (activation_) {
+    case MlpActivation::kGeLU: ctx.ops().gelu_forward(act, fc); return;
+    case MlpActivation::kSwiGLU: ctx.ops().glu_forward(act.reshape({N, F}), fc.reshape({N, 2 * F}), GluKind::kSwiGLU); return;
+    case MlpActivation::kGeGLU: ctx.ops().glu_forward(act.reshape({N, F}), fc.reshape({N, 2 * F}), GluKind::kGeGLU); return;
+    case MlpActivation::kReGLU: ctx.ops().glu_forward(act.reshape({N, F}), fc.reshape({N, 2 * F}), GluKind::kReGLU); return;
+  }
+}
+
+void TransformerLayer::forward(const TransformerLayerContext& c, TensorView out, TransformerLayerSaved& s,
+                               TensorView x) const {
+  const DeviceContext& ctx = c.ctx;
+  ln1.forward(ctx, s.ln1, s.ln1_saved, x);
+  qkv.forward(ctx, s.qkv, s.ln1, c.sp_gathered);
+  if (qk_norm) qk_norm->forward(ctx, s.qkv, s.qk_saved, c.qk_a);
+  if (c.rope) c.rope->forward(ctx, s.qkv, attn.params(), c.positions);  // in place: attention reads rotated q, k
+  c.attend(*this, s, /*recompute=*/false);
+  // Bias-dropout-add: the bias is part of the linear output, dropout follows, then the residual add.
+  const TensorView attn_out = proj.forward(ctx, c.branch, s.att, epilogue(c, proj_dropout_site), c.dln);
+  ln2.forward_residual(ctx, s.residual2, s.ln2, s.ln2_saved, x, attn_out);
+  fc1.forward(ctx, s.fc, s.ln2, c.sp_gathered);
+  mlp_activation(ctx, c.act, s.fc);
+  // Under SP fc2's full rows go to the branch scratch and reduce-scatter into `out`; else straight there.
+  fc2.forward(ctx, fc2.sequence_parallel() ? c.branch : out, c.act, epilogue(c, mlp_dropout_site), out);
+  ctx.ops().residual_forward(out, out, s.residual2);
+}
+
+void TransformerLayer::backward(const TransformerLayerContext& c, TransformerLayerSaved& s, TensorView x) const {
+  const DeviceContext& ctx = c.ctx;
+  const OpTable& ops = ctx.ops();
+  // MLP branch: dres is d(out) = d(residual2) through the skip connection.
+  mlp_activation(ctx, c.act, s.fc);  // recompute instead of saving B·T·F per layer
+  fc2.backward(ctx, c.dfc, c.dres, c.act, epilogue(c, mlp_dropout_site), c.branch);  // dfc = d(act)
+  TensorView dfc1 = c.dfc;
+  if (activation_ == MlpActivation::kGeLU) {
+    ops.gelu_backward(c.dfc, s.fc, c.dfc);
+  } else {
+    // d[gate | up] is twice as wide as dfc; it overwrites fc1's output in place (the op allows dinp to
+    // alias inp), which nothing reads after this point.
+    const int64_t F = ffn_local_, N = c.dfc.numel() / F;
+    const GluKind kind = activation_ == MlpActivation::kGeGLU   ? GluKind::kGeGLU
+                         : activation_ == MlpActivation::kReGLU ? GluKind::kReGLU
+                                                                : GluKind::kSwiGLU;
+    ops.glu_backward(s.fc.reshape({N, 2 * F}), s.fc.reshape({N, 2 * F}), c.dfc.reshape({N, F}), kind);
+    dfc1 = s.fc;
+  }
+  fc1.backward(ctx, c.dln, dfc1, s.ln2, c.sp_gathered, c.sp_grad);
+  ln2.backward(ctx, c.dres, c.dln, s.residual2, s.ln2_saved);
+  // Attention branch: dres is now d(residual2) = d(x) through the skip connection.
+  if (c.recompute_attention) c.attend(*this, s, /*recompute=*/true);
+  proj.backward(ctx, c.datt, c.dres, s.att, epilogue(c, proj_dropout_site), c.branch);
+  c.attend_backward(*this, s);
+  if (c.rope) c.rope->backward(ctx, c.dqkv, attn.params(), c.positions);
+  if (qk_norm) qk_norm->backward(ctx, c.dqkv, s.qk_saved, c.qk_a, c.qk_b);
+  qkv.backward(ctx, c.dln, c.dqkv, s.ln1, c.sp_gathered, c.sp_grad);
+  ln1.backward(ctx, c.dres, c.dln, x, s.ln1_saved);
+}
+
+}  // namespace loom
