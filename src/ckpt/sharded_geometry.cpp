@@ -101,61 +101,12 @@ std::string ranges_str(const std::vector<BoxRange>& ranges) {
   return os.str();
 }
 
-namespace {
-
-float load_f32(DType dt, const uint8_t* p) {
-  switch (dt) {
-    case DType::kF32: {
-      float v;
-      std::memcpy(&v, p, 4);
-      return v;
-    }
-    case DType::kBF16: {
-      uint16_t v;
-      std::memcpy(&v, p, 2);
-      return bf16_to_f32(v);
-    }
-    case DType::kF16: {
-      uint16_t v;
-      std::memcpy(&v, p, 2);
-      return f16_to_f32(v);
-    }
-    case DType::kF8E4M3: return fp8_e4m3_to_f32(*p);
-    case DType::kF8E5M2: return fp8_e5m2_to_f32(*p);
-    default: LOOM_FAIL("[sharded] not a float dtype: ", dtype_name(dt));
-  }
-}
-
-void store_f32(DType dt, float v, uint8_t* p) {
-  switch (dt) {
-    case DType::kF32: std::memcpy(p, &v, 4); break;
-    case DType::kBF16: {
-      const uint16_t b = f32_to_bf16(v);
-      std::memcpy(p, &b, 2);
-      break;
-    }
-    case DType::kF16: {
-      const uint16_t b = f32_to_f16(v);
-      std::memcpy(p, &b, 2);
-      break;
-    }
-    case DType::kF8E4M3: *p = f32_to_fp8_e4m3(v); break;
-    case DType::kF8E5M2: *p = f32_to_fp8_e5m2(v); break;
-    default: LOOM_FAIL("[sharded] not a float dtype: ", dtype_name(dt));
-  }
-}
-
-}  // namespace
-
 void convert(const void* src, DType s, void* dst, DType d, int64_t n) {
   if (s == d) {
     std::memcpy(dst, src, size_t(n) * dtype_size(s));
     return;
   }
-  const auto* in = static_cast<const uint8_t*>(src);
-  auto* out = static_cast<uint8_t*>(dst);
-  const size_t ss = dtype_size(s), ds = dtype_size(d);
-  for (int64_t i = 0; i < n; ++i) store_f32(d, load_f32(s, in + size_t(i) * ss), out + size_t(i) * ds);
+  for (int64_t i = 0; i < n; ++i) store_from_f32(dst, d, i, load_as_f32(src, s, i));
 }
 
 void check_piece(const TensorPiece& p, const Geometry& g, const char* what) {

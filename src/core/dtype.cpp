@@ -122,6 +122,43 @@ float fp8_e4m3_to_f32(uint8_t x) { return float(decode(kE4M3, x)); }
 uint8_t f32_to_fp8_e5m2(float x) { return uint8_t(encode(kE5M2, x, true)); }
 float fp8_e5m2_to_f32(uint8_t x) { return float(decode(kE5M2, x)); }
 
+// Through memcpy: callers pass arrays at any byte offset (memory-mapped checkpoint data).
+float load_as_f32(const void* base, DType dt, int64_t i) {
+  const auto* p = static_cast<const uint8_t*>(base);
+  switch (dt) {
+    case DType::kF32: {
+      float v;
+      std::memcpy(&v, p + 4 * i, 4);
+      return v;
+    }
+    case DType::kBF16:
+    case DType::kF16: {
+      uint16_t v;
+      std::memcpy(&v, p + 2 * i, 2);
+      return dt == DType::kBF16 ? bf16_to_f32(v) : f16_to_f32(v);
+    }
+    case DType::kF8E4M3: return fp8_e4m3_to_f32(p[i]);
+    case DType::kF8E5M2: return fp8_e5m2_to_f32(p[i]);
+    default: LOOM_FAIL("load_as_f32: not a float dtype: ", dtype_name(dt));
+  }
+}
+
+void store_from_f32(void* base, DType dt, int64_t i, float v) {
+  auto* p = static_cast<uint8_t*>(base);
+  switch (dt) {
+    case DType::kF32: std::memcpy(p + 4 * i, &v, 4); return;
+    case DType::kBF16:
+    case DType::kF16: {
+      const uint16_t b = dt == DType::kBF16 ? f32_to_bf16(v) : f32_to_f16(v);
+      std::memcpy(p + 2 * i, &b, 2);
+      return;
+    }
+    case DType::kF8E4M3: static_cast<uint8_t*>(base)[i] = f32_to_fp8_e4m3(v); return;
+    case DType::kF8E5M2: static_cast<uint8_t*>(base)[i] = f32_to_fp8_e5m2(v); return;
+    default: LOOM_FAIL("store_from_f32: not a float dtype: ", dtype_name(dt));
+  }
+}
+
 double dtype_max(DType dt) {
   switch (dt) {
     case DType::kF32: return 3.4028234663852886e38;

@@ -12,28 +12,6 @@
 
 namespace loom {
 
-namespace {
-
-float load_value(const void* base, DType dt, int64_t i) {
-  switch (dt) {
-    case DType::kF32: return static_cast<const float*>(base)[i];
-    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(base)[i]);
-    case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(base)[i]);
-    default: LOOM_CHECK(false, "[InferenceSession] activations must be f32, bf16 or f16, got ", dtype_name(dt));
-  }
-  return 0.0f;
-}
-
-void store_value(void* base, DType dt, int64_t i, float v) {
-  switch (dt) {
-    case DType::kF32: static_cast<float*>(base)[i] = v; return;
-    case DType::kBF16: static_cast<uint16_t*>(base)[i] = f32_to_bf16(v); return;
-    case DType::kF16: static_cast<uint16_t*>(base)[i] = f32_to_f16(v); return;
-    default: LOOM_CHECK(false, "[InferenceSession] activations must be f32, bf16 or f16, got ", dtype_name(dt));
-  }
-}
-
-}  // namespace
 
 const Parameter& InferenceSession::param(const std::string& name) const {
   const Parameter* p = model_.params().find(name);
@@ -128,8 +106,8 @@ void InferenceSession::append_kv(int64_t layer, TensorView qkv, int64_t Tn) cons
         const int64_t s = (b * Tn + t) * row + g * (G + 2) * HS + G * HS;
         const int64_t d = ((b * NKV + g) * capacity_ + length_ + t) * HS;
         for (int64_t c = 0; c < HS; ++c) {
-          kc[d + c] = load_value(src, dt, s + c);
-          vc[d + c] = load_value(src, dt, s + HS + c);
+          kc[d + c] = load_as_f32(src, dt, s + c);
+          vc[d + c] = load_as_f32(src, dt, s + HS + c);
         }
       }
 }
@@ -158,7 +136,7 @@ void InferenceSession::cached_attention(int64_t layer, TensorView out, TensorVie
       const int64_t g = h / G, pos = len + t;
       const int64_t lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
       const int64_t qoff = (b * Tn + t) * row + g * (G + 2) * HS + (h % G) * HS;
-      for (int64_t c = 0; c < HS; ++c) q[size_t(c)] = load_value(src, dt, qoff + c);
+      for (int64_t c = 0; c < HS; ++c) q[size_t(c)] = load_as_f32(src, dt, qoff + c);
       const float* kb = kc + (b * NKV + g) * cap * HS;
       const float* vb = vc + (b * NKV + g) * cap * HS;
       float mx = -std::numeric_limits<float>::infinity();
@@ -180,7 +158,7 @@ void InferenceSession::cached_attention(int64_t layer, TensorView out, TensorVie
       }
       const float inv = 1.0f / sum;
       const int64_t ooff = (b * Tn + t) * NH * HS + h * HS;
-      for (int64_t c = 0; c < HS; ++c) store_value(dst, odt, ooff + c, acc[size_t(c)] * inv);
+      for (int64_t c = 0; c < HS; ++c) store_from_f32(dst, odt, ooff + c, acc[size_t(c)] * inv);
     }
   }
 }

@@ -56,17 +56,17 @@ struct TransformerLayerContext {
   // branch output / its gradient through dropout (full rows); the residual-layout gradients of a norm's
   // input and of the stream; the attention output's and qkv's gradients; fc2's input gradient; the
   // qk-norm's two scratch buffers; SP's all-gathered column input and its gradient (N, C).
-  TensorView act, branch, dln, dres, datt, dqkv, dfc, qk_a, qk_b, sp_gathered, sp_grad;
+  TensorView act{}, branch{}, dln{}, dres{}, datt{}, dqkv{}, dfc{}, qk_a{}, qk_b{}, sp_gathered{}, sp_grad{};
   const RotaryEmbedding* rope = nullptr;  // RoPE tables (null without RoPE)
-  TensorView positions;                   // (B, T) i32 positions for RoPE
+  TensorView positions{};                 // (B, T) i32 positions for RoPE
   // The attention of `layer` from s.qkv into s.att (and whatever its backward needs in s.attn_saved);
   // `recompute`: selective recomputation in backward, with the saved dropout mask.
-  std::function<void(const TransformerLayer& layer, TransformerLayerSaved& s, bool recompute)> attend;
+  std::function<void(const TransformerLayer& layer, TransformerLayerSaved& s, bool recompute)> attend{};
   // d(qkv) into dqkv from d(att) in datt (training only).
-  std::function<void(const TransformerLayer& layer, TransformerLayerSaved& s)> attend_backward;
+  std::function<void(const TransformerLayer& layer, TransformerLayerSaved& s)> attend_backward{};
   bool recompute_attention = false;  // --recompute-granularity selective
   // The hidden dropout of a bias-dropout-add at a dropout site (null: none, as in generation).
-  std::function<RowEpilogue(uint64_t site)> hidden_dropout;
+  std::function<RowEpilogue(uint64_t site)> hidden_dropout{};
 };
 
 class TransformerLayer {

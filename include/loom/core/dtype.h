@@ -26,6 +26,11 @@ float fp8_e5m2_to_f32(uint8_t x);
 // Largest finite value of a floating dtype.
 double dtype_max(DType dt);
 
+// Element i of a float-dtype array as f32, and f32 stored into one (rounding as above): the scalar path
+// for host code that walks arrays of any float dtype (checkpoint conversion, the KV cache).
+float load_as_f32(const void* base, DType dt, int64_t i);
+void store_from_f32(void* base, DType dt, int64_t i, float v);
+
 template <typename T>
 struct DTypeOf;
 template <> struct DTypeOf<float> { static constexpr DType value = DType::kF32; };
