@@ -93,7 +93,7 @@ inline std::unique_ptr<Work> Communicator::send_recv_async(TensorView send, int 
 // global_rank: what global_ranks() reports (this process's rank in the world; 0 for a one-process run).
 std::unique_ptr<Communicator> make_self_communicator(std::string name, int global_rank = 0);
 
-// ---- process-level runtime (communicator_mpi.cpp, or the stub without MPI) ---------------------------
+// ---- process-level runtime (communicator_mpi_runtime.cpp, or the stub without MPI) -------------------
 
 // True when this build has MPI. Without it only world size 1 exists.
 bool mpi_compiled_in();

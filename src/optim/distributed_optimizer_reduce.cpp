@@ -1,0 +1,239 @@
+// DistributedOptimizer, per step: the data-parallel gradient reduction of each bucket (TP and
+// embedding-group sums, the 1/DP pre-scale, all-reduce or reduce-scatter, moving the result where Adam
+// reads it), the global gradient and parameter norms, the inf/NaN check and the Adam step over the owned
+// pieces. The layout these work on is built in distributed_optimizer.cpp; the invariants are listed there.
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "optim/distributed_optimizer_impl.h"
+
+namespace loom {
+
+using namespace dist_optim_detail;
+
+// ---- small buffer helpers ----
+void DistributedOptimizer::Impl::add_into(TensorView dst_f32, TensorView src) const {
+  if (src.dtype() == DType::kF32) {
+    ctx.ops().residual_forward(dst_f32, dst_f32, src);
+    return;
+  }
+  Tensor tmp = ctx.empty(src.shape(), DType::kF32);
+  ctx.ops().cast(tmp, src);
+  ctx.ops().residual_forward(dst_f32, dst_f32, tmp);
+}
+
+// The bucket's gradients as the model writes them: ParameterSet grads, or the bucket buffer.
+TensorView DistributedOptimizer::Impl::bucket_grads(Chunk& ch, Bucket& b) const {
+  if (bucket_grads_only()) return b.grad_buf.view().slice_flat(0, Shape{b.numel()});
+  return ch.set->grads().view().slice_flat(b.begin, Shape{b.numel()});
+}
+
+TensorView DistributedOptimizer::Impl::piece_grad(Chunk& ch, const Piece& p) const {
+  const Shape s{p.flat_end - p.flat_begin};
+  if (!ch.grad_shard.defined()) return ch.set->grads().view().slice_flat(p.flat_begin, s);
+  return ch.grad_shard.view().slice_flat(p.shard_off, s);
+}
+TensorView DistributedOptimizer::Impl::piece_master(Chunk& ch, const Piece& p) const {
+  const Shape s{p.flat_end - p.flat_begin};
+  if (ch.master_shard.defined()) return ch.master_shard.view().slice_flat(p.shard_off, s);
+  return ch.set->values().view().slice_flat(p.flat_begin, s);
+}
+
+// L2 norm over the whole model of what view(chunk, piece) gives for every owned piece, replicas (TP
+// duplicates, the tied embedding's copy) counted once. ZeRO shards are disjoint across dp_cp, so the
+// whole world holds each element once; without sharding every DP replica has all of it.
+template <typename View>
+double DistributedOptimizer::Impl::model_norm(View view) {
+  double local = 0.0;
+  for (Chunk& ch : chunks) {
+    // Without sharding, a chunk whose pieces all count tiles its whole flat buffer: one reduction over
+    // it (one device read-back instead of one per parameter; a world of one sums as plain AdamW would).
+    const bool all_count = std::all_of(ch.pieces.begin(), ch.pieces.end(), [](const Piece& p) { return p.count_in_norm; });
+    if (!sharded() && all_count) {
+      Piece whole;
+      whole.flat_end = ch.set->numel();
+      if (whole.flat_end > 0) local += ctx.ops().sum_squares(view(ch, whole));
+      continue;
+    }
+    for (const Piece& p : ch.pieces)
+      if (p.count_in_norm) local += ctx.ops().sum_squares(view(ch, p));
+  }
+  const Communicator& group = sharded() ? ps.world() : ps.mp();
+  return std::sqrt(group.all_reduce_scalar(local, ReduceOp::kSum));
+}
+
+// ---- reductions ----
+void DistributedOptimizer::Impl::sum_over(const Communicator& g, TensorView grads,
+                                          const std::vector<Range>& ranges) const {
+  if (g.size() == 1) return;
+  for (const Range& r : ranges) g.all_reduce(grads.slice_flat(r.begin, Shape{r.numel}), ReduceOp::kSum);
+}
+
+// Starts bucket b's data-parallel reduction (after its TP sums; the embedding sum is the caller's).
+void DistributedOptimizer::Impl::launch(Chunk& ch, Bucket& b) {
+  b.reduced = true;
+  b.units_done = 0;
+  if (b.numel() == 0) return;
+  TensorView g = bucket_grads(ch, b);
+  if (ps.tp().size() > 1) sum_over(ps.tp(), g, b.sp);
+  const Communicator& group = ps.dp_cp();
+  if (dp() > 1) ctx.ops().scale_(g, 1.0f / float(dp()));
+  if (!sharded()) {
+    if (dp() > 1) b.work = group.all_reduce_async(g, ReduceOp::kSum);
+    return;
+  }
+  TensorView inp = g;
+  if (bucket_grads_only()) {
+    b.comm = std::move(b.grad_buf);  // padded, zero beyond the bucket's elements
+    b.grad_buf = Tensor();
+    inp = b.comm.view();
+    unbind_grads(ch, b);
+  } else if (b.padded != b.numel()) {
+    b.comm = ctx.zeros({b.padded}, g.dtype());
+    ctx.copy(b.comm.view().slice_flat(0, Shape{b.numel()}), g);
+    inp = b.comm.view();
+  }
+  b.out = ctx.empty({b.shard}, g.dtype());
+  note_buffers();
+  b.work = group.reduce_scatter_async(b.out, inp);
+}
+
+// Waits for bucket b's reduction and moves the result where Adam reads it.
+void DistributedOptimizer::Impl::complete(Chunk& ch, Bucket& b) {
+  if (b.work) {
+    b.work->wait();
+    b.work.reset();
+  }
+  if (b.numel() == 0) return;
+  if (!sharded()) {
+    TensorView g = bucket_grads(ch, b);
+    if (ch.grad_shard.defined()) {  // f16 gradients: Adam reads an f32 copy
+      // Reduced once per step into a shard that step() (or start_step() after a skip) left at zero: a
+      // plain cast, exact and without add_into's f32 temporary of the bucket.
+      ctx.ops().cast(ch.grad_shard.view().slice_flat(b.begin, Shape{b.numel()}), g);
+      ctx.ops().fill_(g, 0.0f);
+    }
+    return;
+  }
+  if (!b.out.defined()) return;
+  if (ch.grad_shard.defined()) {
+    add_into(ch.grad_shard.view().slice_flat(b.shard_off, Shape{b.shard}), b.out);
+    // The reduced values now live in the shard; ZeRO-1's full-size gradients restart from zero.
+    if (!bucket_grads_only()) ctx.ops().fill_(bucket_grads(ch, b), 0.0f);
+  } else {
+    // ZeRO-1 with f32 gradients: Adam reads the owned range of the gradient buffer itself (no shard
+    // copy, as Megatron); the rest of the bucket restarts from zero.
+    const TensorView g = bucket_grads(ch, b);
+    ctx.ops().fill_(g, 0.0f);
+    const int64_t own = b.own_end - b.own_begin;
+    if (own > 0)
+      ctx.copy(g.slice_flat(b.own_begin - b.begin, Shape{own}), b.out.view().slice_flat(0, Shape{own}));
+  }
+  b.out = Tensor();
+  b.comm = Tensor();
+}
+
+// ZeRO-2/3 with --overlap-grad-reduce: at most one bucket reduction stays in flight, so no more than
+// two bucket buffers (that one and the one backward writes) are ever alive.
+void DistributedOptimizer::Impl::track_inflight(int c, int bucket) {
+  inflight.emplace_back(c, bucket);
+  while (inflight.size() > 1) {
+    const auto [oc, ob] = inflight.front();
+    inflight.pop_front();
+    Bucket& o = chunks[size_t(oc)].buckets[size_t(ob)];
+    if (o.work || o.out.defined()) complete(chunks[size_t(oc)], o);
+  }
+}
+
+// ---- the step ----
+
+void DistributedOptimizer::start_step() {
+  Impl& im = *impl_;
+  im.drop_prefetches();
+  for (Chunk& ch : im.chunks) {
+    if (im.grads_dirty) {  // the last step was skipped: drop its reduced gradients
+      if (ch.grad_shard.defined())
+        im.ctx.ops().fill_(ch.grad_shard, 0.0f);
+      else
+        ch.set->zero_grads(im.ctx);
+    }
+    for (Bucket& b : ch.buckets) {
+      LOOM_CHECK(!b.work && b.param_refs == 0 && !b.grad_buf.defined(), "[DistributedOptimizer] start_step() with "
+                 "unit ", b.first_unit, " of chunk still in use");
+      b.units_done = 0;
+      b.reduced = false;
+    }
+  }
+  im.grads_dirty = false;
+}
+
+void DistributedOptimizer::set_last_microbatch(int chunk, bool last) {
+  impl_->chunks.at(size_t(chunk)).last_microbatch = last;
+}
+
+void DistributedOptimizer::finish_grad_sync() {
+  Impl& im = *impl_;
+  // Embedding-group sums first, blocking, on buckets not yet launched (always the deferred ones), in
+  // the same order on the first and the last stage.
+  for (Chunk& ch : im.chunks)
+    for (Bucket& b : ch.buckets)
+      if (b.deferred && !b.reduced && (!im.bucket_grads_only() || b.grad_buf.defined()))
+        im.sum_over(im.ps.embedding(), im.bucket_grads(ch, b), b.emb);
+  for (Chunk& ch : im.chunks)
+    for (Bucket& b : ch.buckets) {
+      if (b.reduced || b.work) continue;
+      if (im.bucket_grads_only() && !b.grad_buf.defined()) continue;  // reduced by its hook (or no backward ran)
+      im.launch(ch, b);
+    }
+  for (Chunk& ch : im.chunks)
+    for (Bucket& b : ch.buckets)
+      if (!im.bucket_grads_only() || b.work || b.out.defined()) im.complete(ch, b);
+  im.inflight.clear();
+  im.drop_prefetches();
+  im.grads_dirty = true;
+}
+
+double DistributedOptimizer::grad_norm() {
+  Impl& im = *impl_;
+  return im.model_norm([&](Chunk& ch, const Piece& p) { return im.piece_grad(ch, p); });
+}
+
+double DistributedOptimizer::param_norm() {
+  finish_param_sync();
+  Impl& im = *impl_;
+  return im.model_norm([&](Chunk& ch, const Piece& p) { return im.piece_master(ch, p); });
+}
+
+bool DistributedOptimizer::found_inf() {
+  Impl& im = *impl_;
+  bool any = false;
+  for (Chunk& ch : im.chunks)
+    for (const Piece& p : ch.pieces) any = any || im.ctx.ops().has_inf_or_nan(im.piece_grad(ch, p));
+  return im.ps.world().all_reduce_scalar(any ? 1.0 : 0.0, ReduceOp::kMax) > 0.0;
+}
+
+void DistributedOptimizer::step(float lr, float weight_decay, float grad_scale) {
+  Impl& im = *impl_;
+  ++im.steps;
+  AdamWParams p;
+  p.lr = lr;
+  p.beta1 = im.adam.beta1;
+  p.beta2 = im.adam.beta2;
+  p.eps = im.adam.eps;
+  p.step = im.steps;
+  p.grad_scale = grad_scale;
+  p.zero_grad = true;  // the gradients Adam reads start the next step from zero
+  for (Chunk& ch : im.chunks)
+    for (const Piece& pc : ch.pieces) {
+      p.weight_decay = pc.weight_decay ? weight_decay : 0.0f;
+      const Shape s{pc.flat_end - pc.flat_begin};
+      im.ctx.ops().adamw_update(im.piece_master(ch, pc), im.piece_grad(ch, pc),
+                                ch.exp_avg.view().slice_flat(pc.shard_off, s),
+                                ch.exp_avg_sq.view().slice_flat(pc.shard_off, s), p);
+    }
+  im.grads_dirty = false;
+  sync_params_from_masters();
+}
+
+}  // namespace loom

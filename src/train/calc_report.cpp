@@ -1,0 +1,296 @@
+// `loom calc`'s printed report (format_calc_report) and the number formatting it uses; the figures it
+// prints come from compute_calc in calc.cpp.
+#include "loom/train/calc.h"
+
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+#include <string>
+
+#include "train/calc_impl.h"
+
+namespace loom {
+
+using calc_detail::is_16bit;
+using calc_detail::is_gpt2_architecture;
+
+namespace {
+
+std::string commas(int64_t v) {
+  const std::string digits = std::to_string(v < 0 ? -v : v);
+  std::string out = v < 0 ? "-" : "";
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+std::string fixed(double v, int prec) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", prec, v);
+  return buf;
+}
+
+// 124475904 -> "124.48M"
+std::string short_count(double v) {
+  const char* units[] = {"", "K", "M", "B", "T"};
+  int u = 0;
+  while (u < 4 && std::fabs(v) >= 1000.0) {
+    v /= 1000.0;
+    ++u;
+  }
+  return fixed(v, u == 0 ? 0 : 2) + units[u];
+}
+
+std::string sci(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.4e FLOP", v);
+  return buf;
+}
+
+std::string sig(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.4g", v);
+  return buf;
+}
+
+std::string paren(const std::string& s) {
+  std::string out = "(";
+  out += s;
+  out += ')';
+  return out;
+}
+
+std::string gib(double bytes) { return fixed(bytes / 1073741824.0, 2) + " GiB"; }
+
+std::string rpad(const std::string& s, size_t width) {
+  std::string out(s.size() < width ? width - s.size() : 0, ' ');
+  out += s;
+  return out;
+}
+
+std::string bytes_line(int64_t bytes) { return rpad(commas(bytes) + " B", 22) + "  (" + gib(double(bytes)) + ")"; }
+
+std::string duration(double seconds) {
+  return fixed(seconds / 86400.0, 2) + " days = " + fixed(seconds / 3600.0, 1) + " hours = " +
+         commas(std::llround(seconds)) + " s";
+}
+
+std::string pad(std::string s, size_t width) {
+  if (s.size() < width) s.resize(width, ' ');
+  return s;
+}
+
+// "18 B/param", "6 + 12/d B/param", "18/d B/param".
+std::string per_param_text(const StateBytesPerParam& b) {
+  std::string out;
+  if (b.full || !b.sharded) out = std::to_string(b.full);
+  if (b.sharded) out += (out.empty() ? "" : " + ") + std::to_string(b.sharded) + "/d";
+  return out + " B/param";
+}
+
+StateBytesPerParam operator+(const StateBytesPerParam& x, const StateBytesPerParam& y) {
+  return {x.full + y.full, x.sharded + y.sharded};
+}
+
+std::string granularity_name(const RecomputeConfig& rc) {
+  if (rc.granularity.empty()) return "none";
+  if (rc.granularity == "full")
+    return "full, " + rc.method + ", " + std::to_string(rc.num_layers.value_or(0)) + " layer(s)";
+  return rc.granularity;
+}
+
+}  // namespace
+
+std::string format_calc_report(const CalcReport& r) {
+  const CalcInput& in = r.input;
+  const GPTConfig& m = in.model;
+  const int t = in.parallel.tensor_model_parallel_size, p = in.parallel.pipeline_model_parallel_size,
+            c = in.parallel.context_parallel_size;
+  const bool b16 = is_16bit(in.precision);
+  const bool fp8 = !in.precision.fp8_format.empty();
+  const std::string dtype = std::string(in.precision.bf16 ? "bf16" : in.precision.fp16 ? "fp16" : "fp32") +
+                            (fp8 ? " with FP8 GEMMs (" + in.precision.fp8_format + ")" : "");
+  std::ostringstream os;
+
+  for (const std::string& n : in.notes) os << "note: " << n << "\n";
+  os << "model: GPT, " << m.num_layers << " layers (l), hidden " << m.hidden_size << " (h), " << m.num_attention_heads
+     << " heads (a), sequence " << in.seq_length << " (s), " << m.max_position_embeddings
+     << " position embeddings\n";
+  if (!is_gpt2_architecture(m))
+    os << "architecture: " << norm_kind_name(m.normalization) << ", " << mlp_activation_name(m.activation) << " MLP "
+       << m.ffn_hidden_size() << " wide, " << m.num_kv_heads() << " key/value heads (g) of size " << m.head_dim()
+       << " (d), " << position_embedding_type_name(m.position_embedding_type) << " positions"
+       << (m.add_bias_linear ? "" : m.add_qkv_bias ? ", qkv bias only" : ", no linear biases")
+       << (m.untie_embeddings_and_output_weights ? ", untied output layer" : "")
+       << (m.qk_layernorm ? ", qk-layernorm" : "")
+       << (m.window_size_left >= 0 ? ", window " + std::to_string(m.window_size_left) + ",0" : std::string()) << "\n";
+  os << "vocabulary: " << m.vocab_size << ", padded to " << m.padded_vocab_size << " (V)\n";
+  os << "layout: " << in.num_gpus << " GPUs = TP " << t << " x PP " << p << " x CP " << c << " x DP "
+     << in.data_parallel_size() << "; sequence parallel " << (in.sequence_parallel && t > 1 ? "on" : "off") << "\n";
+  os << "batch: micro-batch " << in.micro_batch_size << " (b), global batch " << in.global_batch_size
+     << " (B), " << r.micro_batches << " micro-batch(es) per iteration per data-parallel rank\n";
+  os << "precision: " << dtype << "; recomputation: " << granularity_name(in.recompute) << "\n";
+
+  os << "\nParameters\n";
+  const bool gpt2_arch = is_gpt2_architecture(m);
+  os << "  parameters (exact):     " << rpad(commas(r.params), 20) << "  (" << short_count(double(r.params))
+     << ")  from the layer shapes: "
+     << (gpt2_arch ? "l*(12*h^2 + 13*h) + (V + position embeddings)*h + 2*h"
+                   : "l*(norms + qkv + proj + MLP) + embeddings (+ output layer); docs/models.md")
+     << "\n";
+  os << "  parameters (formula):   " << rpad(commas(std::llround(r.params_formula)), 20) << "  ("
+     << short_count(r.params_formula)
+     << ")  12*l*h^2*(1 + 13/(12*h) + (V+s)/(12*l*h)), s = position embeddings " << m.max_position_embeddings
+     << " (the paper's s is the sequence length, equal to it there)\n";
+
+  os << "\nFLOPs per iteration (B = " << in.global_batch_size << " sequences of s = " << in.seq_length << " tokens)\n";
+  const char* mark = "   <- this run";
+  const std::string& g = in.recompute.granularity;
+  const bool full_all = r.recomputed_layers == m.num_layers;
+  os << "  model (no recomputation):  " << sci(r.flops_model) << "  "
+     << (gpt2_arch ? "72*B*s*l*h^2*(1 + s/(6*h) + V/(12*l*h))"
+                   : "3*(l*layer + 2*B*s*h*V), layer = 2*B*s*(weights of qkv, proj, MLP) + 4*B*s^2*a*d")
+     << (g.empty() ? mark : "") << "\n";
+  os << "  selective recomputation:   " << sci(r.flops_selective) << "  model + "
+     << (gpt2_arch ? "4*B*s^2*h*l" : "4*B*s^2*a*d*l") << " (attention core again)"
+     << (g == "selective" ? mark : "") << "\n";
+  os << "  full recomputation:        " << sci(r.flops_full) << "  "
+     << (gpt2_arch ? "96*B*s*l*h^2*(1 + s/(6*h) + V/(16*l*h))" : "model + l*layer")
+     << (g == "full" && full_all ? mark : "") << "\n";
+  if (g == "full" && !full_all)
+    os << "  this run (" << r.recomputed_layers << " of " << m.num_layers << " layers recomputed): " << sci(r.flops_run)
+       << "  model + " << r.recomputed_layers << (gpt2_arch ? "*(24*B*s*h^2 + 4*B*s^2*h)\n" : "*layer\n");
+
+  os << "\nMemory per rank (first pipeline stage: " << m.num_layers / p << " of " << m.num_layers
+     << " layers and the embeddings; one TP rank)\n";
+  os << "  parameters on the rank: " << rpad(commas(r.params_first_stage), 20) << "  ("
+     << short_count(double(r.params_first_stage)) << ")";
+  if (p > 1) os << "; last stage " << commas(r.params_last_stage);
+  os << "\n";
+  const ShardingStrategy sh = in.sharding;
+  const int64_t d = r.zero_group;
+  const bool zero = sh != ShardingStrategy::kNone;
+  const std::string group = "DP " + std::to_string(in.data_parallel_size()) + " x CP " + std::to_string(c);
+  if (zero)
+    os << "  data-parallel sharding: " << sharding_strategy_name(sh) << " (" << zero_stage_name(sh) << ") over d = " << d
+       << " ranks (" << group << "); a shard is ceil(P/d) = " << commas((r.params_first_stage + d - 1) / d)
+       << " params\n";
+  else
+    os << "  data-parallel sharding: no_shard (no ZeRO) over d = " << d << " ranks (" << group
+       << "): every rank holds all its stage's model states\n";
+  // "(ZeRO-1, d = 8)" after each per-parameter figure of a sharded run.
+  const std::string zero_tag = zero ? " (" + std::string(zero_stage_name(sh)) + ", d = " + std::to_string(d) + ")" : "";
+  const bool grads_f32 = r.grad_per_param.full + r.grad_per_param.sharded == 4;
+  std::string weights_what, grads_what, optimizer_what;
+  switch (sh) {
+    case ShardingStrategy::kNone:
+      weights_what = b16 ? "FP32 master + 16-bit copy" : "FP32";
+      grads_what = std::string(grads_f32 ? "FP32" : "FP16") + " main grads" +
+                   (grads_f32 && in.precision.grad_dtype() != DType::kF32 ? " (always FP32 with more than one rank)" : "");
+      optimizer_what = "Adam m and v in FP32 (no ZeRO sharding)";
+      break;
+    case ShardingStrategy::kOptim:
+    case ShardingStrategy::kOptimGrads:
+      weights_what = b16 ? "16-bit copy + FP32 master shard" : "FP32 weights, the masters (the rank steps its 1/d range)";
+      grads_what = sh == ShardingStrategy::kOptim ? "FP32 main grads, reduce-scattered after backward"
+                                              : "FP32 main-grad shard";
+      optimizer_what = "Adam m and v shards in FP32";
+      break;
+    case ShardingStrategy::kOptimGradsParams:
+      weights_what = b16 ? "FP32 master shard + 16-bit copy shard" : "FP32 weight shard (the masters)";
+      grads_what = "FP32 main-grad shard";
+      optimizer_what = "Adam m and v shards in FP32";
+      break;
+  }
+  os << "  weights:                " << bytes_line(r.weight_bytes) << "  " << per_param_text(r.weight_per_param)
+     << zero_tag << ": " << weights_what << "\n";
+  os << "  gradients:              " << bytes_line(r.grad_bytes) << "  " << per_param_text(r.grad_per_param) << zero_tag
+     << ": " << grads_what << "\n";
+  os << "  optimizer state:        " << bytes_line(r.optimizer_bytes) << "  " << per_param_text(r.optimizer_per_param)
+     << zero_tag << ": " << optimizer_what << "\n";
+  os << "  model states:           " << bytes_line(r.states_bytes()) << "  "
+     << per_param_text(r.weight_per_param + r.grad_per_param + r.optimizer_per_param) << zero_tag << "\n";
+  if (sh == ShardingStrategy::kOptimGrads)
+    os << "  gradient buckets:       " << bytes_line(r.transient_bytes)
+       << "  transient, not model states: FP32 gradients of up to 2 buckets of " << commas(r.bucket_size)
+       << " (one written by backward, one being reduce-scattered): 4*min(P, 2*bucket)\n";
+  if (sh == ShardingStrategy::kOptimGradsParams)
+    os << "  gathered layers:        " << bytes_line(r.transient_bytes)
+       << "  transient, not model states: the gathered parameters (" << (b16 ? 2 : 4)
+       << " B) and FP32 gradients of about two layers of " << commas(r.layer_params)
+       << " params (one in use, one being gathered or reduce-scattered); the embedding's gather comes on top "
+          "when it is larger\n";
+  if (p > 1)
+    os << "  last stage states:      " << bytes_line(r.last_states_bytes()) << "  weights "
+       << commas(r.last_weight_bytes) << " + gradients " << commas(r.last_grad_bytes) << " + optimizer "
+       << commas(r.last_optimizer_bytes) << " B for its " << commas(r.params_last_stage) << " params\n";
+  os << "  activations (Korthikanti et al. 2022, " << (b16 ? "16-bit" : "FP32: twice the paper's 16-bit")
+     << "; b = " << in.micro_batch_size << ", " << r.micro_batches_in_flight << " micro-batch(es) in flight x "
+     << m.num_layers / p << " layers";
+  if (c > 1) os << ", s/CP = " << in.seq_length / c << " tokens per rank";
+  os << "):\n";
+  os << "    " << pad("recompute", 10) << rpad("per layer", 18) << rpad("activations", 24) << rpad("with states", 26)
+     << "  per-layer formula\n";
+  for (size_t i = 0; i < r.activations.size(); ++i) {
+    const ActivationEstimate& a = r.activations[i];
+    const int64_t act = std::llround(a.total()), tot = act + r.states_bytes();
+    os << "    " << pad(a.label, 10) << rpad(commas(std::llround(a.per_layer)) + " B", 18)
+       << rpad(commas(act) + " B", 24) << rpad(commas(tot) + " B", 26) << "  " << a.formula
+       << (i == r.run_row ? mark : "") << "\n";
+    os << "    " << pad("", 10) << rpad("", 18) << rpad(paren(gib(double(act))), 24)
+       << rpad(paren(gib(double(tot))), 26) << "\n";
+  }
+  os << "    activations include " << commas(std::llround(r.activations[0].extra))
+     << " B outside the layers: embedding dropout masks"
+     << (p == 1 ? ", final norm and output-layer inputs, FP32 logits" : "") << "\n";
+
+  if (r.loom_plan) {
+    const CalcReport::LoomPlan& lp = *r.loom_plan;
+    os << "\nLoom's buffers for this run (what `loom train` allocates; its log's \"max allocated\" adds the data "
+          "loader's batch buffers)\n";
+    os << "  parameters and grads:   " << bytes_line(lp.parameter_bytes) << "\n";
+    os << "  optimizer state:        " << bytes_line(lp.optimizer_bytes) << "\n";
+    if (lp.main_grad_bytes) os << "  FP32 main-grad copy:    " << bytes_line(lp.main_grad_bytes) << "\n";
+    os << "  activations:            " << bytes_line(lp.activation_bytes) << "  (b = " << in.micro_batch_size
+       << "; fused attention keeps no s x s scores)\n";
+    os << "  total:                  " << bytes_line(lp.total()) << "\n";
+  }
+
+  os << "\nThroughput\n";
+  os << "  achieved per GPU:  " << fixed(r.achieved_tflops, 1) << " TFLOP/s (X)";
+  if (in.gpu_tflops)
+    os << " from --gpu-tflops = " << fixed(r.achieved_tflops / r.peak_tflops, 3) << " of the " << in.gpu.description
+       << " dense " << (fp8 ? "FP8" : b16 ? "BF16/FP16" : "TF32") << " peak " << fixed(r.peak_tflops, 0);
+  else
+    os << " = MFU " << fixed(in.mfu, 2) << " x " << in.gpu.description << " dense "
+       << (fp8 ? "FP8" : b16 ? "BF16" : "TF32") << " peak " << fixed(r.peak_tflops, 0);
+  os << "\n";
+  os << "  time per iteration:  " << sig(r.seconds_per_iteration) << " s  (this run's FLOPs / (n*X), n = "
+     << in.num_gpus << ")\n";
+  os << "  tokens per second:   " << commas(std::llround(double(in.global_batch_size) * double(in.seq_length) /
+                                                         r.seconds_per_iteration))
+     << "\n";
+
+  os << "\nTraining time\n";
+  if (!in.train_tokens) {
+    os << "  give --train-tokens T (or --train-iters N) to estimate it\n";
+  } else {
+    os << "  tokens (T):  " << commas(std::llround(*in.train_tokens)) << "  (" << short_count(*in.train_tokens)
+       << "; " << commas(std::llround(r.iterations)) << " iterations of B*s tokens)\n";
+    os << "  6*T*P/(n*X) (no recomputation):    " << duration(r.seconds_6tp) << (g.empty() ? mark : "") << "\n";
+    os << "  8*T*P/(n*X) (full recomputation):  " << duration(r.seconds_8tp) << (g == "full" ? mark : "") << "\n";
+    os << "  from this run's FLOPs per iteration: " << duration(r.seconds_run) << "\n";
+  }
+
+  os << "\nDense peak TFLOP/s per GPU (NVIDIA datasheets, without sparsity)\n";
+  os << "  " << pad("GPU", 12) << rpad("TF32", 8) << rpad("BF16/FP16", 11) << rpad("FP8", 8) << "\n";
+  for (const GpuSpec& s : gpu_specs())
+    os << "  " << pad(s.description, 12) << rpad(fixed(s.tf32_tflops, 0), 8) << rpad(fixed(s.bf16_tflops, 0), 11)
+       << rpad(s.fp8_tflops ? fixed(*s.fp8_tflops, 0) : "-", 8) << (s.name == in.gpu.name ? "   <- --gpu" : "")
+       << "\n";
+  return os.str();
+}
+
+}  // namespace loom
