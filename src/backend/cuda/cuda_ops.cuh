@@ -1,7 +1,8 @@
-// CudaOps: the CUDA op table. Each method forwards to its launcher (one .cu + .cuh per op family in
-// src/backend/cuda/), which validates its arguments on the host and runs on the context's compute stream.
-// The semantics of every op are those of loom/backend/ops.h; the CPU backend is the reference and every
-// launcher has a cross-check test against it (tests/unit/backend/test_cuda_*.cpp).
+// CudaOps: the CUDA op table. The OpTable entry points check every op's arguments (src/backend/op_checks*.cpp);
+// each do_<op> then forwards to its launcher (one .cu + .cuh per op family in src/backend/cuda/), which
+// checks only this backend's own limits and runs on the context's compute stream. The semantics of every op
+// are those of loom/backend/ops.h; the CPU backend is the reference and every launcher has a cross-check
+// test against it (tests/unit/backend/test_cuda_*.cpp).
 // Host-only header.
 #pragma once
 #include "backend/cuda/cuda_context.cuh"
