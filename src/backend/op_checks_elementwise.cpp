@@ -307,8 +307,10 @@ void OpTable::fp8_gemm(TensorView out, TensorView a, TensorView a_scale_inv, Ten
   LOOM_CHECK(out.numel() == M * N, "[", op, "] expected out with ", M, " x ", N, " elements, got ", out.desc());
   if (bias.defined()) {
     LOOM_CHECK(bias.numel() == N, "[", op, "] expected bias with ", N, " elements, got ", bias.desc());
-    LOOM_CHECK(bias.dtype() == DType::kF32 || bias.dtype() == out.dtype(), "[", op, "] expected bias f32 or ",
-               dtype_name(out.dtype()), " (out's dtype), got ", bias.desc());
+    // Added in f32 whatever its dtype: the CPU widens it, CUDA adds it after the product (in cuBLASLt's
+    // epilogue only when it has a 16-bit out's dtype). nn::Fp8Gemm passes a bias in the compute dtype with an
+    // f32 out.
+    LOOM_CHECK(is_compute_dtype(bias.dtype()), "[", op, "] expected bias f32, bf16 or f16, got ", bias.desc());
     on_device(dev, bias, op, "bias");
   }
   do_fp8_gemm(out, a, a_scale_inv, b, b_scale_inv, bias, accumulate);

@@ -246,8 +246,8 @@ class OpTable {
                           bool use_max) const;
   // FP8 GEMM (the tensor-core "TN" form: both operands K-contiguous):
   //   out (M, N) [+]= (a (M, K) · a_scale_inv[0]) · (b (N, K) · b_scale_inv[0])^T + bias (N)
-  // a, b fp8 (E4M3 or E5M2; not both E5M2); scale_inv (1) f32 on the device; bias optional, f32 or out's
-  // dtype; out f32, bf16 or f16. Products and sums in f32, the result rounded once to out's dtype;
+  // a, b fp8 (E4M3 or E5M2; not both E5M2); scale_inv (1) f32 on the device; bias optional, f32, bf16 or
+  // f16 (added in f32); out f32, bf16 or f16. Products and sums in f32, the result rounded once to out's dtype;
   // accumulate: out += result (out's old value added in f32) instead of out = result. Leading dims of a
   // and out are flattened.
   void fp8_gemm(TensorView out, TensorView a, TensorView a_scale_inv, TensorView b, TensorView b_scale_inv,

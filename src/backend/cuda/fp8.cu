@@ -243,8 +243,9 @@ void fp8_gemm(const CudaContext& ctx, TensorView out, TensorView a, TensorView a
     g.b_type = a.dtype();
     g.a_scale = cptr<float>(b_scale_inv);
     g.b_scale = cptr<float>(a_scale_inv);
-    // FP8 cuBLASLt takes a bias of out's dtype only for 16-bit outputs (f32 outputs want a bf16 bias, which
-    // the contract does not offer); an f32 bias is added in f32 after the product, before the rounding.
+    // FP8 cuBLASLt takes a bias of out's dtype only for 16-bit outputs (f32 outputs would want a bf16 bias in
+    // the epilogue); any other bias (f32, or 16-bit of another dtype than out's) is added in f32 after the
+    // product, before the rounding (gemm_finalize).
     const bool epilogue_bias = !bias.defined() || (out.dtype() != DType::kF32 && bias.dtype() == out.dtype());
     if (epilogue_bias) {
       g.d = out.raw();

@@ -2,8 +2,9 @@
 // old amax), dequantise (all 256 codes of both formats into f32/bf16/f16), the delayed-scaling update (amax
 // 0, inf, NaN, tiny amaxes whose scale overflows, history roll), all bit-identical to the CPU (two NaNs count
 // as equal: their payloads are not part of the contract); fp8_gemm for both formats, out dtypes, f32 and
-// 16-bit biases, accumulate, on shapes that take cuBLASLt's FP8 path (K, N multiples of 16) and shapes that
-// take the dequantise fallback; transpose for 1-, 2- and 4-byte elements. Aligned and unaligned views.
+// 16-bit biases (out's dtype or another), accumulate, on shapes that take cuBLASLt's FP8 path (K, N multiples
+// of 16) and shapes that take the dequantise fallback; transpose for 1-, 2- and 4-byte elements. Aligned and
+// unaligned views.
 // Skips without a visible GPU.
 #include <gtest/gtest.h>
 
@@ -228,9 +229,10 @@ TEST(CudaFp8, GemmMatchesCpu) {
   uint64_t seed = 3000;
   for (const auto& [a_dt, b_dt] : formats)
     for (DType out_dt : {DType::kF32, DType::kBF16, DType::kF16})
-      for (int bias_mode = 0; bias_mode < 3; ++bias_mode) {  // none, f32, out's dtype
+      for (int bias_mode = 0; bias_mode < 4; ++bias_mode) {  // none, f32, out's dtype, another 16-bit dtype
         if (bias_mode == 2 && out_dt == DType::kF32) continue;
-        const DType bias_dt = bias_mode == 2 ? out_dt : DType::kF32;
+        const DType other16 = out_dt == DType::kBF16 ? DType::kF16 : DType::kBF16;  // nn::Fp8Gemm: bf16 bias, f32 out
+        const DType bias_dt = bias_mode == 3 ? other16 : bias_mode == 2 ? out_dt : DType::kF32;
         for (bool accumulate : {false, true})
           for (const GemmCase& c : cases) {
             // Operands quantised on the CPU from [-1, 1) with power-of-two scales (scale_inv exact).
@@ -342,7 +344,7 @@ TEST(CudaFp8, GemmRejectsBadArguments) {
   EXPECT_ANY_THROW(cuda_ops().fp8_gemm(out, Tensor::empty({4, 15}, DType::kF8E4M3, dev), si, b4, si, TensorView(), false));
   EXPECT_ANY_THROW(cuda_ops().fp8_gemm(Tensor::empty({4, 7}, DType::kF32, dev), a4, si, b4, si, TensorView(), false));
   EXPECT_ANY_THROW(cuda_ops().fp8_gemm(out, a4, si, b4, si, Tensor::empty({7}, DType::kF32, dev), false));
-  EXPECT_ANY_THROW(cuda_ops().fp8_gemm(out, a4, si, b4, si, Tensor::empty({8}, DType::kBF16, dev), false));
+  EXPECT_ANY_THROW(cuda_ops().fp8_gemm(out, a4, si, b4, si, Tensor::empty({8}, DType::kF8E4M3, dev), false));
   EXPECT_ANY_THROW(cuda_ops().fp8_gemm(out, a4, host_scalar(1.0f), b4, si, TensorView(), false));  // host scale
   EXPECT_ANY_THROW(cuda_ops().fp8_gemm(Tensor::empty({4, 8}, DType::kF8E4M3, dev), a4, si, b4, si, TensorView(), false));
 }

@@ -267,9 +267,9 @@ TEST_P(BackendChecks, OptimizerAndFp8) {
       [&] { ops().fp8_gemm(zeros({4, 8}), zeros({4, 16}, DType::kF8E5M2), s, zeros({8, 16}, DType::kF8E5M2), s, {},
                            false); },
       "fp8_gemm", "E5M2 x E5M2");
-  // The bias is f32 or out's dtype (ops.h); the CPU used to accept any float bias here.
-  expect_rejected([&] { ops().fp8_gemm(zeros({4, 8}, DType::kF16), a4, s, b4, s, zeros({8}, DType::kBF16), false); },
-                  "fp8_gemm", "expected bias f32 or f16 (out's dtype)");
+  // The bias is f32, bf16 or f16 (ops.h); the CPU used to accept an fp8 one too.
+  expect_rejected([&] { ops().fp8_gemm(zeros({4, 8}, DType::kF16), a4, s, b4, s, zeros({8}, DType::kF8E4M3), false); },
+                  "fp8_gemm", "expected bias f32, bf16 or f16");
   expect_rejected([&] { ops().fp8_quantize(zeros({4}, DType::kF8E4M3), zeros({4}), zeros({2}), s); }, "fp8_quantize",
                   "expected scale as a (1) f32 tensor on " + dev().str());
 }
