@@ -78,85 +78,90 @@ struct RopeParams {
   bool interleaved = false;
 };
 
+// Non-virtual interface: each public op checks its arguments once, in backend-neutral code
+// (src/backend/op_checks*.cpp: shapes, dtypes, devices, parameter ranges — the rules above), then calls
+// the backend's private do_<op> with arguments that are known to be valid. A backend checks only what is
+// specific to it (a kernel's size limit, a value it reads from its own memory) and says why.
 class OpTable {
  public:
   virtual ~OpTable() = default;
 
+  // Every tensor argument of this table's ops must live on this device.
+  Device device() const { return device_; }
+
   // ---- matmul (linear layer) --------------------------------------------------------------------
   // out (M, N) = inp (M, K) · weight (N, K)^T + bias (N). inp/weight in the compute dtype; out in it or f32;
   // accumulation in f32. Leading dims of inp/out are flattened (inp may be (B, T, K)).
-  virtual void matmul_forward(TensorView out, TensorView inp, TensorView weight, TensorView bias) const = 0;
+  void matmul_forward(TensorView out, TensorView inp, TensorView weight, TensorView bias) const;
   // dinp (M, K) = dout · weight            (overwrite; skipped when dinp is empty)
   // dweight (N, K) += dout^T · inp        (accumulate; skipped when empty)
   // dbias (N) += column sums of dout      (accumulate; skipped when empty)
-  virtual void matmul_backward(TensorView dinp, TensorView dweight, TensorView dbias, TensorView dout,
-                               TensorView inp, TensorView weight) const = 0;
+  void matmul_backward(TensorView dinp, TensorView dweight, TensorView dbias, TensorView dout, TensorView inp,
+                       TensorView weight) const;
 
   // ---- embedding -------------------------------------------------------------------------------
   // out (B, T, C) = wte[tokens[b, t]] + wpe[pos[b, t]]  (wpe (maxpos, C) optional). tokens i32 (B, T).
   // pos = position_ids (B, T) i32 when given (Megatron's --reset-position-ids restarts them at each
   // document), else t.
-  virtual void embedding_forward(TensorView out, TensorView tokens, TensorView wte, TensorView wpe,
-                                 TensorView position_ids = {}) const = 0;
+  void embedding_forward(TensorView out, TensorView tokens, TensorView wte, TensorView wpe,
+                         TensorView position_ids = {}) const;
   // dwte[tokens[b, t]] += dout[b, t]; dwpe[pos[b, t]] += dout[b, t]  (accumulate; dwpe optional)
-  virtual void embedding_backward(TensorView dwte, TensorView dwpe, TensorView dout, TensorView tokens,
-                                  TensorView position_ids = {}) const = 0;
+  void embedding_backward(TensorView dwte, TensorView dwpe, TensorView dout, TensorView tokens,
+                          TensorView position_ids = {}) const;
 
   // ---- layernorm ---------------------------------------------------------------------------------
   // Over the last dim C of inp (N, C): out = (inp - mean) * rstd * weight + bias; saves mean, rstd (N).
-  virtual void layernorm_forward(TensorView out, TensorView mean, TensorView rstd, TensorView inp,
-                                 TensorView weight, TensorView bias, float eps) const = 0;
+  void layernorm_forward(TensorView out, TensorView mean, TensorView rstd, TensorView inp, TensorView weight,
+                         TensorView bias, float eps) const;
   // dinp += ... (residual stream: ACCUMULATES), dweight += ..., dbias += ...
-  virtual void layernorm_backward(TensorView dinp, TensorView dweight, TensorView dbias, TensorView dout,
-                                  TensorView inp, TensorView weight, TensorView mean, TensorView rstd) const = 0;
+  void layernorm_backward(TensorView dinp, TensorView dweight, TensorView dbias, TensorView dout, TensorView inp,
+                          TensorView weight, TensorView mean, TensorView rstd) const;
   // Fused: residual = a + b, then out = layernorm(residual) (one read of a and b, saves mean/rstd).
-  virtual void residual_layernorm_forward(TensorView residual, TensorView out, TensorView mean, TensorView rstd,
-                                          TensorView a, TensorView b, TensorView weight, TensorView bias,
-                                          float eps) const = 0;
+  void residual_layernorm_forward(TensorView residual, TensorView out, TensorView mean, TensorView rstd, TensorView a,
+                                  TensorView b, TensorView weight, TensorView bias, float eps) const;
 
   // ---- RMSNorm (--normalization RMSNorm) -----------------------------------------------------------
   // Over the last dim C of inp (N, C): out = inp · rstd · weight, rstd = 1 / sqrt(mean(inp²) + eps);
   // saves rstd (N) f32 (may be empty when no backward follows).
-  virtual void rmsnorm_forward(TensorView out, TensorView rstd, TensorView inp, TensorView weight,
-                               float eps) const = 0;
+  void rmsnorm_forward(TensorView out, TensorView rstd, TensorView inp, TensorView weight, float eps) const;
   // dinp += ... (residual stream: ACCUMULATES), dweight += ...
-  virtual void rmsnorm_backward(TensorView dinp, TensorView dweight, TensorView dout, TensorView inp,
-                                TensorView weight, TensorView rstd) const = 0;
+  void rmsnorm_backward(TensorView dinp, TensorView dweight, TensorView dout, TensorView inp, TensorView weight,
+                        TensorView rstd) const;
   // Fused: residual = a + b, then out = rmsnorm(residual).
-  virtual void residual_rmsnorm_forward(TensorView residual, TensorView out, TensorView rstd, TensorView a,
-                                        TensorView b, TensorView weight, float eps) const = 0;
+  void residual_rmsnorm_forward(TensorView residual, TensorView out, TensorView rstd, TensorView a, TensorView b,
+                                TensorView weight, float eps) const;
 
   // ---- gated MLP and rotary embedding ---------------------------------------------------------------
   // inp (N, 2F) = [gate | up]; out (N, F) = act(gate) · up.
-  virtual void glu_forward(TensorView out, TensorView inp, GluKind kind) const = 0;
+  void glu_forward(TensorView out, TensorView inp, GluKind kind) const;
   // dinp (N, 2F) = [dgate | dup] (overwrite; dinp may alias inp) from dout (N, F) and the forward's inp.
-  virtual void glu_backward(TensorView dinp, TensorView inp, TensorView dout, GluKind kind) const = 0;
+  void glu_backward(TensorView dinp, TensorView inp, TensorView dout, GluKind kind) const;
   // Rotates the q and k heads of qkv (B, T, NKV·(NH/NKV + 2)·HS) in place; v is untouched.
-  virtual void rope_forward(TensorView qkv, TensorView cos, TensorView sin, const AttentionParams& p,
-                            const RopeParams& r, TensorView position_ids = {}) const = 0;
+  void rope_forward(TensorView qkv, TensorView cos, TensorView sin, const AttentionParams& p, const RopeParams& r,
+                    TensorView position_ids = {}) const;
   // The transpose (inverse rotation) applied in place to the dq and dk heads of dqkv.
-  virtual void rope_backward(TensorView dqkv, TensorView cos, TensorView sin, const AttentionParams& p,
-                             const RopeParams& r, TensorView position_ids = {}) const = 0;
+  void rope_backward(TensorView dqkv, TensorView cos, TensorView sin, const AttentionParams& p, const RopeParams& r,
+                     TensorView position_ids = {}) const;
 
   // ---- elementwise ----------------------------------------------------------------------------------
-  virtual void residual_forward(TensorView out, TensorView a, TensorView b) const = 0;  // out = a + b
+  void residual_forward(TensorView out, TensorView a, TensorView b) const;  // out = a + b
   // GeLU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-  virtual void gelu_forward(TensorView out, TensorView inp) const = 0;
+  void gelu_forward(TensorView out, TensorView inp) const;
   // dinp = gelu'(inp) * dout (overwrite; dinp may alias dout).
-  virtual void gelu_backward(TensorView dinp, TensorView inp, TensorView dout) const = 0;
-  virtual void bias_add_forward(TensorView out, TensorView bias) const = 0;  // out (N, C) += bias (C)
-  virtual void bias_backward(TensorView dbias, TensorView dout) const = 0;   // dbias (C) += colsum(dout)
+  void gelu_backward(TensorView dinp, TensorView inp, TensorView dout) const;
+  void bias_add_forward(TensorView out, TensorView bias) const;  // out (N, C) += bias (C)
+  void bias_backward(TensorView dbias, TensorView dout) const;   // dbias (C) += colsum(dout)
 
   // ---- dropout (Megatron's --hidden-dropout) ---------------------------------------------------------
   // out = inp * keep / (1 - p) with keep[i] = dropout_keep(seed, stream, offset + i) for the flat element
   // index i; out may alias inp. The mask is regenerated, never stored. p == 0 is a copy. offset: where the
   // tensor starts in the mask's index space (a piece of a larger tensor draws that tensor's mask, e.g. a
   // context-parallel rank's chunk of the sequence).
-  virtual void dropout_forward(TensorView out, TensorView inp, float p, uint64_t seed, uint64_t stream,
-                               uint64_t offset = 0) const = 0;
+  void dropout_forward(TensorView out, TensorView inp, float p, uint64_t seed, uint64_t stream,
+                       uint64_t offset = 0) const;
   // dinp = dout * keep / (1 - p) with the same mask (overwrite; dinp may alias dout).
-  virtual void dropout_backward(TensorView dinp, TensorView dout, float p, uint64_t seed, uint64_t stream,
-                                uint64_t offset = 0) const = 0;
+  void dropout_backward(TensorView dinp, TensorView dout, float p, uint64_t seed, uint64_t stream,
+                        uint64_t offset = 0) const;
 
   // ---- attention core ------------------------------------------------------------------------------
   // qkv (B, T, NKV * (NH/NKV + 2) * HS) in Megatron's grouped layout: for each query group g, the
@@ -166,11 +171,11 @@ class OpTable {
   // segment_ids (B, T) i32, optional, non-decreasing along T (Megatron's --reset-attention-mask):
   // key j is visible to query i only when segment_ids[b, j] == segment_ids[b, i] (on top of the
   // causal/window rule), so documents packed in one sequence do not attend to each other.
-  virtual void attention_forward(TensorView out, TensorView lse, TensorView qkv, const AttentionParams& p,
-                                 TensorView segment_ids = {}) const = 0;
+  void attention_forward(TensorView out, TensorView lse, TensorView qkv, const AttentionParams& p,
+                         TensorView segment_ids = {}) const;
   // dqkv (overwrite) from dout, recomputing scores from qkv and lse.
-  virtual void attention_backward(TensorView dqkv, TensorView dout, TensorView qkv, TensorView out,
-                                  TensorView lse, const AttentionParams& p, TensorView segment_ids = {}) const = 0;
+  void attention_backward(TensorView dqkv, TensorView dout, TensorView qkv, TensorView out, TensorView lse,
+                          const AttentionParams& p, TensorView segment_ids = {}) const;
 
   // ---- attention blocks (context parallelism; AttentionBlock above) -------------------------------
   // Layouts: q is a packed qkv tensor (B, Tq, NKV*(NH/NKV+2)*HS) whose query heads are used. kv holds the
@@ -180,26 +185,24 @@ class OpTable {
   //
   // out (B, Tq, NH*HS) (f32 or the compute dtype), lse (B, NH, Tq) f32: the attention of the queries over
   // this block's keys only (overwrite). A query row with no visible key gets out 0 and lse -inf.
-  virtual void attention_block_forward(TensorView out, TensorView lse, TensorView q, TensorView kv,
-                                       const AttentionBlock& blk, const AttentionParams& p) const = 0;
+  void attention_block_forward(TensorView out, TensorView lse, TensorView q, TensorView kv, const AttentionBlock& blk,
+                               const AttentionParams& p) const;
   // Folds a block's partial result into the running one, in place: lse' = log(e^lse + e^lse_block),
   // out' = e^(lse - lse') out + e^(lse_block - lse') out_block (f32 math; out, out_block f32 or a 16-bit
   // float; a -inf lse contributes nothing). Shapes as attention_block_forward's out and lse.
-  virtual void attention_merge(TensorView out, TensorView lse, TensorView out_block,
-                               TensorView lse_block) const = 0;
+  void attention_merge(TensorView out, TensorView lse, TensorView out_block, TensorView lse_block) const;
   // Backward of one block given the FINAL out and lse of the queries (all blocks merged), so that
   // P = exp(s - lse) and D = rowsum(dout * out) are the global ones. ACCUMULATES (the blocks of a ring
   // add up): dq (B, Tq, NH*HS) f32 += dS K; dkv (B, Tk, NKV*2*HS) f32 (compact layout) += [dS^T Q | P^T dO].
   // dout and out (B, Tq, NH*HS) f32 or the compute dtype.
-  virtual void attention_block_backward(TensorView dq, TensorView dkv, TensorView dout, TensorView q, TensorView kv,
-                                        TensorView out, TensorView lse, const AttentionBlock& blk,
-                                        const AttentionParams& p) const = 0;
+  void attention_block_backward(TensorView dq, TensorView dkv, TensorView dout, TensorView q, TensorView kv,
+                                TensorView out, TensorView lse, const AttentionBlock& blk,
+                                const AttentionParams& p) const;
   // kv (B, T, NKV*2*HS) = the key and value heads of qkv (B, T, NKV*(NH/NKV+2)*HS), same dtype (overwrite).
-  virtual void attention_kv_pack(TensorView kv, TensorView qkv, const AttentionParams& p) const = 0;
+  void attention_kv_pack(TensorView kv, TensorView qkv, const AttentionParams& p) const;
   // dqkv (B, T, NKV*(NH/NKV+2)*HS) (overwrite, in its own float dtype, rounded once) = the query-head
   // gradients from dq (B, T, NH*HS) f32 and the key/value-head gradients from dkv (B, T, NKV*2*HS) f32.
-  virtual void attention_qkv_grad_unpack(TensorView dqkv, TensorView dq, TensorView dkv,
-                                         const AttentionParams& p) const = 0;
+  void attention_qkv_grad_unpack(TensorView dqkv, TensorView dq, TensorView dkv, const AttentionParams& p) const;
 
   // ---- cross-entropy ----------------------------------------------------------------------------
   // logits (N, Vp) f32/bf16/f16 (arithmetic in f32), targets i32 (N), columns >= vocab_size are padding and excluded.
@@ -209,23 +212,21 @@ class OpTable {
   // the gradient only (losses are reported for every row); a row whose mask is 0 may carry an
   // out-of-range target (e.g. -1 padding) and then gets loss 0 and gradient 0. Any other
   // out-of-range target is an error, raised before any work.
-  virtual void cross_entropy_forward_backward(TensorView losses, TensorView logits, TensorView targets,
-                                              int64_t vocab_size, TensorView loss_mask,
-                                              float dlogits_scale) const = 0;
+  void cross_entropy_forward_backward(TensorView losses, TensorView logits, TensorView targets, int64_t vocab_size,
+                                      TensorView loss_mask, float dlogits_scale) const;
 
   // ---- optimizer and buffer utilities -------------------------------------------------------------
   // PyTorch/apex AdamW (decoupled weight decay) on f32 param, grad, exp_avg m, exp_avg_sq v (f32 only).
-  virtual void adamw_update(TensorView param, TensorView grad, TensorView m, TensorView v,
-                            const AdamWParams& p) const = 0;
+  void adamw_update(TensorView param, TensorView grad, TensorView m, TensorView v, const AdamWParams& p) const;
   // Sum of squares in f64 (for the global gradient norm); deterministic for a given numel. Any float dtype
   // (as are has_inf_or_nan, scale_ and fill_).
-  virtual double sum_squares(TensorView x) const = 0;
+  double sum_squares(TensorView x) const;
   // True when x contains an inf or NaN.
-  virtual bool has_inf_or_nan(TensorView x) const = 0;
-  virtual void scale_(TensorView x, float s) const = 0;  // x *= s
-  virtual void fill_(TensorView x, float value) const = 0;
+  bool has_inf_or_nan(TensorView x) const;
+  void scale_(TensorView x, float s) const;  // x *= s
+  void fill_(TensorView x, float value) const;
   // Converts between float dtypes (f32, bf16, f16, fp8) with round-to-nearest-even.
-  virtual void cast(TensorView out, TensorView inp) const = 0;
+  void cast(TensorView out, TensorView inp) const;
 
   // ---- FP8 with per-tensor scaling (Transformer Engine's delayed scaling; loom/fp8/fp8.h) -------------
   // Scales, inverse scales and amaxes are (1) f32 tensors on the op's device, never host values, so a
@@ -233,26 +234,100 @@ class OpTable {
   // round-to-nearest-even; amax[0] = max(amax[0], max |inp|) — +inf when inp holds a NaN or an inf (an
   // order-safe value for max-reductions across ranks), which the scaling update treats as "keep the
   // scale". inp: f32, bf16 or f16.
-  virtual void fp8_quantize(TensorView out, TensorView inp, TensorView scale, TensorView amax) const = 0;
+  void fp8_quantize(TensorView out, TensorView inp, TensorView scale, TensorView amax) const;
   // out (f32, bf16 or f16) = f32(inp) · scale_inv[0], rounded once to out's dtype.
-  virtual void fp8_dequantize(TensorView out, TensorView inp, TensorView scale_inv) const = 0;
+  void fp8_dequantize(TensorView out, TensorView inp, TensorView scale_inv) const;
   // Delayed scaling for n tensors of one fp8 format. amax_history (L, n) f32, row 0 the amaxes recorded
   // this step; scale, scale_inv (n) f32. Per tensor: amax = max over the L rows (use_max) or row 0
   // (most_recent); if amax > 0 and finite, scale = (fp8_max / amax) / 2^margin (an infinite result —
   // amax far below fp8_max — becomes the largest finite f32), else the scale is kept; scale_inv = 1 /
   // scale. Then the history rolls by one row (row i+1 <- row i, the oldest dropped) and row 0 is zeroed.
-  virtual void fp8_update_scaling(TensorView amax_history, TensorView scale, TensorView scale_inv, float fp8_max,
-                                  int margin, bool use_max) const = 0;
+  void fp8_update_scaling(TensorView amax_history, TensorView scale, TensorView scale_inv, float fp8_max, int margin,
+                          bool use_max) const;
   // FP8 GEMM (the tensor-core "TN" form: both operands K-contiguous):
   //   out (M, N) [+]= (a (M, K) · a_scale_inv[0]) · (b (N, K) · b_scale_inv[0])^T + bias (N)
-  // a, b fp8 (E4M3 or E5M2; not both E5M2); scale_inv (1) f32 on the device; bias optional, f32 or out's
-  // dtype; out f32, bf16 or f16. Products and sums in f32, the result rounded once to out's dtype;
+  // a, b fp8 (E4M3 or E5M2; not both E5M2); scale_inv (1) f32 on the device; bias optional, f32, bf16 or
+  // f16 (added in f32); out f32, bf16 or f16. Products and sums in f32, the result rounded once to out's dtype;
   // accumulate: out += result (out's old value added in f32) instead of out = result. Leading dims of a
   // and out are flattened.
-  virtual void fp8_gemm(TensorView out, TensorView a, TensorView a_scale_inv, TensorView b, TensorView b_scale_inv,
-                        TensorView bias, bool accumulate) const = 0;
+  void fp8_gemm(TensorView out, TensorView a, TensorView a_scale_inv, TensorView b, TensorView b_scale_inv,
+                TensorView bias, bool accumulate) const;
   // out (C, R) = inp (R, C)^T for 2-D tensors of any dtype (1, 2 or 4 bytes per element; same dtype).
-  virtual void transpose(TensorView out, TensorView inp) const = 0;
+  void transpose(TensorView out, TensorView inp) const;
+
+ protected:
+  explicit OpTable(Device device) : device_(device) {}
+
+ private:
+  // The backends' computations, in the order above: called only by the public op of the same name, after
+  // its checks, with the same arguments (defaults filled in).
+  virtual void do_matmul_forward(TensorView out, TensorView inp, TensorView weight, TensorView bias) const = 0;
+  virtual void do_matmul_backward(TensorView dinp, TensorView dweight, TensorView dbias, TensorView dout,
+                                  TensorView inp, TensorView weight) const = 0;
+  virtual void do_embedding_forward(TensorView out, TensorView tokens, TensorView wte, TensorView wpe,
+                                    TensorView position_ids) const = 0;
+  virtual void do_embedding_backward(TensorView dwte, TensorView dwpe, TensorView dout, TensorView tokens,
+                                     TensorView position_ids) const = 0;
+  virtual void do_layernorm_forward(TensorView out, TensorView mean, TensorView rstd, TensorView inp, TensorView weight,
+                                    TensorView bias, float eps) const = 0;
+  virtual void do_layernorm_backward(TensorView dinp, TensorView dweight, TensorView dbias, TensorView dout,
+                                     TensorView inp, TensorView weight, TensorView mean, TensorView rstd) const = 0;
+  virtual void do_residual_layernorm_forward(TensorView residual, TensorView out, TensorView mean, TensorView rstd,
+                                             TensorView a, TensorView b, TensorView weight, TensorView bias,
+                                             float eps) const = 0;
+  virtual void do_rmsnorm_forward(TensorView out, TensorView rstd, TensorView inp, TensorView weight,
+                                  float eps) const = 0;
+  virtual void do_rmsnorm_backward(TensorView dinp, TensorView dweight, TensorView dout, TensorView inp,
+                                   TensorView weight, TensorView rstd) const = 0;
+  virtual void do_residual_rmsnorm_forward(TensorView residual, TensorView out, TensorView rstd, TensorView a,
+                                           TensorView b, TensorView weight, float eps) const = 0;
+  virtual void do_glu_forward(TensorView out, TensorView inp, GluKind kind) const = 0;
+  virtual void do_glu_backward(TensorView dinp, TensorView inp, TensorView dout, GluKind kind) const = 0;
+  virtual void do_rope_forward(TensorView qkv, TensorView cos, TensorView sin, const AttentionParams& p,
+                               const RopeParams& r, TensorView position_ids) const = 0;
+  virtual void do_rope_backward(TensorView dqkv, TensorView cos, TensorView sin, const AttentionParams& p,
+                                const RopeParams& r, TensorView position_ids) const = 0;
+  virtual void do_residual_forward(TensorView out, TensorView a, TensorView b) const = 0;
+  virtual void do_gelu_forward(TensorView out, TensorView inp) const = 0;
+  virtual void do_gelu_backward(TensorView dinp, TensorView inp, TensorView dout) const = 0;
+  virtual void do_bias_add_forward(TensorView out, TensorView bias) const = 0;
+  virtual void do_bias_backward(TensorView dbias, TensorView dout) const = 0;
+  virtual void do_dropout_forward(TensorView out, TensorView inp, float p, uint64_t seed, uint64_t stream,
+                                  uint64_t offset) const = 0;
+  virtual void do_dropout_backward(TensorView dinp, TensorView dout, float p, uint64_t seed, uint64_t stream,
+                                   uint64_t offset) const = 0;
+  virtual void do_attention_forward(TensorView out, TensorView lse, TensorView qkv, const AttentionParams& p,
+                                    TensorView segment_ids) const = 0;
+  virtual void do_attention_backward(TensorView dqkv, TensorView dout, TensorView qkv, TensorView out, TensorView lse,
+                                     const AttentionParams& p, TensorView segment_ids) const = 0;
+  virtual void do_attention_block_forward(TensorView out, TensorView lse, TensorView q, TensorView kv,
+                                          const AttentionBlock& blk, const AttentionParams& p) const = 0;
+  virtual void do_attention_merge(TensorView out, TensorView lse, TensorView out_block, TensorView lse_block) const = 0;
+  virtual void do_attention_block_backward(TensorView dq, TensorView dkv, TensorView dout, TensorView q, TensorView kv,
+                                           TensorView out, TensorView lse, const AttentionBlock& blk,
+                                           const AttentionParams& p) const = 0;
+  virtual void do_attention_kv_pack(TensorView kv, TensorView qkv, const AttentionParams& p) const = 0;
+  virtual void do_attention_qkv_grad_unpack(TensorView dqkv, TensorView dq, TensorView dkv,
+                                            const AttentionParams& p) const = 0;
+  virtual void do_cross_entropy_forward_backward(TensorView losses, TensorView logits, TensorView targets,
+                                                 int64_t vocab_size, TensorView loss_mask,
+                                                 float dlogits_scale) const = 0;
+  virtual void do_adamw_update(TensorView param, TensorView grad, TensorView m, TensorView v,
+                               const AdamWParams& p) const = 0;
+  virtual double do_sum_squares(TensorView x) const = 0;
+  virtual bool do_has_inf_or_nan(TensorView x) const = 0;
+  virtual void do_scale_(TensorView x, float s) const = 0;
+  virtual void do_fill_(TensorView x, float value) const = 0;
+  virtual void do_cast(TensorView out, TensorView inp) const = 0;
+  virtual void do_fp8_quantize(TensorView out, TensorView inp, TensorView scale, TensorView amax) const = 0;
+  virtual void do_fp8_dequantize(TensorView out, TensorView inp, TensorView scale_inv) const = 0;
+  virtual void do_fp8_update_scaling(TensorView amax_history, TensorView scale, TensorView scale_inv, float fp8_max,
+                                     int margin, bool use_max) const = 0;
+  virtual void do_fp8_gemm(TensorView out, TensorView a, TensorView a_scale_inv, TensorView b, TensorView b_scale_inv,
+                           TensorView bias, bool accumulate) const = 0;
+  virtual void do_transpose(TensorView out, TensorView inp) const = 0;
+
+  Device device_;
 };
 
 }  // namespace loom

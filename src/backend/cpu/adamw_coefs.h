@@ -11,7 +11,7 @@ struct AdamWCoefs {
   float decay, beta1, one_minus_beta1, beta2, one_minus_beta2, neg_step_size, bc2_sqrt, eps, grad_scale;
 };
 
-// Checks p.step >= 1 (1-based).
+// p.step >= 1 (1-based; checked by OpTable::adamw_update).
 AdamWCoefs adamw_coefs(const AdamWParams& p);
 
 }  // namespace loom::cpu

@@ -1,4 +1,5 @@
-// CPU attention core: attention_forward / attention_backward, FlashAttention-2 style.
+// CPU attention core: attention_forward / attention_backward, FlashAttention-2 style (the problem geometry,
+// scratch and prefetch queue are in attention_geometry.h/.cpp, the tile kernels in attention_tiles.cpp).
 //
 // Forward keeps, per query row, a running max m and sum l of exp(s - m) and rescales the output
 // accumulator when m grows (online softmax), so only kBlock x kBlock score tiles ever exist; it saves
@@ -48,6 +49,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "backend/cpu/attention_geometry.h"
 #include "backend/cpu/attention_tiles.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/fast_math.h"
@@ -61,9 +63,14 @@ namespace {
 using attn::Band;
 using attn::Dropout;
 using attn::dropout_tile;
+using attn::Geometry;
 using attn::kBlock;
 using attn::kW;
+using attn::make_geometry;
+using attn::PrefetchQueue;
 using attn::Rows;
+using attn::Scratch;
+using attn::segment_ranges;
 using attn::tile_abt;
 using attn::tile_acc;
 using attn::transpose_block;
@@ -108,150 +115,6 @@ inline void narrow_row(Elem<D>* dst, const float* src, int64_t n) {
   else Lowp<D>::narrow(dst, src, n);
 }
 
-// 64-byte aligned float scratch, zero-initialised.
-struct Scratch {
-  struct Free {
-    void operator()(float* p) const { std::free(p); }
-  };
-  std::unique_ptr<float[], Free> mem;
-  explicit Scratch(int64_t n) {
-    const size_t bytes = (size_t(std::max<int64_t>(n, 1)) * sizeof(float) + 63) / 64 * 64;
-    mem.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
-    LOOM_CHECK(mem != nullptr, "[attention] could not allocate ", bytes, " bytes of scratch");
-    std::memset(mem.get(), 0, bytes);
-  }
-  float* get() const { return mem.get(); }
-};
-
-// ---- problem geometry ----------------------------------------------------------------------------
-
-struct Geometry {
-  int64_t B, T, NH, NKV, G, HS, HSP;  // G = NH / NKV query heads per group; HSP = HS padded to kW
-  int64_t qkv_row;                    // NKV * (G + 2) * HS: floats per (b, t) row of qkv
-  int64_t out_row;                    // NH * HS
-  float scale;
-  bool causal;
-  int64_t window;
-  DType dtype;      // of qkv, out, dout, dqkv
-  bool dropout;     // attention dropout on (p > 0)
-  Dropout drop;
-  // First mask index of the tile of head h of batch row b with queries from i0 and keys from j0; query
-  // rows are T indices apart.
-  uint64_t mask_base(int64_t b, int64_t h, int64_t i0, int64_t j0) const {
-    return (uint64_t(b * NH + h) * uint64_t(T) + uint64_t(i0)) * uint64_t(T) + uint64_t(j0);
-  }
-
-  // Column offsets inside a qkv row (Megatron's grouped layout).
-  int64_t q_col(int64_t h) const { return ((h / G) * (G + 2) + h % G) * HS; }
-  int64_t k_col(int64_t g) const { return (g * (G + 2) + G) * HS; }
-  int64_t v_col(int64_t g) const { return (g * (G + 2) + G + 1) * HS; }
-
-  // Document segments of all rows, (B, T) each, or null: position t of row b sees [seg_begin, seg_end).
-  const int32_t* seg_begin = nullptr;
-  const int32_t* seg_end = nullptr;
-
-  // The segments of batch row b, indexed by position (both null without segments).
-  struct RowSegments {
-    const int32_t* begin = nullptr;
-    const int32_t* end = nullptr;
-  };
-  RowSegments segments(int64_t b) const {
-    return seg_begin ? RowSegments{seg_begin + b * T, seg_end + b * T} : RowSegments{};
-  }
-
-  // Keys [begin, end) that can be visible to some query of [i0, i0 + n). Both ends never decrease with i0.
-  int64_t key_begin(const RowSegments& sg, int64_t i0) const {
-    const int64_t k = window > 0 ? std::max<int64_t>(0, i0 - window + 1) : 0;
-    return sg.begin ? std::max<int64_t>(k, sg.begin[i0]) : k;
-  }
-  int64_t key_end(const RowSegments& sg, int64_t i0, int64_t n) const {
-    const int64_t k = causal ? std::min(T, i0 + n) : T;
-    return sg.end ? std::min<int64_t>(k, sg.end[i0 + n - 1]) : k;
-  }
-  // Visible pairs of the tile (queries from i0, keys from j0), and whether all qn x kn of them are.
-  Band band(const RowSegments& sg, int64_t i0, int64_t j0) const {
-    Band b;
-    if (causal) b.hi = i0 - j0;
-    if (window > 0) b.lo = i0 - j0 - window;
-    b.seg_begin = sg.begin;
-    b.seg_end = sg.end;
-    b.i0 = i0;
-    b.j0 = j0;
-    return b;
-  }
-};
-
-Geometry make_geometry(TensorView qkv, const AttentionParams& p, const char* op) {
-  LOOM_CHECK(p.num_heads > 0 && p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0, "[", op,
-             "] expected num_heads to be a positive multiple of num_kv_heads, got ", p.num_heads, " and ",
-             p.num_kv_heads);
-  LOOM_CHECK(p.head_dim > 0, "[", op, "] expected head_dim > 0, got ", p.head_dim);
-  LOOM_CHECK(p.window == -1 || p.window > 0, "[", op, "] expected window -1 (unlimited) or > 0, got ", p.window);
-  LOOM_CHECK(p.causal || p.window == -1, "[", op, "] a sliding window needs causal attention");
-  LOOM_CHECK(p.dropout_p >= 0.0f && p.dropout_p < 1.0f, "[", op, "] expected dropout_p in [0, 1), got ",
-             p.dropout_p);
-  const DType dt = qkv.dtype();
-  LOOM_CHECK((dt == DType::kF32 || dt == DType::kBF16 || dt == DType::kF16) && qkv.ndim() == 3 &&
-                 qkv.device().is_cpu(),
-             "[", op, "] expected host qkv f32, bf16 or f16 (B, T, 3*C), got ", qkv.desc());
-  Geometry g{};
-  g.B = qkv.size(0);
-  g.T = qkv.size(1);
-  g.NH = p.num_heads;
-  g.NKV = p.num_kv_heads;
-  g.G = g.NH / g.NKV;
-  g.HS = p.head_dim;
-  g.HSP = (g.HS + kW - 1) / kW * kW;
-  g.qkv_row = g.NKV * (g.G + 2) * g.HS;
-  g.out_row = g.NH * g.HS;
-  g.scale = p.softmax_scale;
-  g.causal = p.causal;
-  g.window = p.window;
-  g.dtype = dt;
-  g.dropout = p.dropout_p > 0.0f;
-  if (g.dropout) g.drop = Dropout{p.dropout_seed, p.dropout_stream, dropout_threshold(p.dropout_p),
-                                  1.0f / (1.0f - p.dropout_p)};
-  LOOM_CHECK(qkv.size(2) == g.qkv_row, "[", op, "] expected qkv last dim NKV*(NH/NKV+2)*HS = ", g.qkv_row,
-             ", got ", qkv.desc());
-  return g;
-}
-
-// t must have shape s and dtype dt (that of qkv for activations, f32 for lse).
-void check_same(TensorView t, Shape s, DType dt, const char* op, const char* name) {
-  LOOM_CHECK(t.dtype() == dt && t.shape() == s && t.device().is_cpu(), "[", op, "] expected host ", name, " ",
-             dtype_name(dt), s.str(), ", got ", t.desc());
-}
-
-// Segment ranges from segment_ids (B, T) i32, non-decreasing along T: for each position, the first position
-// of its segment and one past the last, stored as [begin (B*T) | end (B*T)]. Empty when no ids are given.
-std::vector<int32_t> segment_ranges(TensorView segment_ids, const Geometry& g, const char* op) {
-  std::vector<int32_t> r;
-  if (!segment_ids.defined()) return r;
-  const Shape want{g.B, g.T};
-  LOOM_CHECK(segment_ids.dtype() == DType::kI32 && segment_ids.device().is_cpu() && segment_ids.shape() == want,
-             "[", op, "] expected host i32 segment_ids (", g.B, ", ", g.T, "), got ", segment_ids.desc());
-  LOOM_CHECK(g.T <= std::numeric_limits<int32_t>::max(), "[", op, "] sequence length ", g.T,
-             " is too long for segment_ids");
-  const int32_t* ids = segment_ids.data<int32_t>();
-  r.resize(size_t(2 * g.B * g.T));
-  int32_t* begin = r.data();
-  int32_t* end = begin + g.B * g.T;
-  for (int64_t b = 0; b < g.B; ++b) {
-    const int32_t* id = ids + b * g.T;
-    for (int64_t t = 1; t < g.T; ++t)
-      LOOM_CHECK(id[t] >= id[t - 1], "[", op, "] segment_ids must not decrease along T (documents are contiguous), ",
-                 "got segment_ids[", b, ", ", t - 1, "] = ", id[t - 1], " > segment_ids[", b, ", ", t, "] = ", id[t]);
-    for (int64_t t0 = 0; t0 < g.T;) {
-      int64_t t1 = t0 + 1;
-      while (t1 < g.T && id[t1] == id[t0]) ++t1;
-      std::fill(begin + b * g.T + t0, begin + b * g.T + t1, int32_t(t0));
-      std::fill(end + b * g.T + t0, end + b * g.T + t1, int32_t(t1));
-      t0 = t1;
-    }
-  }
-  return r;
-}
-
 // Copies rows [r0, r0 + n) of one head (columns [col, col + HS) of rows with stride ld) into dst
 // (kBlock x HSP, row-major, f32), zeroing the padding columns and rows n..kBlock.
 template <DType D>
@@ -267,59 +130,6 @@ void copy_rows(float* dst, const Elem<D>* src, int64_t ld, int64_t col, int64_t 
     }
   }
 }
-
-// Row ranges to bring into cache ahead of use (rows are a stride apart, which the hardware prefetcher does
-// not follow): the next block's operands, and output rows so that stores do not wait for their lines.
-// The lines go out a slice at a time between tile kernels, overlapping with compute instead of stalling
-// on full fill buffers.
-class PrefetchQueue {
- public:
-  // Rows [r0, r0 + n) of a head: elements [col, col + hs) of rows ld elements apart.
-  template <typename E>
-  void add(const E* base, int64_t ld, int64_t col, int64_t r0, int64_t n, int64_t hs, bool write = false) {
-    if (n <= 0) return;
-    LOOM_CHECK(count_ < kMaxRanges, "[attention] prefetch queue full");
-    const int64_t lines = (hs * int64_t(sizeof(E)) + kLine - 1) / kLine;
-    ranges_[count_++] = {reinterpret_cast<const char*>(base + r0 * ld + col), ld * int64_t(sizeof(E)), n, lines,
-                         write};
-    left_ += n * lines;
-  }
-  void plan(int64_t steps) { per_step_ = (left_ + steps - 1) / std::max<int64_t>(steps, 1); }  // spread over steps
-  void step() { issue(per_step_); }
-  void drain() {
-    issue(left_);
-    count_ = cur_ = 0;
-    row_ = left_ = 0;
-  }
-
- private:
-  struct Range {
-    const char* p;
-    int64_t ld, rows, lines;  // ld in bytes
-    bool write;
-  };
-  static constexpr int kMaxRanges = 8;
-  static constexpr int64_t kLine = 64;  // bytes per cache line
-  void issue(int64_t n) {
-    while (n > 0 && cur_ < count_) {
-      const Range& r = ranges_[cur_];
-      const char* p = r.p + row_ * r.ld;
-      for (int64_t l = 0; l < r.lines; ++l) {
-        if (r.write) __builtin_prefetch(p + l * kLine, 1);
-        else __builtin_prefetch(p + l * kLine, 0);
-      }
-      n -= r.lines;
-      left_ -= r.lines;
-      if (++row_ == r.rows) {
-        row_ = 0;
-        ++cur_;
-      }
-    }
-  }
-  Range ranges_[kMaxRanges];
-  int count_ = 0, cur_ = 0;
-  int64_t row_ = 0, left_ = 0, per_step_ = 0;
-};
 
 // Rows of one kv head, copied into scratch (at their absolute row index) the first time a query block
 // needs them. The keys a query block needs only move forward (key_begin and key_end never decrease), so a
@@ -627,11 +437,9 @@ void with_dtype(const Geometry& g, Fn&& fn) {
 
 }  // namespace
 
-void CpuOps::attention_forward(TensorView out, TensorView lse, TensorView qkv, const AttentionParams& p,
-                               TensorView segment_ids) const {
-  Geometry g = make_geometry(qkv, p, "attention_forward");
-  check_same(out, Shape{g.B, g.T, g.out_row}, g.dtype, "attention_forward", "out");
-  check_same(lse, Shape{g.B, g.NH, g.T}, DType::kF32, "attention_forward", "lse");
+void CpuOps::do_attention_forward(TensorView out, TensorView lse, TensorView qkv, const AttentionParams& p,
+                                  TensorView segment_ids) const {
+  Geometry g = make_geometry(qkv, p);
   const std::vector<int32_t> seg = segment_ranges(segment_ids, g, "attention_forward");
   if (!seg.empty()) {
     g.seg_begin = seg.data();
@@ -663,13 +471,9 @@ void CpuOps::attention_forward(TensorView out, TensorView lse, TensorView qkv, c
   });
 }
 
-void CpuOps::attention_backward(TensorView dqkv, TensorView dout, TensorView qkv, TensorView out, TensorView lse,
-                                const AttentionParams& p, TensorView segment_ids) const {
-  Geometry g = make_geometry(qkv, p, "attention_backward");
-  check_same(dqkv, qkv.shape(), g.dtype, "attention_backward", "dqkv");
-  check_same(out, Shape{g.B, g.T, g.out_row}, g.dtype, "attention_backward", "out");
-  check_same(dout, Shape{g.B, g.T, g.out_row}, g.dtype, "attention_backward", "dout");
-  check_same(lse, Shape{g.B, g.NH, g.T}, DType::kF32, "attention_backward", "lse");
+void CpuOps::do_attention_backward(TensorView dqkv, TensorView dout, TensorView qkv, TensorView out, TensorView lse,
+                                   const AttentionParams& p, TensorView segment_ids) const {
+  Geometry g = make_geometry(qkv, p);
   const std::vector<int32_t> seg = segment_ranges(segment_ids, g, "attention_backward");
   if (!seg.empty()) {
     g.seg_begin = seg.data();

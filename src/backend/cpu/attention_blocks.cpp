@@ -19,7 +19,6 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <tuple>
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
@@ -31,8 +30,6 @@ namespace loom::cpu {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-bool is_float_activation(DType dt) { return dt == DType::kF32 || dt == DType::kBF16 || dt == DType::kF16; }
 
 // dst[0, n) = elements [off, off + n) of base (dtype dt) widened to f32 (exact).
 void widen(float* dst, const void* base, DType dt, int64_t off, int64_t n) {
@@ -54,11 +51,6 @@ void narrow(void* base, DType dt, int64_t off, const float* src, int64_t n) {
   }
 }
 
-void check_host(TensorView t, Shape s, const char* op, const char* name) {
-  LOOM_CHECK(t.device().is_cpu() && t.shape() == s, "[", op, "] expected host ", name, " ", s.str(), ", got ",
-             t.desc());
-}
-
 // Head geometry shared by the block ops (Megatron's grouped layout, see attention_forward).
 struct Heads {
   int64_t NH, NKV, G, HS;
@@ -68,11 +60,7 @@ struct Heads {
   int64_t q_col(int64_t h) const { return ((h / G) * (G + 2) + h % G) * HS; }
 };
 
-Heads make_heads(const AttentionParams& p, const char* op) {
-  LOOM_CHECK(p.num_heads > 0 && p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0, "[", op,
-             "] expected num_heads to be a positive multiple of num_kv_heads, got ", p.num_heads, " and ",
-             p.num_kv_heads);
-  LOOM_CHECK(p.head_dim > 0, "[", op, "] expected head_dim > 0, got ", p.head_dim);
+Heads make_heads(const AttentionParams& p) {
   return Heads{p.num_heads, p.num_kv_heads, p.num_heads / p.num_kv_heads, p.head_dim};
 }
 
@@ -108,28 +96,11 @@ struct BlockGeometry : Heads {
   }
 };
 
-const int32_t* positions(TensorView pos, int64_t n, const char* op, const char* name) {
-  const Shape want{n};
-  LOOM_CHECK(pos.defined() && pos.dtype() == DType::kI32 && pos.device().is_cpu() && pos.shape() == want, "[", op,
-             "] expected host i32 ", name, " (", n, "), got ", pos.desc());
-  return pos.data<int32_t>();
-}
-
 BlockGeometry make_block_geometry(TensorView q, TensorView kv, const AttentionBlock& blk, const AttentionParams& p,
                                   const char* op) {
   BlockGeometry g{};
-  static_cast<Heads&>(g) = make_heads(p, op);
-  LOOM_CHECK(p.window == -1 || p.window > 0, "[", op, "] expected window -1 (unlimited) or > 0, got ", p.window);
-  LOOM_CHECK(p.causal || p.window == -1, "[", op, "] a sliding window needs causal attention");
-  LOOM_CHECK(p.dropout_p >= 0.0f && p.dropout_p < 1.0f, "[", op, "] expected dropout_p in [0, 1), got ",
-             p.dropout_p);
+  static_cast<Heads&>(g) = make_heads(p);
   g.dtype = q.dtype();
-  LOOM_CHECK(is_float_activation(g.dtype) && q.ndim() == 3 && q.device().is_cpu() && q.size(2) == g.qkv_row(), "[",
-             op, "] expected host q f32, bf16 or f16 (B, Tq, NKV*(NH/NKV+2)*HS = ", g.qkv_row(), "), got ", q.desc());
-  LOOM_CHECK(kv.dtype() == g.dtype && kv.ndim() == 3 && kv.device().is_cpu() && kv.size(0) == q.size(0) &&
-                 (kv.size(2) == g.qkv_row() || kv.size(2) == g.kv_row()),
-             "[", op, "] expected host kv ", dtype_name(g.dtype), "(", q.size(0), ", Tk, ", g.qkv_row(), " or ",
-             g.kv_row(), "), got ", kv.desc());
   g.B = q.size(0);
   g.Tq = q.size(1);
   g.Tk = kv.size(1);
@@ -137,22 +108,15 @@ BlockGeometry make_block_geometry(TensorView q, TensorView kv, const AttentionBl
   g.scale = p.softmax_scale;
   g.causal = p.causal;
   g.window = p.window;
-  g.q_pos = positions(blk.q_pos, g.Tq, op, "q_pos");
-  g.k_pos = positions(blk.k_pos, g.Tk, op, "k_pos");
-  LOOM_CHECK(blk.q_segment_ids.defined() == blk.k_segment_ids.defined(), "[", op,
-             "] q_segment_ids and k_segment_ids go together");
+  g.q_pos = blk.q_pos.data<int32_t>();
+  g.k_pos = blk.k_pos.data<int32_t>();
   if (blk.q_segment_ids.defined()) {
-    for (auto [t, n, name] : {std::tuple{blk.q_segment_ids, g.Tq, "q_segment_ids"},
-                              std::tuple{blk.k_segment_ids, g.Tk, "k_segment_ids"}}) {
-      const Shape want{g.B, n};
-      LOOM_CHECK(t.dtype() == DType::kI32 && t.device().is_cpu() && t.shape() == want, "[", op,
-                 "] expected host i32 ", name, " (", g.B, ", ", n, "), got ", t.desc());
-    }
     g.q_seg = blk.q_segment_ids.data<int32_t>();
     g.k_seg = blk.k_segment_ids.data<int32_t>();
   }
   if (p.dropout_p > 0.0f) {
-    LOOM_CHECK(blk.seq_len > 0, "[", op, "] attention dropout needs the global sequence length (seq_len)");
+    // The positions index the dropout mask. They are in host memory here, so the CPU checks them (the GPU
+    // cannot without a copy and a sync); the shapes and seq_len > 0 were checked by the OpTable entry point.
     for (int64_t i = 0; i < g.Tq; ++i)
       LOOM_CHECK(g.q_pos[i] >= 0 && g.q_pos[i] < blk.seq_len, "[", op, "] q_pos[", i, "] = ", g.q_pos[i],
                  " is outside [0, seq_len = ", blk.seq_len, ")");
@@ -167,14 +131,6 @@ BlockGeometry make_block_geometry(TensorView q, TensorView kv, const AttentionBl
     g.keep_scale = 1.0f / (1.0f - p.dropout_p);
   }
   return g;
-}
-
-// out/dout-like tensors: (B, Tq, NH*HS) in f32 or the compute dtype.
-void check_rows(TensorView t, const BlockGeometry& g, const char* op, const char* name) {
-  const Shape want{g.B, g.Tq, g.out_row()};
-  LOOM_CHECK((t.dtype() == DType::kF32 || t.dtype() == g.dtype) && t.device().is_cpu() && t.shape() == want,
-             "[", op, "] expected host ", name, " f32 or ", dtype_name(g.dtype), "(", g.B, ", ", g.Tq, ", ",
-             g.out_row(), "), got ", t.desc());
 }
 
 // The key and value rows of group grp of batch row b, widened: k, v (Tk x HS).
@@ -200,13 +156,10 @@ inline void axpy(float* y, float a, const float* x, int64_t n) {
 
 }  // namespace
 
-void CpuOps::attention_block_forward(TensorView out, TensorView lse, TensorView q, TensorView kv,
-                                     const AttentionBlock& blk, const AttentionParams& p) const {
+void CpuOps::do_attention_block_forward(TensorView out, TensorView lse, TensorView q, TensorView kv,
+                                        const AttentionBlock& blk, const AttentionParams& p) const {
   const char* op = "attention_block_forward";
   const BlockGeometry g = make_block_geometry(q, kv, blk, p, op);
-  check_rows(out, g, op, "out");
-  LOOM_CHECK(lse.dtype() == DType::kF32, "[", op, "] expected lse f32, got ", lse.desc());
-  check_host(lse, Shape{g.B, g.NH, g.Tq}, op, "lse");
   const void* x = q.raw();
   const void* y = kv.raw();
   float* ls = lse.data<float>();
@@ -247,18 +200,7 @@ void CpuOps::attention_block_forward(TensorView out, TensorView lse, TensorView 
   }
 }
 
-void CpuOps::attention_merge(TensorView out, TensorView lse, TensorView out_block, TensorView lse_block) const {
-  const char* op = "attention_merge";
-  LOOM_CHECK(out.ndim() == 3 && is_float_activation(out.dtype()) && out.device().is_cpu(), "[", op,
-             "] expected host out f32, bf16 or f16 (B, T, NH*HS), got ", out.desc());
-  LOOM_CHECK(lse.ndim() == 3 && lse.dtype() == DType::kF32 && lse.device().is_cpu() && lse.size(0) == out.size(0) &&
-                 lse.size(2) == out.size(1) && lse.size(1) > 0 && out.size(2) % lse.size(1) == 0,
-             "[", op, "] expected host lse f32 (B, NH, T) matching out ", out.desc(), ", got ", lse.desc());
-  LOOM_CHECK(is_float_activation(out_block.dtype()), "[", op, "] expected out_block f32, bf16 or f16, got ",
-             out_block.desc());
-  check_host(out_block, out.shape(), op, "out_block");
-  LOOM_CHECK(lse_block.dtype() == DType::kF32, "[", op, "] expected lse_block f32, got ", lse_block.desc());
-  check_host(lse_block, lse.shape(), op, "lse_block");
+void CpuOps::do_attention_merge(TensorView out, TensorView lse, TensorView out_block, TensorView lse_block) const {
   const int64_t B = out.size(0), T = out.size(1), NH = lse.size(1), HS = out.size(2) / NH;
   float* la = lse.data<float>();
   const float* lb = lse_block.data<float>();
@@ -292,19 +234,11 @@ void CpuOps::attention_merge(TensorView out, TensorView lse, TensorView out_bloc
   }
 }
 
-void CpuOps::attention_block_backward(TensorView dq, TensorView dkv, TensorView dout, TensorView q, TensorView kv,
-                                      TensorView out, TensorView lse, const AttentionBlock& blk,
-                                      const AttentionParams& p) const {
+void CpuOps::do_attention_block_backward(TensorView dq, TensorView dkv, TensorView dout, TensorView q, TensorView kv,
+                                         TensorView out, TensorView lse, const AttentionBlock& blk,
+                                         const AttentionParams& p) const {
   const char* op = "attention_block_backward";
   const BlockGeometry g = make_block_geometry(q, kv, blk, p, op);
-  check_rows(out, g, op, "out");
-  check_rows(dout, g, op, "dout");
-  LOOM_CHECK(lse.dtype() == DType::kF32, "[", op, "] expected lse f32, got ", lse.desc());
-  check_host(lse, Shape{g.B, g.NH, g.Tq}, op, "lse");
-  LOOM_CHECK(dq.dtype() == DType::kF32, "[", op, "] expected dq f32, got ", dq.desc());
-  check_host(dq, Shape{g.B, g.Tq, g.out_row()}, op, "dq");
-  LOOM_CHECK(dkv.dtype() == DType::kF32, "[", op, "] expected dkv f32 (compact layout), got ", dkv.desc());
-  check_host(dkv, Shape{g.B, g.Tk, g.kv_row()}, op, "dkv");
   const void* x = q.raw();
   const void* y = kv.raw();
   const float* ls = lse.data<float>();
@@ -364,13 +298,8 @@ void CpuOps::attention_block_backward(TensorView dq, TensorView dkv, TensorView 
   }
 }
 
-void CpuOps::attention_kv_pack(TensorView kv, TensorView qkv, const AttentionParams& p) const {
-  const char* op = "attention_kv_pack";
-  const Heads hd = make_heads(p, op);
-  LOOM_CHECK(qkv.ndim() == 3 && qkv.device().is_cpu() && qkv.size(2) == hd.qkv_row() && is_float_activation(qkv.dtype()),
-             "[", op, "] expected host qkv f32, bf16 or f16 (B, T, ", hd.qkv_row(), "), got ", qkv.desc());
-  LOOM_CHECK(kv.dtype() == qkv.dtype(), "[", op, "] expected kv ", dtype_name(qkv.dtype()), ", got ", kv.desc());
-  check_host(kv, Shape{qkv.size(0), qkv.size(1), hd.kv_row()}, op, "kv");
+void CpuOps::do_attention_kv_pack(TensorView kv, TensorView qkv, const AttentionParams& p) const {
+  const Heads hd = make_heads(p);
   const int64_t rows = qkv.size(0) * qkv.size(1);
   const size_t es = dtype_size(qkv.dtype());
   const size_t head_bytes = size_t(2 * hd.HS) * es;  // a group's key and value heads are adjacent in qkv
@@ -383,17 +312,10 @@ void CpuOps::attention_kv_pack(TensorView kv, TensorView qkv, const AttentionPar
                   src + size_t(r * hd.qkv_row() + (g * (hd.G + 2) + hd.G) * hd.HS) * es, head_bytes);
 }
 
-void CpuOps::attention_qkv_grad_unpack(TensorView dqkv, TensorView dq, TensorView dkv, const AttentionParams& p) const {
-  const char* op = "attention_qkv_grad_unpack";
-  const Heads hd = make_heads(p, op);
-  LOOM_CHECK(dqkv.ndim() == 3 && dqkv.device().is_cpu() && dqkv.size(2) == hd.qkv_row() &&
-                 is_float_activation(dqkv.dtype()),
-             "[", op, "] expected host dqkv f32, bf16 or f16 (B, T, ", hd.qkv_row(), "), got ", dqkv.desc());
+void CpuOps::do_attention_qkv_grad_unpack(TensorView dqkv, TensorView dq, TensorView dkv,
+                                          const AttentionParams& p) const {
+  const Heads hd = make_heads(p);
   const int64_t B = dqkv.size(0), T = dqkv.size(1);
-  LOOM_CHECK(dq.dtype() == DType::kF32, "[", op, "] expected dq f32, got ", dq.desc());
-  check_host(dq, Shape{B, T, hd.out_row()}, op, "dq");
-  LOOM_CHECK(dkv.dtype() == DType::kF32, "[", op, "] expected dkv f32, got ", dkv.desc());
-  check_host(dkv, Shape{B, T, hd.kv_row()}, op, "dkv");
   const float* a = dq.data<float>();
   const float* c = dkv.data<float>();
   const int64_t rows = B * T;

@@ -29,15 +29,6 @@ namespace {
 
 constexpr int64_t kParallelMin = int64_t(1) << 15;  // elements; below this a thread team costs more than it saves
 
-void expect_host(const TensorView& t, const char* op, const char* name) {
-  LOOM_CHECK(t.defined(), "[", op, "] ", name, " is required");
-  LOOM_CHECK(t.device().is_cpu(), "[", op, "] expected a host tensor for ", name, ", got ", t.desc());
-}
-
-void expect_numel(const TensorView& t, int64_t n, const char* op, const char* name) {
-  LOOM_CHECK(t.numel() == n, "[", op, "] expected ", name, " with ", n, " elements, got ", t.desc());
-}
-
 template <size_t N, typename Decode>
 std::array<float, N> make_table(Decode decode) {
   std::array<float, N> t{};
@@ -123,17 +114,6 @@ const uint16_t* u16(const TensorView& t) { return static_cast<const uint16_t*>(t
 constexpr int64_t kLowpChunk = 1024;
 constexpr int64_t kLowpBlock = 128;
 
-// The compute dtype of an elementwise op: every tensor must have it (f32, bf16 or f16).
-DType common_dtype(const char* op, std::initializer_list<std::pair<const char*, const TensorView*>> ts) {
-  const DType dt = ts.begin()->second->dtype();
-  LOOM_CHECK(is_compute_dtype(dt), "[", op, "] expected f32, bf16 or f16 tensors, got ", ts.begin()->first, " ",
-             ts.begin()->second->desc());
-  for (const auto& [name, t] : ts)
-    LOOM_CHECK(t->dtype() == dt, "[", op, "] all tensors must share one dtype (f32, bf16 or f16): ",
-               ts.begin()->first, " is ", dtype_name(dt), " but ", name, " is ", t->desc());
-  return dt;
-}
-
 // Runs kernel(out, in..., len) over n low-precision elements, 16 at a time: the inputs are widened into
 // stack vectors, the f32 result narrowed into out, so the conversions stay in registers/L1 and fuse with
 // the kernel (a full block calls it with the constant 16, which compiles to straight-line SIMD code).
@@ -196,15 +176,9 @@ void column_sums(int64_t N, int64_t C, Load&& load, Store&& store) {
 
 }  // namespace
 
-void CpuOps::residual_forward(TensorView out, TensorView a, TensorView b) const {
-  const char* op = "residual_forward";
-  expect_host(out, op, "out");
-  expect_host(a, op, "a");
-  expect_host(b, op, "b");
-  const DType dt = common_dtype(op, {{"out", &out}, {"a", &a}, {"b", &b}});
+void CpuOps::do_residual_forward(TensorView out, TensorView a, TensorView b) const {
+  const DType dt = out.dtype();
   const int64_t n = out.numel();
-  expect_numel(a, n, op, "a");
-  expect_numel(b, n, op, "b");
   if (dt == DType::kF32) {
     float* o = out.data<float>();
     const float* pa = a.data<float>();
@@ -223,13 +197,9 @@ void CpuOps::residual_forward(TensorView out, TensorView a, TensorView b) const 
   });
 }
 
-void CpuOps::gelu_forward(TensorView out, TensorView inp) const {
-  const char* op = "gelu_forward";
-  expect_host(out, op, "out");
-  expect_host(inp, op, "inp");
-  const DType dt = common_dtype(op, {{"out", &out}, {"inp", &inp}});
+void CpuOps::do_gelu_forward(TensorView out, TensorView inp) const {
+  const DType dt = out.dtype();
   const int64_t n = out.numel();
-  expect_numel(inp, n, op, "inp");
   if (dt == DType::kF32) {
     float* o = out.data<float>();
     const float* x = inp.data<float>();
@@ -246,15 +216,9 @@ void CpuOps::gelu_forward(TensorView out, TensorView inp) const {
   });
 }
 
-void CpuOps::gelu_backward(TensorView dinp, TensorView inp, TensorView dout) const {
-  const char* op = "gelu_backward";
-  expect_host(dinp, op, "dinp");
-  expect_host(inp, op, "inp");
-  expect_host(dout, op, "dout");
-  const DType dt = common_dtype(op, {{"dinp", &dinp}, {"inp", &inp}, {"dout", &dout}});
+void CpuOps::do_gelu_backward(TensorView dinp, TensorView inp, TensorView dout) const {
+  const DType dt = dinp.dtype();
   const int64_t n = dinp.numel();
-  expect_numel(inp, n, op, "inp");
-  expect_numel(dout, n, op, "dout");
   if (dt == DType::kF32) {
     float* dx = dinp.data<float>();
     const float* x = inp.data<float>();
@@ -273,20 +237,10 @@ void CpuOps::gelu_backward(TensorView dinp, TensorView inp, TensorView dout) con
   });
 }
 
-void CpuOps::bias_add_forward(TensorView out, TensorView bias) const {
-  const char* op = "bias_add_forward";
-  expect_host(out, op, "out");
-  expect_host(bias, op, "bias");
+void CpuOps::do_bias_add_forward(TensorView out, TensorView bias) const {
+  // The sum is f32 whatever the bias dtype (out's, f32, or bf16/f16 for an f32 out), rounded once to out's.
   const DType dt = out.dtype();
-  LOOM_CHECK(is_compute_dtype(dt), "[", op, "] expected f32, bf16 or f16 out, got ", out.desc());
-  // The sum is f32 whatever the bias dtype, rounded once to out's dtype: a bias in out's dtype, an f32
-  // bias, or (f32 out, as matmul_forward allows) a bf16/f16 bias.
-  LOOM_CHECK(bias.dtype() == dt || bias.dtype() == DType::kF32 || (dt == DType::kF32 && is_lowp(bias.dtype())), "[",
-             op, "] bias must be ", dtype_name(dt), " (out's dtype) or f32, got bias ", bias.desc(), " for out ",
-             out.desc());
   const int64_t C = bias.numel();
-  LOOM_CHECK(C > 0 && out.numel() % C == 0, "[", op, "] out ", out.desc(), " is not a multiple of bias ",
-             bias.desc());
   const int64_t N = out.numel() / C;
   std::vector<float> bias_buf;
   const float* b = bias.dtype() == DType::kF32 ? bias.data<float>() : nullptr;
@@ -322,17 +276,9 @@ void CpuOps::bias_add_forward(TensorView out, TensorView bias) const {
   });
 }
 
-void CpuOps::bias_backward(TensorView dbias, TensorView dout) const {
-  const char* op = "bias_backward";
-  expect_host(dbias, op, "dbias");
-  expect_host(dout, op, "dout");
+void CpuOps::do_bias_backward(TensorView dbias, TensorView dout) const {
   const DType dt = dout.dtype();
-  LOOM_CHECK(is_compute_dtype(dt), "[", op, "] expected f32, bf16 or f16 dout, got ", dout.desc());
-  LOOM_CHECK(dbias.dtype() == DType::kF32 || dbias.dtype() == dt, "[", op, "] dbias must be f32 or dout's dtype ",
-             dtype_name(dt), ", got dbias ", dbias.desc(), " for dout ", dout.desc());
   const int64_t C = dbias.numel();
-  LOOM_CHECK(C > 0 && dout.numel() % C == 0, "[", op, "] dout ", dout.desc(), " is not a multiple of dbias ",
-             dbias.desc());
   const int64_t N = dout.numel() / C;
   auto run = [&](auto&& load) {
     if (dbias.dtype() == DType::kF32) {
@@ -362,8 +308,7 @@ void CpuOps::bias_backward(TensorView dbias, TensorView dout) const {
   }
 }
 
-void CpuOps::scale_(TensorView x, float s) const {
-  expect_host(x, "scale_", "x");
+void CpuOps::do_scale_(TensorView x, float s) const {
   const int64_t n = x.numel();
   if (is_lowp(x.dtype())) {
     with_lowp(x.dtype(), [&](auto L) {
@@ -385,8 +330,7 @@ void CpuOps::scale_(TensorView x, float s) const {
   });
 }
 
-void CpuOps::fill_(TensorView x, float value) const {
-  expect_host(x, "fill_", "x");
+void CpuOps::do_fill_(TensorView x, float value) const {
   const int64_t n = x.numel();
   if (n == 0) return;
   switch (x.dtype()) {
@@ -401,11 +345,8 @@ void CpuOps::fill_(TensorView x, float value) const {
   });
 }
 
-void CpuOps::cast(TensorView out, TensorView inp) const {
-  expect_host(out, "cast", "out");
-  expect_host(inp, "cast", "inp");
+void CpuOps::do_cast(TensorView out, TensorView inp) const {
   const int64_t n = inp.numel();
-  expect_numel(out, n, "cast", "out");
   if (out.dtype() == inp.dtype()) {
     if (out.raw() != inp.raw() && n > 0) std::memcpy(out.raw(), inp.raw(), size_t(inp.nbytes()));
     return;
@@ -444,8 +385,7 @@ void CpuOps::cast(TensorView out, TensorView inp) const {
   });
 }
 
-bool CpuOps::has_inf_or_nan(TensorView x) const {
-  expect_host(x, "has_inf_or_nan", "x");
+bool CpuOps::do_has_inf_or_nan(TensorView x) const {
   const int64_t n = x.numel();
   int bad = 0;
   if (is_lowp(x.dtype())) {

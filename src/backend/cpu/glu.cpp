@@ -78,40 +78,17 @@ void with_kind(GluKind kind, F&& f) {
   LOOM_FAIL("[glu] unknown GluKind ", int(kind));
 }
 
-void expect_host(const TensorView& t, const char* op, const char* name) {
-  LOOM_CHECK(t.defined(), "[", op, "] ", name, " is required");
-  LOOM_CHECK(t.device().is_cpu(), "[", op, "] expected a host tensor for ", name, ", got ", t.desc());
-}
-
 struct GluShape {
   int64_t N = 0, F = 0;
   DType dt = DType::kF32;
 };
 
-// inp (N, 2F) and the (N, F) tensors `halves` (out, or dout) share inp's dtype; the (N, 2F) tensor `full`
-// (dinp), when given, too.
-GluShape check_shapes(const char* op, const TensorView& inp, const char* half_name, const TensorView& half,
-                      const TensorView& full) {
-  expect_host(inp, op, "inp");
-  expect_host(half, op, half_name);
+// inp (N, 2F) = [gate | up] (shapes and dtypes checked by the OpTable entry point).
+GluShape glu_shape(const TensorView& inp) {
   GluShape s;
   s.dt = inp.dtype();
-  LOOM_CHECK(is_compute_dtype(s.dt), "[", op, "] expected f32, bf16 or f16 inp, got ", inp.desc());
-  const int64_t C2 = inp.shape().cols();
-  LOOM_CHECK(C2 > 0 && C2 % 2 == 0, "[", op, "] inp's last dim must be 2F = [gate | up] (even, > 0), got ",
-             inp.desc());
-  s.F = C2 / 2;
-  s.N = inp.numel() / C2;
-  LOOM_CHECK(half.dtype() == s.dt, "[", op, "] ", half_name, " must be ", dtype_name(s.dt), " like inp, got ",
-             half.desc());
-  LOOM_CHECK(half.shape().cols() == s.F && half.numel() == s.N * s.F, "[", op, "] expected ", half_name, " (", s.N,
-             ", ", s.F, ") for inp ", inp.desc(), ", got ", half.desc());
-  if (full.defined()) {
-    expect_host(full, op, "dinp");
-    LOOM_CHECK(full.dtype() == s.dt, "[", op, "] dinp must be ", dtype_name(s.dt), " like inp, got ", full.desc());
-    LOOM_CHECK(full.shape().cols() == 2 * s.F && full.numel() == s.N * 2 * s.F, "[", op,
-               "] expected dinp shaped like inp ", inp.desc(), ", got ", full.desc());
-  }
+  s.F = inp.shape().cols() / 2;
+  s.N = inp.numel() / (2 * s.F);
   return s;
 }
 
@@ -129,8 +106,8 @@ void for_chunks(const GluShape& s, Task&& task) {
 
 }  // namespace
 
-void CpuOps::glu_forward(TensorView out, TensorView inp, GluKind kind) const {
-  const GluShape s = check_shapes("glu_forward", inp, "out", out, TensorView());
+void CpuOps::do_glu_forward(TensorView out, TensorView inp, GluKind kind) const {
+  const GluShape s = glu_shape(inp);
   const int64_t F = s.F;
   with_kind(kind, [&](auto k) {
     constexpr GluKind K = decltype(k)::value;
@@ -161,10 +138,8 @@ void CpuOps::glu_forward(TensorView out, TensorView inp, GluKind kind) const {
   });
 }
 
-void CpuOps::glu_backward(TensorView dinp, TensorView inp, TensorView dout, GluKind kind) const {
-  const char* op = "glu_backward";
-  expect_host(dinp, op, "dinp");
-  const GluShape s = check_shapes(op, inp, "dout", dout, dinp);
+void CpuOps::do_glu_backward(TensorView dinp, TensorView inp, TensorView dout, GluKind kind) const {
+  const GluShape s = glu_shape(inp);
   const int64_t F = s.F;
   with_kind(kind, [&](auto k) {
     constexpr GluKind K = decltype(k)::value;

@@ -158,24 +158,6 @@ class DnnlRuntime {
   std::map<GemmKey, Gemm> cache_;
 };
 
-void check_2d(const char* op, TensorView t, int64_t rows, int64_t cols, const char* name) {
-  LOOM_CHECK(t.shape().rows() == rows && t.shape().cols() == cols, "[", op, "] ", name, " expected (", rows,
-             ", ", cols, ") (leading dims flattened), got ", t.desc());
-  LOOM_CHECK(t.device().is_cpu(), "[", op, "] ", name, " must be a CPU tensor, got ", t.desc());
-}
-
-// dtype rules: `t` must be the compute dtype cd, or (when f32_ok) f32.
-void check_dtype(const char* op, TensorView t, DType cd, bool f32_ok, const char* name) {
-  LOOM_CHECK(t.dtype() == cd || (f32_ok && t.dtype() == DType::kF32), "[", op, "] ", name, " must be ",
-             dtype_name(cd), f32_ok && cd != DType::kF32 ? " (the compute dtype) or f32" : " (the compute dtype)",
-             ", got ", t.desc());
-}
-
-DType compute_dtype(const char* op, TensorView t, const char* name) {
-  LOOM_CHECK(is_compute_dtype(t.dtype()), "[", op, "] expected ", name, " in f32, bf16 or f16, got ", t.desc());
-  return t.dtype();
-}
-
 // oneDNN's matmul primitive takes bf16 (AMX / AVX512-BF16); f16 needs AVX512-FP16 + AMX-FP16 kernels this
 // oneDNN version does not have, so f16 products go through gemm_widened.
 // Whether it does depends on the CPU: this oneDNN has bf16 matmul kernels for AVX-512 machines only, so
@@ -264,19 +246,9 @@ void gemm_widened(const GemmKey& k, const void* a, const void* b, void* c, const
 
 }  // namespace
 
-void CpuOps::matmul_forward(TensorView out, TensorView inp, TensorView weight, TensorView bias) const {
-  const char* op = "matmul_forward";
-  LOOM_CHECK(weight.ndim() == 2, "[matmul_forward] weight must be (N, K), got ", weight.desc());
+void CpuOps::do_matmul_forward(TensorView out, TensorView inp, TensorView weight, TensorView bias) const {
   const int64_t N = weight.size(0), K = weight.size(1), M = inp.shape().rows();
-  check_2d(op, inp, M, K, "inp");
-  check_2d(op, out, M, N, "out");
-  const DType cd = compute_dtype(op, inp, "inp");
-  check_dtype(op, weight, cd, false, "weight");
-  check_dtype(op, out, cd, true, "out");
-  if (bias) {
-    LOOM_CHECK(bias.numel() == N, "[matmul_forward] bias expected (", N, "), got ", bias.desc());
-    check_dtype(op, bias, cd, true, "bias");
-  }
+  const DType cd = inp.dtype();
   if (M == 0 || N == 0) return;
   if (K == 0) {
     fill_(out, 0.0f);
@@ -297,14 +269,10 @@ void CpuOps::matmul_forward(TensorView out, TensorView inp, TensorView weight, T
   }
 }
 
-void CpuOps::matmul_backward(TensorView dinp, TensorView dweight, TensorView dbias, TensorView dout, TensorView inp,
-                             TensorView weight) const {
-  const char* op = "matmul_backward";
-  LOOM_CHECK(weight.ndim() == 2, "[matmul_backward] weight must be (N, K), got ", weight.desc());
+void CpuOps::do_matmul_backward(TensorView dinp, TensorView dweight, TensorView dbias, TensorView dout,
+                                TensorView inp, TensorView weight) const {
   const int64_t N = weight.size(0), K = weight.size(1), M = dout.shape().rows();
-  check_2d(op, dout, M, N, "dout");
-  const DType cd = compute_dtype(op, dout, "dout");
-  check_dtype(op, weight, cd, false, "weight");
+  const DType cd = dout.dtype();
   auto run = [&](const GemmKey& key, const void* a, const void* b, void* c) {
     if (cd == DType::kF32 || primitive_takes(cd))
       DnnlRuntime::get().gemm(key, a, b, c, nullptr);
@@ -312,8 +280,6 @@ void CpuOps::matmul_backward(TensorView dinp, TensorView dweight, TensorView dbi
       gemm_widened(key, a, b, c, nullptr, DType::kF32);
   };
   if (dinp) {
-    check_2d(op, dinp, M, K, "dinp");
-    check_dtype(op, dinp, cd, true, "dinp");
     if (N == 0) {
       fill_(dinp, 0.0f);
     } else if (M > 0 && K > 0) {
@@ -321,21 +287,10 @@ void CpuOps::matmul_backward(TensorView dinp, TensorView dweight, TensorView dbi
           dinp.raw());
     }
   }
-  if (dweight) {
-    check_2d(op, inp, M, K, "inp");
-    check_dtype(op, inp, cd, false, "inp");
-    check_dtype(op, dweight, cd, true, "dweight");
-    LOOM_CHECK(dweight.shape() == weight.shape(), "[matmul_backward] dweight ", dweight.desc(), " vs weight ",
-               weight.desc());
-    if (M > 0 && N > 0 && K > 0)
-      run(GemmKey{N, K, M, true, false, N, K, cd, cd, dweight.dtype(), false, true}, dout.raw(), inp.raw(),
-          dweight.raw());
-  }
-  if (dbias) {
-    LOOM_CHECK(dbias.numel() == N, "[matmul_backward] dbias expected (", N, "), got ", dbias.desc());
-    check_dtype(op, dbias, cd, true, "dbias");
-    bias_backward(dbias, dout.reshape({M, N}));
-  }
+  if (dweight && M > 0 && N > 0 && K > 0)
+    run(GemmKey{N, K, M, true, false, N, K, cd, cd, dweight.dtype(), false, true}, dout.raw(), inp.raw(),
+        dweight.raw());
+  if (dbias) bias_backward(dbias, dout.reshape({M, N}));
 }
 
 }  // namespace loom::cpu

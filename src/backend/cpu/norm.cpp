@@ -58,23 +58,13 @@ struct LnArgs {
   std::vector<float> weight_buf, bias_buf;  // widened parameters (bf16/f16 calls)
 };
 
-void check_forward(LnArgs& a, const char* op, TensorView out, TensorView mean, TensorView rstd, TensorView inp,
-                   TensorView weight, TensorView bias) {
-  a.dt = compute_dtype(inp, op, "inp");
-  expect_dtype(out, a.dt, op, "out");
-  expect_dtype(inp, a.dt, op, "inp");
-  expect_dtype(weight, a.dt, op, "weight");
-  a.C = inp.shape().cols();
-  LOOM_CHECK(a.C > 0, "[", op, "] empty last dim in ", inp.desc());
-  a.N = inp.numel() / a.C;
-  expect_numel(out, inp.numel(), op, "out");
-  expect_numel(weight, a.C, op, "weight");
-  if (bias.defined()) {
-    expect_dtype(bias, a.dt, op, "bias");
-    expect_numel(bias, a.C, op, "bias");
-  }
-  a.mean = stats_ptr(mean, a.N, op, "mean");
-  a.rstd = stats_ptr(rstd, a.N, op, "rstd");
+// The shapes and parameters of a forward whose normalised rows are x (inp, or the fused op's residual).
+void forward_args(LnArgs& a, TensorView mean, TensorView rstd, TensorView x, TensorView weight, TensorView bias) {
+  a.dt = x.dtype();
+  a.C = x.shape().cols();
+  a.N = x.numel() / a.C;
+  a.mean = stats_ptr(mean);
+  a.rstd = stats_ptr(rstd);
   a.weight = params_f32(weight, a.weight_buf);
   a.bias = params_f32(bias, a.bias_buf);
 }
@@ -103,10 +93,10 @@ inline void layernorm_backward_row(float* dxr, float* pw, float* pb, const float
 
 }  // namespace
 
-void CpuOps::layernorm_forward(TensorView out, TensorView mean, TensorView rstd, TensorView inp, TensorView weight,
-                               TensorView bias, float eps) const {
+void CpuOps::do_layernorm_forward(TensorView out, TensorView mean, TensorView rstd, TensorView inp, TensorView weight,
+                                  TensorView bias, float eps) const {
   LnArgs a;
-  check_forward(a, "layernorm_forward", out, mean, rstd, inp, weight, bias);
+  forward_args(a, mean, rstd, inp, weight, bias);
   if (a.dt == DType::kF32) {
     float* o = out.data<float>();
     const float* x = inp.data<float>();
@@ -131,16 +121,11 @@ void CpuOps::layernorm_forward(TensorView out, TensorView mean, TensorView rstd,
   });
 }
 
-void CpuOps::residual_layernorm_forward(TensorView residual, TensorView out, TensorView mean, TensorView rstd,
-                                        TensorView a_in, TensorView b_in, TensorView weight, TensorView bias,
-                                        float eps) const {
-  const char* op = "residual_layernorm_forward";
+void CpuOps::do_residual_layernorm_forward(TensorView residual, TensorView out, TensorView mean, TensorView rstd,
+                                           TensorView a_in, TensorView b_in, TensorView weight, TensorView bias,
+                                           float eps) const {
   LnArgs a;
-  check_forward(a, op, out, mean, rstd, residual, weight, bias);
-  expect_dtype(a_in, a.dt, op, "a");
-  expect_dtype(b_in, a.dt, op, "b");
-  expect_numel(a_in, a.N * a.C, op, "a");
-  expect_numel(b_in, a.N * a.C, op, "b");
+  forward_args(a, mean, rstd, residual, weight, bias);
   if (a.dt == DType::kF32) {
     float* res = residual.data<float>();
     float* o = out.data<float>();
@@ -183,32 +168,13 @@ void CpuOps::residual_layernorm_forward(TensorView residual, TensorView out, Ten
   });
 }
 
-void CpuOps::layernorm_backward(TensorView dinp, TensorView dweight, TensorView dbias, TensorView dout, TensorView inp,
-                                TensorView weight, TensorView mean, TensorView rstd) const {
-  const char* op = "layernorm_backward";
-  const DType dt = compute_dtype(inp, op, "inp");
-  expect_dtype(dout, dt, op, "dout");
-  expect_dtype(weight, dt, op, "weight");
+void CpuOps::do_layernorm_backward(TensorView dinp, TensorView dweight, TensorView dbias, TensorView dout,
+                                   TensorView inp, TensorView weight, TensorView mean, TensorView rstd) const {
+  const DType dt = inp.dtype();
   const int64_t C = inp.shape().cols();
-  LOOM_CHECK(C > 0, "[", op, "] empty last dim in ", inp.desc());
   const int64_t N = inp.numel() / C;
-  expect_numel(dout, N * C, op, "dout");
-  expect_numel(weight, C, op, "weight");
-  LOOM_CHECK(mean.defined() && rstd.defined(), "[", op, "] mean and rstd saved by the forward are required");
-  const float* mu = stats_ptr(mean, N, op, "mean");
-  const float* rs = stats_ptr(rstd, N, op, "rstd");
-  if (dinp.defined()) {
-    expect_dtype(dinp, dt, op, "dinp");
-    expect_numel(dinp, N * C, op, "dinp");
-  }
-  if (dweight.defined()) {
-    expect_grad_dtype(dweight, dt, op, "dweight");
-    expect_numel(dweight, C, op, "dweight");
-  }
-  if (dbias.defined()) {
-    expect_grad_dtype(dbias, dt, op, "dbias");
-    expect_numel(dbias, C, op, "dbias");
-  }
+  const float* mu = stats_ptr(mean);
+  const float* rs = stats_ptr(rstd);
   const bool has_dx = dinp.defined();
   if (N == 0 || (!has_dx && !dweight.defined() && !dbias.defined())) return;
 

@@ -1,6 +1,7 @@
-// Pieces shared by the LayerNorm (norm.cpp) and RMSNorm (rmsnorm.cpp) CPU ops: argument checks for the
+// Pieces shared by the LayerNorm (norm.cpp) and RMSNorm (rmsnorm.cpp) CPU ops: parameter widening for the
 // mixed-precision scheme (activations and parameters in one compute dtype, f32 statistics, parameter
-// gradients in f32 or the compute dtype) and the fixed-split parameter-gradient reduction.
+// gradients in f32 or the compute dtype; the OpTable entry points check those rules) and the fixed-split
+// parameter-gradient reduction.
 // Reduction invariant: rows go in blocks of kReduceBlockRows; each block writes f32 partials (rows in order)
 // to scratch, then each channel adds its block partials in block order in f64 and rounds once into the
 // gradient. No sum's order depends on the thread count, so neither does any bit of the result.
@@ -16,40 +17,8 @@ namespace loom::cpu::norm_common {
 
 constexpr int64_t kParallelMinElems = int64_t(1) << 14;
 
-inline void expect_numel(const TensorView& t, int64_t n, const char* op, const char* name) {
-  LOOM_CHECK(t.numel() == n, "[", op, "] expected ", name, " with ", n, " elements, got ", t.desc());
-}
-
-// A host tensor of dtype dt (the call's compute dtype).
-inline void expect_dtype(const TensorView& t, DType dt, const char* op, const char* name) {
-  LOOM_CHECK(t.defined(), "[", op, "] ", name, " is required");
-  LOOM_CHECK(t.device().is_cpu(), "[", op, "] expected a host tensor for ", name, ", got ", t.desc());
-  LOOM_CHECK(t.dtype() == dt, "[", op, "] ", name, " must be ", dtype_name(dt),
-             " (all activations and parameters of one call share the compute dtype), got ", t.desc());
-}
-
-// The compute dtype of a call, taken from its input activation `name`.
-inline DType compute_dtype(const TensorView& inp, const char* op, const char* name) {
-  LOOM_CHECK(inp.defined(), "[", op, "] ", name, " is required");
-  LOOM_CHECK(is_compute_dtype(inp.dtype()), "[", op, "] expected f32, bf16 or f16 ", name, ", got ", inp.desc());
-  return inp.dtype();
-}
-
-// A parameter gradient: f32 (main grads) or the compute dtype.
-inline void expect_grad_dtype(const TensorView& t, DType dt, const char* op, const char* name) {
-  LOOM_CHECK(t.device().is_cpu(), "[", op, "] expected a host tensor for ", name, ", got ", t.desc());
-  LOOM_CHECK(t.dtype() == DType::kF32 || t.dtype() == dt, "[", op, "] ", name, " must be f32 or the compute dtype ",
-             dtype_name(dt), ", got ", t.desc());
-}
-
-// Optional per-row statistics buffer: absent (null), or host f32 with N elements.
-inline float* stats_ptr(const TensorView& t, int64_t N, const char* op, const char* name) {
-  if (!t.defined()) return nullptr;
-  LOOM_CHECK(t.dtype() == DType::kF32 && t.device().is_cpu(), "[", op, "] expected host f32 ", name, ", got ",
-             t.desc());
-  expect_numel(t, N, op, name);
-  return t.data<float>();
-}
+// Optional per-row statistics buffer (f32, N elements, checked by the OpTable entry point): its data or null.
+inline float* stats_ptr(const TensorView& t) { return t.defined() ? t.data<float>() : nullptr; }
 
 // Parameter vector (C) as f32: the tensor's own data when f32, else widened into `buf`; null when absent.
 inline const float* params_f32(const TensorView& t, std::vector<float>& buf) {

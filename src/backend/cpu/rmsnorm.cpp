@@ -43,18 +43,12 @@ struct RmsArgs {
   std::vector<float> weight_buf;
 };
 
-// Checks out/rstd/x/weight of a forward whose normalised input is x; fills a.
-void check_forward(RmsArgs& a, const char* op, const char* x_name, TensorView out, TensorView rstd, TensorView x,
-                   TensorView weight) {
-  a.dt = compute_dtype(x, op, x_name);
-  expect_dtype(out, a.dt, op, "out");
-  expect_dtype(weight, a.dt, op, "weight");
+// The shapes and parameters of a forward whose normalised rows are x (inp, or the fused op's residual).
+void forward_args(RmsArgs& a, TensorView rstd, TensorView x, TensorView weight) {
+  a.dt = x.dtype();
   a.C = x.shape().cols();
-  LOOM_CHECK(a.C > 0, "[", op, "] empty last dim in ", x_name, " ", x.desc());
   a.N = x.numel() / a.C;
-  expect_numel(out, x.numel(), op, "out");
-  expect_numel(weight, a.C, op, "weight");
-  a.rstd = stats_ptr(rstd, a.N, op, "rstd");
+  a.rstd = stats_ptr(rstd);
   a.weight = params_f32(weight, a.weight_buf);
 }
 
@@ -74,9 +68,9 @@ inline void rmsnorm_backward_row(float* dxr, float* pw, const float* xr, const f
 
 }  // namespace
 
-void CpuOps::rmsnorm_forward(TensorView out, TensorView rstd, TensorView inp, TensorView weight, float eps) const {
+void CpuOps::do_rmsnorm_forward(TensorView out, TensorView rstd, TensorView inp, TensorView weight, float eps) const {
   RmsArgs a;
-  check_forward(a, "rmsnorm_forward", "inp", out, rstd, inp, weight);
+  forward_args(a, rstd, inp, weight);
   if (a.dt == DType::kF32) {
     float* o = out.data<float>();
     const float* x = inp.data<float>();
@@ -100,15 +94,10 @@ void CpuOps::rmsnorm_forward(TensorView out, TensorView rstd, TensorView inp, Te
   });
 }
 
-void CpuOps::residual_rmsnorm_forward(TensorView residual, TensorView out, TensorView rstd, TensorView a_in,
-                                      TensorView b_in, TensorView weight, float eps) const {
-  const char* op = "residual_rmsnorm_forward";
+void CpuOps::do_residual_rmsnorm_forward(TensorView residual, TensorView out, TensorView rstd, TensorView a_in,
+                                         TensorView b_in, TensorView weight, float eps) const {
   RmsArgs a;
-  check_forward(a, op, "residual", out, rstd, residual, weight);
-  expect_dtype(a_in, a.dt, op, "a");
-  expect_dtype(b_in, a.dt, op, "b");
-  expect_numel(a_in, a.N * a.C, op, "a");
-  expect_numel(b_in, a.N * a.C, op, "b");
+  forward_args(a, rstd, residual, weight);
   if (a.dt == DType::kF32) {
     float* res = residual.data<float>();
     float* o = out.data<float>();
@@ -149,27 +138,12 @@ void CpuOps::residual_rmsnorm_forward(TensorView residual, TensorView out, Tenso
   });
 }
 
-void CpuOps::rmsnorm_backward(TensorView dinp, TensorView dweight, TensorView dout, TensorView inp, TensorView weight,
-                              TensorView rstd) const {
-  const char* op = "rmsnorm_backward";
-  const DType dt = compute_dtype(inp, op, "inp");
-  expect_dtype(dout, dt, op, "dout");
-  expect_dtype(weight, dt, op, "weight");
+void CpuOps::do_rmsnorm_backward(TensorView dinp, TensorView dweight, TensorView dout, TensorView inp,
+                                 TensorView weight, TensorView rstd) const {
+  const DType dt = inp.dtype();
   const int64_t C = inp.shape().cols();
-  LOOM_CHECK(C > 0, "[", op, "] empty last dim in ", inp.desc());
   const int64_t N = inp.numel() / C;
-  expect_numel(dout, N * C, op, "dout");
-  expect_numel(weight, C, op, "weight");
-  LOOM_CHECK(rstd.defined(), "[", op, "] rstd saved by the forward is required");
-  const float* rs = stats_ptr(rstd, N, op, "rstd");
-  if (dinp.defined()) {
-    expect_dtype(dinp, dt, op, "dinp");
-    expect_numel(dinp, N * C, op, "dinp");
-  }
-  if (dweight.defined()) {
-    expect_grad_dtype(dweight, dt, op, "dweight");
-    expect_numel(dweight, C, op, "dweight");
-  }
+  const float* rs = stats_ptr(rstd);
   const bool has_dx = dinp.defined(), has_dw = dweight.defined();
   if (N == 0 || (!has_dx && !has_dw)) return;
 

@@ -32,8 +32,9 @@ void attention_qkv_grad_unpack(const CudaContext& ctx, TensorView dqkv, TensorVi
                                const AttentionParams& p);
 
 // ---- shared by attention.cu and attention_blocks.cu (not part of the op table) ----------------------
-// One attention problem after the launcher has validated its arguments: the whole-sequence op and the
-// block ops run the same kernels, which differ only in where positions, segments and heads come from.
+// One attention problem, its arguments checked (by the OpTable entry point, and kMaxHeadDim by the launcher):
+// the whole-sequence op and the block ops run the same kernels, which differ only in where positions,
+// segments and heads come from.
 namespace attn_detail {
 
 constexpr int64_t kMaxHeadDim = 256;

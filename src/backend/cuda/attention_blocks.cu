@@ -7,11 +7,11 @@
 // Semantics follow the CPU reference (src/backend/cpu/attention_blocks.cpp). Block ops visit every tile
 // (positions are arbitrary per token, so no tile skipping). Determinism: every element is written by one
 // thread (merge, pack, unpack) or one thread block after a fixed-order sum (attention kernels).
-// Not checked here (it would need a device-to-host copy): that positions lie in [0, seq_len) when dropout
-// is on; out-of-range positions draw some other element's mask bit instead of failing.
+// Arguments are checked by the OpTable entry point (src/backend/op_checks_attention.cpp). Not checked at all
+// (it would need a device-to-host copy; the CPU backend checks it): that positions lie in [0, seq_len) when
+// dropout is on; out-of-range positions draw some other element's mask bit instead of failing.
 #include <cmath>
 #include <limits>
-#include <tuple>
 
 #include "backend/cuda/attention.cuh"
 #include "backend/cuda/device_utils.cuh"
@@ -22,47 +22,23 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-bool is_float_activation(DType dt) { return dt == DType::kF32 || dt == DType::kBF16 || dt == DType::kF16; }
-
 struct Heads {
   int64_t NH, NKV, G, HS;
   int64_t qkv_row() const { return NKV * (G + 2) * HS; }
   int64_t kv_row() const { return NKV * 2 * HS; }
-  int64_t out_row() const { return NH * HS; }
 };
 
-Heads make_heads(const AttentionParams& p, const char* op) {
-  LOOM_CHECK(p.num_heads > 0 && p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0, "[", op,
-             "] expected num_heads to be a positive multiple of num_kv_heads, got ", p.num_heads, " and ",
-             p.num_kv_heads);
-  LOOM_CHECK(p.head_dim > 0, "[", op, "] expected head_dim > 0, got ", p.head_dim);
+Heads make_heads(const AttentionParams& p) {
   return Heads{p.num_heads, p.num_kv_heads, p.num_heads / p.num_kv_heads, p.head_dim};
 }
 
-void check_dev(const CudaContext& ctx, TensorView t, Shape s, const char* op, const char* name) {
-  LOOM_CHECK(t.defined() && t.shape() == s, "[", op, "] expected ", name, " ", s.str(), ", got ", t.desc());
-  check_on_device(ctx, t, op, name);
-}
-
-// Validates as the CPU's make_block_geometry and builds the problem.
-attn_detail::Problem block_problem(const CudaContext& ctx, TensorView q, TensorView kv, const AttentionBlock& blk,
-                                   const AttentionParams& p, const char* op) {
-  const Heads hd = make_heads(p, op);
+// The problem of a call whose arguments the OpTable entry point has checked. Head sizes above kMaxHeadDim
+// are this backend's limit (the CPU takes any size), so that one is checked here.
+attn_detail::Problem block_problem(TensorView q, TensorView kv, const AttentionBlock& blk, const AttentionParams& p,
+                                   const char* op) {
+  const Heads hd = make_heads(p);
   LOOM_CHECK(p.head_dim <= attn_detail::kMaxHeadDim, "[", op, "] expected head_dim <= ", attn_detail::kMaxHeadDim,
-             ", got ", p.head_dim);
-  LOOM_CHECK(p.window == -1 || p.window > 0, "[", op, "] expected window -1 (unlimited) or > 0, got ", p.window);
-  LOOM_CHECK(p.causal || p.window == -1, "[", op, "] a sliding window needs causal attention");
-  LOOM_CHECK(p.dropout_p >= 0.0f && p.dropout_p < 1.0f, "[", op, "] expected dropout_p in [0, 1), got ",
-             p.dropout_p);
-  const DType dt = q.dtype();
-  LOOM_CHECK(is_float_activation(dt) && q.ndim() == 3 && q.size(2) == hd.qkv_row(), "[", op,
-             "] expected q f32, bf16 or f16 (B, Tq, NKV*(NH/NKV+2)*HS = ", hd.qkv_row(), "), got ", q.desc());
-  check_on_device(ctx, q, op, "q");
-  LOOM_CHECK(kv.dtype() == dt && kv.ndim() == 3 && kv.size(0) == q.size(0) &&
-                 (kv.size(2) == hd.qkv_row() || kv.size(2) == hd.kv_row()),
-             "[", op, "] expected kv ", dtype_name(dt), "(", q.size(0), ", Tk, ", hd.qkv_row(), " or ", hd.kv_row(),
-             "), got ", kv.desc());
-  check_on_device(ctx, kv, op, "kv");
+             " on a CUDA device, got ", p.head_dim);
   attn_detail::Problem pb;
   pb.q = q;
   pb.kv = kv;
@@ -76,44 +52,19 @@ attn_detail::Problem block_problem(const CudaContext& ctx, TensorView q, TensorV
   pb.scale = p.softmax_scale;
   pb.causal = p.causal;
   pb.window = p.window;
-  for (auto [t, n, name] : {std::tuple{blk.q_pos, pb.Tq, "q_pos"}, std::tuple{blk.k_pos, pb.Tk, "k_pos"}}) {
-    const Shape want{n};
-    LOOM_CHECK(t.defined() && t.dtype() == DType::kI32 && t.shape() == want, "[", op, "] expected i32 ", name, " (",
-               n, "), got ", t.desc());
-    check_on_device(ctx, t, op, name);
-  }
   pb.q_pos = cptr<int32_t>(blk.q_pos);
   pb.k_pos = cptr<int32_t>(blk.k_pos);
-  LOOM_CHECK(blk.q_segment_ids.defined() == blk.k_segment_ids.defined(), "[", op,
-             "] q_segment_ids and k_segment_ids go together");
   if (blk.q_segment_ids.defined()) {
-    for (auto [t, n, name] : {std::tuple{blk.q_segment_ids, pb.Tq, "q_segment_ids"},
-                              std::tuple{blk.k_segment_ids, pb.Tk, "k_segment_ids"}}) {
-      const Shape want{pb.B, n};
-      LOOM_CHECK(t.dtype() == DType::kI32 && t.shape() == want, "[", op, "] expected i32 ", name, " (", pb.B, ", ",
-                 n, "), got ", t.desc());
-      check_on_device(ctx, t, op, name);
-    }
     pb.q_seg = cptr<int32_t>(blk.q_segment_ids);
     pb.k_seg = cptr<int32_t>(blk.k_segment_ids);
   }
   if (p.dropout_p > 0.0f) {
-    LOOM_CHECK(blk.seq_len > 0, "[", op, "] attention dropout needs the global sequence length (seq_len)");
     pb.dropout_p = p.dropout_p;
     pb.dropout_seed = p.dropout_seed;
     pb.dropout_stream = p.dropout_stream;
     pb.mask_len = uint64_t(blk.seq_len);
   }
   return pb;
-}
-
-// out/dout-like tensors: (B, Tq, NH*HS) in f32 or the compute dtype.
-void check_rows(const CudaContext& ctx, TensorView t, const attn_detail::Problem& pb, const char* op,
-                const char* name) {
-  const Shape want{pb.B, pb.Tq, pb.NH * pb.HS};
-  LOOM_CHECK((t.dtype() == DType::kF32 || t.dtype() == pb.q.dtype()) && t.shape() == want, "[", op, "] expected ",
-             name, " f32 or ", dtype_name(pb.q.dtype()), want.str(), ", got ", t.desc());
-  check_on_device(ctx, t, op, name);
 }
 
 // ---- merge -----------------------------------------------------------------------------------------------
@@ -189,29 +140,12 @@ void dispatch_bits(DType dt, F&& f) {
 
 void attention_block_forward(const CudaContext& ctx, TensorView out, TensorView lse, TensorView q, TensorView kv,
                              const AttentionBlock& blk, const AttentionParams& p) {
-  const char* op = "attention_block_forward";
-  const attn_detail::Problem pb = block_problem(ctx, q, kv, blk, p, op);
-  check_rows(ctx, out, pb, op, "out");
-  LOOM_CHECK(lse.dtype() == DType::kF32, "[", op, "] expected lse f32, got ", lse.desc());
-  check_dev(ctx, lse, Shape{pb.B, pb.NH, pb.Tq}, op, "lse");
+  const attn_detail::Problem pb = block_problem(q, kv, blk, p, "attention_block_forward");
   attn_detail::forward(ctx, pb, out, lse);
 }
 
 void attention_merge(const CudaContext& ctx, TensorView out, TensorView lse, TensorView out_block,
                      TensorView lse_block) {
-  const char* op = "attention_merge";
-  LOOM_CHECK(out.ndim() == 3 && is_float_activation(out.dtype()), "[", op,
-             "] expected out f32, bf16 or f16 (B, T, NH*HS), got ", out.desc());
-  check_on_device(ctx, out, op, "out");
-  LOOM_CHECK(lse.ndim() == 3 && lse.dtype() == DType::kF32 && lse.size(0) == out.size(0) &&
-                 lse.size(2) == out.size(1) && lse.size(1) > 0 && out.size(2) % lse.size(1) == 0,
-             "[", op, "] expected lse f32 (B, NH, T) matching out ", out.desc(), ", got ", lse.desc());
-  check_on_device(ctx, lse, op, "lse");
-  LOOM_CHECK(is_float_activation(out_block.dtype()), "[", op, "] expected out_block f32, bf16 or f16, got ",
-             out_block.desc());
-  check_dev(ctx, out_block, out.shape(), op, "out_block");
-  LOOM_CHECK(lse_block.dtype() == DType::kF32, "[", op, "] expected lse_block f32, got ", lse_block.desc());
-  check_dev(ctx, lse_block, lse.shape(), op, "lse_block");
   const int64_t B = out.size(0), T = out.size(1), NH = lse.size(1), HS = out.size(2) / NH;
   const int64_t rows = B * T * NH;
   if (rows == 0) return;
@@ -229,16 +163,7 @@ void attention_merge(const CudaContext& ctx, TensorView out, TensorView lse, Ten
 void attention_block_backward(const CudaContext& ctx, TensorView dq, TensorView dkv, TensorView dout, TensorView q,
                               TensorView kv, TensorView out, TensorView lse, const AttentionBlock& blk,
                               const AttentionParams& p) {
-  const char* op = "attention_block_backward";
-  const attn_detail::Problem pb = block_problem(ctx, q, kv, blk, p, op);
-  check_rows(ctx, out, pb, op, "out");
-  check_rows(ctx, dout, pb, op, "dout");
-  LOOM_CHECK(lse.dtype() == DType::kF32, "[", op, "] expected lse f32, got ", lse.desc());
-  check_dev(ctx, lse, Shape{pb.B, pb.NH, pb.Tq}, op, "lse");
-  LOOM_CHECK(dq.dtype() == DType::kF32, "[", op, "] expected dq f32, got ", dq.desc());
-  check_dev(ctx, dq, Shape{pb.B, pb.Tq, pb.NH * pb.HS}, op, "dq");
-  LOOM_CHECK(dkv.dtype() == DType::kF32, "[", op, "] expected dkv f32 (compact layout), got ", dkv.desc());
-  check_dev(ctx, dkv, Shape{pb.B, pb.Tk, pb.NKV * 2 * pb.HS}, op, "dkv");
+  const attn_detail::Problem pb = block_problem(q, kv, blk, p, "attention_block_backward");
   attn_detail::Grads gr;
   gr.dq = dq;
   gr.dkv = dkv;
@@ -251,13 +176,7 @@ void attention_block_backward(const CudaContext& ctx, TensorView dq, TensorView 
 }
 
 void attention_kv_pack(const CudaContext& ctx, TensorView kv, TensorView qkv, const AttentionParams& p) {
-  const char* op = "attention_kv_pack";
-  const Heads hd = make_heads(p, op);
-  LOOM_CHECK(qkv.ndim() == 3 && qkv.size(2) == hd.qkv_row() && is_float_activation(qkv.dtype()), "[", op,
-             "] expected qkv f32, bf16 or f16 (B, T, ", hd.qkv_row(), "), got ", qkv.desc());
-  check_on_device(ctx, qkv, op, "qkv");
-  LOOM_CHECK(kv.dtype() == qkv.dtype(), "[", op, "] expected kv ", dtype_name(qkv.dtype()), ", got ", kv.desc());
-  check_dev(ctx, kv, Shape{qkv.size(0), qkv.size(1), hd.kv_row()}, op, "kv");
+  const Heads hd = make_heads(p);
   const int64_t rows = qkv.size(0) * qkv.size(1);
   if (rows == 0) return;
   dispatch_bits(qkv.dtype(), [&](auto e) {
@@ -270,16 +189,8 @@ void attention_kv_pack(const CudaContext& ctx, TensorView kv, TensorView qkv, co
 
 void attention_qkv_grad_unpack(const CudaContext& ctx, TensorView dqkv, TensorView dq, TensorView dkv,
                                const AttentionParams& p) {
-  const char* op = "attention_qkv_grad_unpack";
-  const Heads hd = make_heads(p, op);
-  LOOM_CHECK(dqkv.ndim() == 3 && dqkv.size(2) == hd.qkv_row() && is_float_activation(dqkv.dtype()), "[", op,
-             "] expected dqkv f32, bf16 or f16 (B, T, ", hd.qkv_row(), "), got ", dqkv.desc());
-  check_on_device(ctx, dqkv, op, "dqkv");
+  const Heads hd = make_heads(p);
   const int64_t B = dqkv.size(0), T = dqkv.size(1);
-  LOOM_CHECK(dq.dtype() == DType::kF32, "[", op, "] expected dq f32, got ", dq.desc());
-  check_dev(ctx, dq, Shape{B, T, hd.out_row()}, op, "dq");
-  LOOM_CHECK(dkv.dtype() == DType::kF32, "[", op, "] expected dkv f32, got ", dkv.desc());
-  check_dev(ctx, dkv, Shape{B, T, hd.kv_row()}, op, "dkv");
   const int64_t rows = B * T;
   if (rows == 0) return;
   dispatch_float(dqkv.dtype(), "[attention_qkv_grad_unpack] dqkv", [&](auto tg) {

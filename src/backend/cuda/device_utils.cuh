@@ -246,11 +246,4 @@ inline unsigned grid_for(int64_t work, int threads = kThreads) {
 // all ops run on the compute stream).
 inline Tensor scratch(const CudaContext& ctx, Shape s, DType dt) { return Tensor::empty(s, dt, ctx.device()); }
 
-// Checks that a tensor lives on this context's device (or is absent).
-inline void check_on_device(const CudaContext& ctx, TensorView t, const char* op, const char* name) {
-  if (!t.defined()) return;
-  LOOM_CHECK(t.device() == ctx.device(), op, " ", name, ": expected a tensor on ", ctx.device().str(), ", got ",
-             t.desc());
-}
-
 }  // namespace loom::cuda

@@ -2,8 +2,9 @@
 // dropout.cu): residual add, GeLU, bias add and bias gradient, gated MLP activations, rotary embedding and
 // hidden dropout. Each launcher takes the context first, then exactly the OpTable method's parameters, and
 // has the semantics of the CPU reference (src/backend/cpu/elementwise.cpp, glu.cpp, rope.cpp, dropout.cpp):
-// same accepted dtypes, same accumulate/overwrite rules, same argument checks (raised on the host, before
-// any launch). All work is enqueued on ctx.compute_stream(); no launcher synchronizes.
+// same accepted dtypes, same accumulate/overwrite rules. Arguments are checked by the OpTable entry points
+// (src/backend/op_checks*.cpp) on the host, before any launch; a launcher called directly trusts its caller.
+// All work is enqueued on ctx.compute_stream(); no launcher synchronizes.
 // Host-only header (no device code).
 #pragma once
 #include <cstdint>
@@ -33,9 +34,9 @@ void glu_backward(const CudaContext& ctx, TensorView dinp, TensorView inp, Tenso
 
 // Rotary embedding in place on the q and k heads of qkv (B, T, NKV*(NH/NKV+2)*HS); cos/sin (max_positions,
 // rotary_dim/2) f32 on the device; position_ids (B, T) i32 on the device, optional. Without position_ids
-// T <= max_positions is checked on the host. Device position ids cannot be checked on the host without a
-// copy and a sync: the caller (data loader) guarantees 0 <= id < max_positions, and a row whose id is out
-// of range is left untouched by the kernel (no out-of-bounds read).
+// T <= max_positions (checked by the entry point). Device position ids cannot be checked on the host
+// without a copy and a sync: the caller (data loader) guarantees 0 <= id < max_positions, and a row whose
+// id is out of range is left untouched by the kernel (no out-of-bounds read).
 void rope_forward(const CudaContext& ctx, TensorView qkv, TensorView cos, TensorView sin, const AttentionParams& p,
                   const RopeParams& r, TensorView position_ids);
 // The inverse rotation on the dq and dk heads of dqkv, in place.

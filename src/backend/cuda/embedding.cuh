@@ -6,11 +6,12 @@
 // Sums are f32 in the CPU's order (token order per gradient row), rounded once, so results equal the CPU
 // op's bit for bit, and are deterministic (no float atomics; the backward sorts the token ids).
 //
-// Id range: shapes are checked on the host, but the ids live on the device, and reading them back would
-// stall the stream every step. The kernels check them instead: an out-of-range token (or position) id
-// makes its output row NaN in the forward, is skipped by the backward, and raises a sticky per-device
-// flag that embedding_take_error() reads. The data loader validates ids against the vocabulary, so this
-// is a backstop, not the primary check. All work runs on ctx.compute_stream(). Host-only header.
+// Id range: shapes are checked on the host (by the OpTable entry point), but the ids live on the device,
+// and reading them back would stall the stream every step. The kernels check them instead: an out-of-range
+// token (or position) id makes its output row NaN in the forward, is skipped by the backward, and raises a
+// sticky per-device flag that embedding_take_error() reads. The data loader validates ids against the
+// vocabulary, so this is a backstop, not the primary check. All work runs on ctx.compute_stream().
+// Host-only header.
 #pragma once
 #include "backend/cuda/cuda_context.cuh"
 #include "loom/core/tensor.h"

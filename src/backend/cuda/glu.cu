@@ -104,49 +104,24 @@ void with_kind(GluKind kind, F&& f) {
   LOOM_FAIL("[glu] unknown GluKind ", int(kind));
 }
 
-bool is_compute(DType dt) { return dt == DType::kF32 || dt == DType::kBF16 || dt == DType::kF16; }
-
-void require(const CudaContext& ctx, TensorView t, const char* op, const char* name) {
-  LOOM_CHECK(t.defined(), "[", op, "] ", name, " is required");
-  LOOM_CHECK(t.device() == ctx.device(), "[", op, "] expected ", name, " on ", ctx.device().str(), ", got ",
-             t.desc());
-}
-
 struct GluShape {
   int64_t N = 0, F = 0;
   DType dt = DType::kF32;
 };
 
-// The CPU's checks: inp (N, 2F) f32/bf16/f16; `half` (N, F) and `full` (N, 2F, optional) in inp's dtype.
-GluShape check_shapes(const CudaContext& ctx, const char* op, TensorView inp, const char* half_name,
-                      TensorView half, TensorView full) {
-  require(ctx, inp, op, "inp");
-  require(ctx, half, op, half_name);
+// inp (N, 2F) = [gate | up] (shapes and dtypes checked by the OpTable entry point).
+GluShape glu_shape(TensorView inp) {
   GluShape s;
   s.dt = inp.dtype();
-  LOOM_CHECK(is_compute(s.dt), "[", op, "] expected f32, bf16 or f16 inp, got ", inp.desc());
-  const int64_t C2 = inp.shape().cols();
-  LOOM_CHECK(C2 > 0 && C2 % 2 == 0, "[", op, "] inp's last dim must be 2F = [gate | up] (even, > 0), got ",
-             inp.desc());
-  s.F = C2 / 2;
-  s.N = inp.numel() / C2;
-  LOOM_CHECK(half.dtype() == s.dt, "[", op, "] ", half_name, " must be ", dtype_name(s.dt), " like inp, got ",
-             half.desc());
-  LOOM_CHECK(half.shape().cols() == s.F && half.numel() == s.N * s.F, "[", op, "] expected ", half_name, " (", s.N,
-             ", ", s.F, ") for inp ", inp.desc(), ", got ", half.desc());
-  if (full.defined()) {
-    require(ctx, full, op, "dinp");
-    LOOM_CHECK(full.dtype() == s.dt, "[", op, "] dinp must be ", dtype_name(s.dt), " like inp, got ", full.desc());
-    LOOM_CHECK(full.shape().cols() == 2 * s.F && full.numel() == s.N * 2 * s.F, "[", op,
-               "] expected dinp shaped like inp ", inp.desc(), ", got ", full.desc());
-  }
+  s.F = inp.shape().cols() / 2;
+  s.N = inp.numel() / (2 * s.F);
   return s;
 }
 
 }  // namespace
 
 void glu_forward(const CudaContext& ctx, TensorView out, TensorView inp, GluKind kind) {
-  const GluShape s = check_shapes(ctx, "glu_forward", inp, "out", out, TensorView());
+  const GluShape s = glu_shape(inp);
   if (s.N * s.F == 0) return;
   with_kind(kind, [&](auto k) {
     constexpr GluKind K = decltype(k)::value;
@@ -166,9 +141,7 @@ void glu_forward(const CudaContext& ctx, TensorView out, TensorView inp, GluKind
 }
 
 void glu_backward(const CudaContext& ctx, TensorView dinp, TensorView inp, TensorView dout, GluKind kind) {
-  const char* op = "glu_backward";
-  require(ctx, dinp, op, "dinp");
-  const GluShape s = check_shapes(ctx, op, inp, "dout", dout, dinp);
+  const GluShape s = glu_shape(inp);
   if (s.N * s.F == 0) return;
   with_kind(kind, [&](auto k) {
     constexpr GluKind K = decltype(k)::value;

@@ -286,48 +286,6 @@ const T* cp(TensorView t) { return t.defined() ? static_cast<const T*>(t.raw()) 
 template <typename T>
 T* mp(TensorView t) { return t.defined() ? static_cast<T*>(t.raw()) : nullptr; }
 
-// check_on_device with the CPU ops' "[op] ..." message style.
-void on_device(const CudaContext& ctx, TensorView t, const char* op, const char* name) {
-  LOOM_CHECK(!t.defined() || t.device() == ctx.device(), "[", op, "] expected ", name, " on ", ctx.device().str(),
-             ", got ", t.desc());
-}
-
-// Argument checks, mirroring the CPU op (norm_common.h) with device tensors.
-DType compute_dtype(const CudaContext& ctx, TensorView inp, const char* op, const char* name) {
-  LOOM_CHECK(inp.defined(), "[", op, "] ", name, " is required");
-  on_device(ctx, inp, op, name);
-  const DType dt = inp.dtype();
-  LOOM_CHECK(dt == DType::kF32 || dt == DType::kBF16 || dt == DType::kF16, "[", op, "] expected f32, bf16 or f16 ",
-             name, ", got ", inp.desc());
-  return dt;
-}
-
-void expect_dtype(const CudaContext& ctx, TensorView t, DType dt, const char* op, const char* name) {
-  LOOM_CHECK(t.defined(), "[", op, "] ", name, " is required");
-  on_device(ctx, t, op, name);
-  LOOM_CHECK(t.dtype() == dt, "[", op, "] ", name, " must be ", dtype_name(dt),
-             " (all activations and parameters of one call share the compute dtype), got ", t.desc());
-}
-
-void expect_numel(TensorView t, int64_t n, const char* op, const char* name) {
-  LOOM_CHECK(t.numel() == n, "[", op, "] expected ", name, " with ", n, " elements, got ", t.desc());
-}
-
-void expect_grad(const CudaContext& ctx, TensorView t, DType dt, int64_t C, const char* op, const char* name) {
-  if (!t.defined()) return;
-  on_device(ctx, t, op, name);
-  LOOM_CHECK(t.dtype() == DType::kF32 || t.dtype() == dt, "[", op, "] ", name, " must be f32 or the compute dtype ",
-             dtype_name(dt), ", got ", t.desc());
-  expect_numel(t, C, op, name);
-}
-
-void expect_stats(const CudaContext& ctx, TensorView t, int64_t N, const char* op, const char* name) {
-  if (!t.defined()) return;
-  on_device(ctx, t, op, name);
-  LOOM_CHECK(t.dtype() == DType::kF32, "[", op, "] expected f32 ", name, ", got ", t.desc());
-  expect_numel(t, N, op, name);
-}
-
 struct FwdArgs {
   TensorView out, mean, rstd, x, residual, a, b, weight, bias;
   float eps = 0;
@@ -335,38 +293,26 @@ struct FwdArgs {
   DType dt = DType::kF32;
 };
 
-// Checks out/mean/rstd/x/weight/bias of a forward whose normalised row source is x (inp, or residual).
-FwdArgs check_forward(const CudaContext& ctx, const char* op, const char* x_name, TensorView out, TensorView mean,
-                      TensorView rstd, TensorView x, TensorView weight, TensorView bias) {
+// The forward of a call whose arguments the OpTable entry point has checked; x is the normalised row
+// source (inp, or the fused op's residual).
+FwdArgs forward_args(TensorView out, TensorView mean, TensorView rstd, TensorView x, TensorView weight,
+                     TensorView bias, float eps) {
   FwdArgs f;
-  f.dt = compute_dtype(ctx, x, op, x_name);
-  expect_dtype(ctx, out, f.dt, op, "out");
-  expect_dtype(ctx, weight, f.dt, op, "weight");
+  f.dt = x.dtype();
   f.C = x.shape().cols();
-  LOOM_CHECK(f.C > 0, "[", op, "] empty last dim in ", x_name, " ", x.desc());
   f.N = x.numel() / f.C;
-  expect_numel(out, x.numel(), op, "out");
-  expect_numel(weight, f.C, op, "weight");
-  if (bias.defined()) {
-    expect_dtype(ctx, bias, f.dt, op, "bias");
-    expect_numel(bias, f.C, op, "bias");
-  }
-  expect_stats(ctx, mean, f.N, op, "mean");
-  expect_stats(ctx, rstd, f.N, op, "rstd");
   f.out = out;
   f.mean = mean;
   f.rstd = rstd;
   f.x = x;
   f.weight = weight;
   f.bias = bias;
+  f.eps = eps;
   return f;
 }
 
-void check_residual_inputs(const CudaContext& ctx, FwdArgs& f, const char* op, TensorView a, TensorView b) {
-  expect_dtype(ctx, a, f.dt, op, "a");
-  expect_dtype(ctx, b, f.dt, op, "b");
-  expect_numel(a, f.N * f.C, op, "a");
-  expect_numel(b, f.N * f.C, op, "b");
+// The fused forward's residual = a + b: x is the residual, written as well as read.
+void add_residual_inputs(FwdArgs& f, TensorView a, TensorView b) {
   f.residual = f.x;
   f.a = a;
   f.b = b;
@@ -417,31 +363,12 @@ struct BwdArgs {
   DType dt = DType::kF32;
 };
 
-BwdArgs check_backward(const CudaContext& ctx, const char* op, bool rms, TensorView dinp, TensorView dweight,
-                       TensorView dbias, TensorView dout, TensorView inp, TensorView weight, TensorView mean,
-                       TensorView rstd) {
+BwdArgs backward_args(bool rms, TensorView dinp, TensorView dweight, TensorView dbias, TensorView dout,
+                      TensorView inp, TensorView weight, TensorView mean, TensorView rstd) {
   BwdArgs g;
-  g.dt = compute_dtype(ctx, inp, op, "inp");
-  expect_dtype(ctx, dout, g.dt, op, "dout");
-  expect_dtype(ctx, weight, g.dt, op, "weight");
+  g.dt = inp.dtype();
   g.C = inp.shape().cols();
-  LOOM_CHECK(g.C > 0, "[", op, "] empty last dim in ", inp.desc());
   g.N = inp.numel() / g.C;
-  expect_numel(dout, g.N * g.C, op, "dout");
-  expect_numel(weight, g.C, op, "weight");
-  if (rms) {
-    LOOM_CHECK(rstd.defined(), "[", op, "] rstd saved by the forward is required");
-  } else {
-    LOOM_CHECK(mean.defined() && rstd.defined(), "[", op, "] mean and rstd saved by the forward are required");
-    expect_stats(ctx, mean, g.N, op, "mean");
-  }
-  expect_stats(ctx, rstd, g.N, op, "rstd");
-  if (dinp.defined()) {
-    expect_dtype(ctx, dinp, g.dt, op, "dinp");
-    expect_numel(dinp, g.N * g.C, op, "dinp");
-  }
-  expect_grad(ctx, dweight, g.dt, g.C, op, "dweight");
-  expect_grad(ctx, dbias, g.dt, g.C, op, "dbias");
   g.dinp = dinp;
   g.dweight = dweight;
   g.dbias = dbias;
@@ -529,48 +456,37 @@ void run_backward(const CudaContext& ctx, const BwdArgs& g) {
 
 void layernorm_forward(const CudaContext& ctx, TensorView out, TensorView mean, TensorView rstd, TensorView inp,
                        TensorView weight, TensorView bias, float eps) {
-  FwdArgs f = check_forward(ctx, "layernorm_forward", "inp", out, mean, rstd, inp, weight, bias);
-  f.eps = eps;
-  run_forward<false>(ctx, f);
+  run_forward<false>(ctx, forward_args(out, mean, rstd, inp, weight, bias, eps));
 }
 
 void residual_layernorm_forward(const CudaContext& ctx, TensorView residual, TensorView out, TensorView mean,
                                 TensorView rstd, TensorView a, TensorView b, TensorView weight, TensorView bias,
                                 float eps) {
-  const char* op = "residual_layernorm_forward";
-  FwdArgs f = check_forward(ctx, op, "residual", out, mean, rstd, residual, weight, bias);
-  check_residual_inputs(ctx, f, op, a, b);
-  f.eps = eps;
+  FwdArgs f = forward_args(out, mean, rstd, residual, weight, bias, eps);
+  add_residual_inputs(f, a, b);
   run_forward<false>(ctx, f);
 }
 
 void layernorm_backward(const CudaContext& ctx, TensorView dinp, TensorView dweight, TensorView dbias,
                         TensorView dout, TensorView inp, TensorView weight, TensorView mean, TensorView rstd) {
-  const BwdArgs g =
-      check_backward(ctx, "layernorm_backward", false, dinp, dweight, dbias, dout, inp, weight, mean, rstd);
-  run_backward<false>(ctx, g);
+  run_backward<false>(ctx, backward_args(false, dinp, dweight, dbias, dout, inp, weight, mean, rstd));
 }
 
 void rmsnorm_forward(const CudaContext& ctx, TensorView out, TensorView rstd, TensorView inp, TensorView weight,
                      float eps) {
-  FwdArgs f = check_forward(ctx, "rmsnorm_forward", "inp", out, {}, rstd, inp, weight, {});
-  f.eps = eps;
-  run_forward<true>(ctx, f);
+  run_forward<true>(ctx, forward_args(out, {}, rstd, inp, weight, {}, eps));
 }
 
 void residual_rmsnorm_forward(const CudaContext& ctx, TensorView residual, TensorView out, TensorView rstd,
                               TensorView a, TensorView b, TensorView weight, float eps) {
-  const char* op = "residual_rmsnorm_forward";
-  FwdArgs f = check_forward(ctx, op, "residual", out, {}, rstd, residual, weight, {});
-  check_residual_inputs(ctx, f, op, a, b);
-  f.eps = eps;
+  FwdArgs f = forward_args(out, {}, rstd, residual, weight, {}, eps);
+  add_residual_inputs(f, a, b);
   run_forward<true>(ctx, f);
 }
 
 void rmsnorm_backward(const CudaContext& ctx, TensorView dinp, TensorView dweight, TensorView dout, TensorView inp,
                       TensorView weight, TensorView rstd) {
-  const BwdArgs g = check_backward(ctx, "rmsnorm_backward", true, dinp, dweight, {}, dout, inp, weight, {}, rstd);
-  run_backward<true>(ctx, g);
+  run_backward<true>(ctx, backward_args(true, dinp, dweight, {}, dout, inp, weight, {}, rstd));
 }
 
 }  // namespace loom::cuda

@@ -1,8 +1,8 @@
-// Helpers for the CUDA op tests: one CudaContext per test process (the allocator is a process singleton
-// bound to device 0), host <-> device copies, seeded random host tensors in any float dtype, and an
-// element-wise comparison with per-dtype tolerances that reports the worst element. Every CUDA op test
-// runs the CPU reference (cpu::CpuOps) on the same inputs and compares; GPU tests skip when no GPU is
-// visible (REQUIRE_GPU), so the suite passes on the CPU-only CI machine.
+// Helpers for the CUDA op tests: one CudaContext (and its op table) per test process (the allocator is a
+// process singleton bound to device 0), host <-> device copies, seeded random host tensors in any float
+// dtype, and an element-wise comparison with per-dtype tolerances that reports the worst element. Every
+// CUDA op test runs the CPU reference (cpu::CpuOps) on the same inputs and compares; GPU tests skip when no
+// GPU is visible (REQUIRE_GPU), so the suite passes on the CPU-only CI machine.
 #pragma once
 #if defined(LOOM_HAVE_CUDA)
 #include <cuda_runtime_api.h>
@@ -17,6 +17,7 @@
 
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cuda/cuda_context.cuh"
+#include "backend/cuda/cuda_ops.cuh"
 #include "loom/core/dtype.h"
 #include "loom/core/tensor.h"
 
@@ -35,6 +36,13 @@ inline bool gpu_visible() {
 inline cuda::CudaContext& cuda_ctx() {
   static cuda::CudaContext* c = new cuda::CudaContext(0);
   return *c;
+}
+
+// The CUDA op table on the test context. Arguments are checked at the OpTable entry points, not by the
+// launchers (cuda::matmul_forward etc. trust their caller), so tests of rejected arguments call through it.
+inline const cuda::CudaOps& cuda_ops() {
+  static const cuda::CudaOps* o = new cuda::CudaOps(cuda_ctx());
+  return *o;
 }
 
 inline const cpu::CpuOps& cpu_ref() {

@@ -268,33 +268,33 @@ TEST(CudaAttention, RejectsBadArguments) {
   const Tensor qkv = to_device(random_host(Shape{1, 5, c.qkv_cols()}, DType::kF32, 1));
   Tensor out = ctx.empty(Shape{1, 5, 64}, DType::kF32), lse = ctx.empty(Shape{1, 4, 5}, DType::kF32);
   AttentionParams p = c.params();
-  EXPECT_NO_THROW(cuda::attention_forward(ctx, out, lse, qkv, p, {}));
+  EXPECT_NO_THROW(cuda_ops().attention_forward(out, lse, qkv, p, {}));
   Tensor bad_out = ctx.empty(Shape{1, 5, 63}, DType::kF32);
-  EXPECT_ANY_THROW(cuda::attention_forward(ctx, bad_out, lse, qkv, p, {}));
+  EXPECT_ANY_THROW(cuda_ops().attention_forward(bad_out, lse, qkv, p, {}));
   Tensor bf_out = ctx.empty(Shape{1, 5, 64}, DType::kBF16);
-  EXPECT_ANY_THROW(cuda::attention_forward(ctx, bf_out, lse, qkv, p, {}));
+  EXPECT_ANY_THROW(cuda_ops().attention_forward(bf_out, lse, qkv, p, {}));
   Tensor bad_lse = ctx.empty(Shape{1, 5, 4}, DType::kF32);
-  EXPECT_ANY_THROW(cuda::attention_forward(ctx, out, bad_lse, qkv, p, {}));
+  EXPECT_ANY_THROW(cuda_ops().attention_forward(out, bad_lse, qkv, p, {}));
   Tensor host_out = Tensor::empty(Shape{1, 5, 64}, DType::kF32);
-  EXPECT_ANY_THROW(cuda::attention_forward(ctx, host_out, lse, qkv, p, {}));
+  EXPECT_ANY_THROW(cuda_ops().attention_forward(host_out, lse, qkv, p, {}));
   Tensor bad_seg = ctx.empty(Shape{1, 4}, DType::kI32);
-  EXPECT_ANY_THROW(cuda::attention_forward(ctx, out, lse, qkv, p, bad_seg));
+  EXPECT_ANY_THROW(cuda_ops().attention_forward(out, lse, qkv, p, bad_seg));
   AttentionParams q = p;
   q.num_kv_heads = 3;
-  EXPECT_ANY_THROW(cuda::attention_forward(ctx, out, lse, qkv, q, {}));
+  EXPECT_ANY_THROW(cuda_ops().attention_forward(out, lse, qkv, q, {}));
   q = p;
   q.causal = false;
   q.window = 4;
-  EXPECT_ANY_THROW(cuda::attention_forward(ctx, out, lse, qkv, q, {}));
+  EXPECT_ANY_THROW(cuda_ops().attention_forward(out, lse, qkv, q, {}));
   q = p;
   q.dropout_p = 1.0f;
-  EXPECT_ANY_THROW(cuda::attention_forward(ctx, out, lse, qkv, q, {}));
+  EXPECT_ANY_THROW(cuda_ops().attention_forward(out, lse, qkv, q, {}));
   q = p;
   q.head_dim = 17;  // qkv's last dim no longer matches
-  EXPECT_ANY_THROW(cuda::attention_forward(ctx, out, lse, qkv, q, {}));
+  EXPECT_ANY_THROW(cuda_ops().attention_forward(out, lse, qkv, q, {}));
   Tensor dqkv = ctx.empty(qkv.shape(), DType::kBF16);
   Tensor dout = ctx.empty(Shape{1, 5, 64}, DType::kF32);
-  EXPECT_ANY_THROW(cuda::attention_backward(ctx, dqkv, dout, qkv, out, lse, p, {}));
+  EXPECT_ANY_THROW(cuda_ops().attention_backward(dqkv, dout, qkv, out, lse, p, {}));
   ctx.synchronize();
 }
 
@@ -571,26 +571,26 @@ TEST(CudaAttentionBlocks, RejectsBadArguments) {
   std::vector<Tensor> keep;
   AttentionBlock blk = device_block(in, 5, keep);
   Tensor out = ctx.empty(Shape{1, 5, 32}, DType::kF32), lse = ctx.empty(Shape{1, 2, 5}, DType::kF32);
-  EXPECT_NO_THROW(cuda::attention_block_forward(ctx, out, lse, q, kv, blk, p));
+  EXPECT_NO_THROW(cuda_ops().attention_block_forward(out, lse, q, kv, blk, p));
   AttentionBlock b2 = blk;
   b2.k_pos = keep[0];  // wrong length
-  EXPECT_ANY_THROW(cuda::attention_block_forward(ctx, out, lse, q, kv, b2, p));
+  EXPECT_ANY_THROW(cuda_ops().attention_block_forward(out, lse, q, kv, b2, p));
   const Tensor kv_bad = ctx.empty(Shape{1, 4, 33}, DType::kF32);
-  EXPECT_ANY_THROW(cuda::attention_block_forward(ctx, out, lse, q, kv_bad, blk, p));
+  EXPECT_ANY_THROW(cuda_ops().attention_block_forward(out, lse, q, kv_bad, blk, p));
   AttentionParams pd = p;
   pd.dropout_p = 0.1f;
   b2 = blk;
   b2.seq_len = 0;
-  EXPECT_ANY_THROW(cuda::attention_block_forward(ctx, out, lse, q, kv, b2, pd));
+  EXPECT_ANY_THROW(cuda_ops().attention_block_forward(out, lse, q, kv, b2, pd));
   Tensor dq_bf = ctx.empty(Shape{1, 5, 32}, DType::kBF16), dkv = ctx.empty(Shape{1, 4, 32}, DType::kF32);
-  EXPECT_ANY_THROW(cuda::attention_block_backward(ctx, dq_bf, dkv, out, q, kv, out, lse, blk, p));
+  EXPECT_ANY_THROW(cuda_ops().attention_block_backward(dq_bf, dkv, out, q, kv, out, lse, blk, p));
   Tensor lse_bad = ctx.empty(Shape{1, 2, 4}, DType::kF32);
-  EXPECT_ANY_THROW(cuda::attention_merge(ctx, out, lse, out, lse_bad));
+  EXPECT_ANY_THROW(cuda_ops().attention_merge(out, lse, out, lse_bad));
   Tensor kvp = ctx.empty(Shape{1, 5, 31}, DType::kF32);
-  EXPECT_ANY_THROW(cuda::attention_kv_pack(ctx, kvp, q, p));
+  EXPECT_ANY_THROW(cuda_ops().attention_kv_pack(kvp, q, p));
   Tensor dqkv = ctx.empty(q.shape(), DType::kF32), dq = ctx.empty(Shape{1, 5, 32}, DType::kBF16);
   Tensor dkv5 = ctx.empty(Shape{1, 5, 32}, DType::kF32);
-  EXPECT_ANY_THROW(cuda::attention_qkv_grad_unpack(ctx, dqkv, dq, dkv5, p));
+  EXPECT_ANY_THROW(cuda_ops().attention_qkv_grad_unpack(dqkv, dq, dkv5, p));
   ctx.synchronize();
 }
 

@@ -140,7 +140,7 @@ TEST(CudaCrossEntropy, BadTargetIsAnErrorBeforeAnyWork) {
     Tensor d_logits = to_device(in.logits), d_targets = to_device(in.targets), d_mask = to_device(in.mask);
     Tensor d_losses = ctx.empty({c.N}, DType::kF32);
     const std::string msg =
-        what_of([&] { cuda::cross_entropy_forward_backward(ctx, d_losses, d_logits, d_targets, c.V, d_mask, 1.0f); });
+        what_of([&] { cuda_ops().cross_entropy_forward_backward(d_losses, d_logits, d_targets, c.V, d_mask, 1.0f); });
     EXPECT_NE(msg.find("outside the vocabulary"), std::string::npos) << msg;
     EXPECT_NE(msg.find("target 217 of row 4"), std::string::npos) << msg;
     EXPECT_TRUE(same_bytes(to_host(d_logits), in.logits)) << "the logits must be untouched";
@@ -154,7 +154,7 @@ TEST(CudaCrossEntropy, BadTargetIsAnErrorBeforeAnyWork) {
     in.targets.data<int32_t>()[2] = -1;
     Tensor d_targets2 = to_device(in.targets);
     const std::string msg2 =
-        what_of([&] { cuda::cross_entropy_forward_backward(ctx, d_losses, d_logits, d_targets2, c.V, {}, 1.0f); });
+        what_of([&] { cuda_ops().cross_entropy_forward_backward(d_losses, d_logits, d_targets2, c.V, {}, 1.0f); });
     EXPECT_NE(msg2.find("target -1 of row 2"), std::string::npos) << msg2;
   }
 }
@@ -165,7 +165,7 @@ TEST(CudaCrossEntropy, ChecksArguments) {
   Tensor logits = ctx.empty({4, 10}, DType::kF32), losses = ctx.empty({4}, DType::kF32);
   Tensor targets = to_device(Tensor::zeros({4}, DType::kI32));
   auto call = [&](TensorView l, TensorView lg, TensorView t, int64_t V, TensorView m) {
-    return what_of([&] { cuda::cross_entropy_forward_backward(ctx, l, lg, t, V, m, 1.0f); });
+    return what_of([&] { cuda_ops().cross_entropy_forward_backward(l, lg, t, V, m, 1.0f); });
   };
   EXPECT_NE(call(losses, logits, targets, 11, {}).find("vocab_size"), std::string::npos);
   EXPECT_NE(call(losses, logits, targets, 0, {}).find("vocab_size"), std::string::npos);

@@ -92,15 +92,15 @@ TEST(CudaElementwise, RejectsBadArguments) {
   Tensor a = to_device(random_host({5}, DType::kF32, 1)), b = to_device(random_host({6}, DType::kF32, 2));
   Tensor h = random_host({5}, DType::kF32, 3);
   Tensor bf = to_device(random_host({5}, DType::kBF16, 4));
-  EXPECT_THROW(cuda::residual_forward(ctx(), a, a, b), Error);   // element counts differ
-  EXPECT_THROW(cuda::residual_forward(ctx(), a, a, bf), Error);  // dtypes differ
-  EXPECT_THROW(cuda::residual_forward(ctx(), a, a, h), Error);   // host tensor
-  EXPECT_THROW(cuda::gelu_forward(ctx(), a, TensorView()), Error);
-  EXPECT_THROW(cuda::bias_add_forward(ctx(), a, to_device(random_host({3}, DType::kF32, 5))), Error);
-  EXPECT_THROW(cuda::bias_backward(ctx(), to_device(random_host({2}, DType::kF32, 6)), a), Error);
+  EXPECT_THROW(cuda_ops().residual_forward(a, a, b), Error);   // element counts differ
+  EXPECT_THROW(cuda_ops().residual_forward(a, a, bf), Error);  // dtypes differ
+  EXPECT_THROW(cuda_ops().residual_forward(a, a, h), Error);   // host tensor
+  EXPECT_THROW(cuda_ops().gelu_forward(a, TensorView()), Error);
+  EXPECT_THROW(cuda_ops().bias_add_forward(a, to_device(random_host({3}, DType::kF32, 5))), Error);
+  EXPECT_THROW(cuda_ops().bias_backward(to_device(random_host({2}, DType::kF32, 6)), a), Error);
   // A bf16 dbias for f32 dout, and a bf16 bias for an f16 out, are not allowed.
-  EXPECT_THROW(cuda::bias_backward(ctx(), to_device(random_host({5}, DType::kBF16, 7)), a), Error);
-  EXPECT_THROW(cuda::bias_add_forward(ctx(), to_device(random_host({5}, DType::kF16, 8)), bf), Error);
+  EXPECT_THROW(cuda_ops().bias_backward(to_device(random_host({5}, DType::kBF16, 7)), a), Error);
+  EXPECT_THROW(cuda_ops().bias_add_forward(to_device(random_host({5}, DType::kF16, 8)), bf), Error);
 }
 
 // ---- bias add and bias gradient -----------------------------------------------------------------------
@@ -221,11 +221,11 @@ TEST(CudaGlu, RejectsBadArguments) {
   Tensor out = to_device(random_host({4, 3}, DType::kF32, 3));
   Tensor wrong = to_device(random_host({4, 4}, DType::kF32, 4));
   Tensor out_bf = to_device(random_host({4, 3}, DType::kBF16, 5));
-  EXPECT_THROW(cuda::glu_forward(ctx(), out, odd, GluKind::kSwiGLU), Error);
-  EXPECT_THROW(cuda::glu_forward(ctx(), wrong, x, GluKind::kSwiGLU), Error);
-  EXPECT_THROW(cuda::glu_forward(ctx(), out_bf, x, GluKind::kSwiGLU), Error);
-  EXPECT_THROW(cuda::glu_backward(ctx(), wrong, x, out, GluKind::kReGLU), Error);
-  EXPECT_THROW(cuda::glu_backward(ctx(), x, x, wrong, GluKind::kReGLU), Error);
+  EXPECT_THROW(cuda_ops().glu_forward(out, odd, GluKind::kSwiGLU), Error);
+  EXPECT_THROW(cuda_ops().glu_forward(wrong, x, GluKind::kSwiGLU), Error);
+  EXPECT_THROW(cuda_ops().glu_forward(out_bf, x, GluKind::kSwiGLU), Error);
+  EXPECT_THROW(cuda_ops().glu_backward(wrong, x, out, GluKind::kReGLU), Error);
+  EXPECT_THROW(cuda_ops().glu_backward(x, x, wrong, GluKind::kReGLU), Error);
 }
 
 // ---- RoPE ----------------------------------------------------------------------------------------------
@@ -350,17 +350,17 @@ TEST(CudaRope, RejectsBadArguments) {
   RopeParams r;
   r.rotary_dim = k.rd;
   Tensor x = to_device(random_host({k.B, k.T, k.row()}, DType::kF32, 81));
-  EXPECT_THROW(cuda::rope_forward(ctx(), x, cos_d, sin_d, p, r, TensorView()), Error);  // T > max_positions
+  EXPECT_THROW(cuda_ops().rope_forward(x, cos_d, sin_d, p, r, TensorView()), Error);  // T > max_positions
   const auto [cos6, sin6] = rope_tables(6, k.rd);
   const Tensor cos6_d = to_device(cos6), sin6_d = to_device(sin6);
   RopeParams odd = r;
   odd.rotary_dim = 5;
-  EXPECT_THROW(cuda::rope_forward(ctx(), x, cos6_d, sin6_d, p, odd, TensorView()), Error);
-  EXPECT_THROW(cuda::rope_forward(ctx(), x, cos6, sin6, p, r, TensorView()), Error);  // host tables
+  EXPECT_THROW(cuda_ops().rope_forward(x, cos6_d, sin6_d, p, odd, TensorView()), Error);
+  EXPECT_THROW(cuda_ops().rope_forward(x, cos6, sin6, p, r, TensorView()), Error);  // host tables
   Tensor ids_wrong = to_device(Tensor::zeros({k.B, k.T + 1}, DType::kI32));
-  EXPECT_THROW(cuda::rope_backward(ctx(), x, cos6_d, sin6_d, p, r, ids_wrong), Error);
+  EXPECT_THROW(cuda_ops().rope_backward(x, cos6_d, sin6_d, p, r, ids_wrong), Error);
   Tensor x_wrong = to_device(random_host({k.B, k.T, k.row() + 1}, DType::kF32, 82));
-  EXPECT_THROW(cuda::rope_forward(ctx(), x_wrong, cos6_d, sin6_d, p, r, TensorView()), Error);
+  EXPECT_THROW(cuda_ops().rope_forward(x_wrong, cos6_d, sin6_d, p, r, TensorView()), Error);
 }
 
 // ---- dropout -------------------------------------------------------------------------------------------
@@ -410,15 +410,15 @@ TEST(CudaDropout, RejectsBadArguments) {
   REQUIRE_GPU();
   Tensor x = to_device(random_host({16}, DType::kF32, 1)), y = to_device(random_host({16}, DType::kF32, 2));
   Tensor bf = to_device(random_host({16}, DType::kBF16, 3)), short_y = to_device(random_host({15}, DType::kF32, 4));
-  EXPECT_THROW(cuda::dropout_forward(ctx(), y, x, 1.0f, 1, 2, 0), Error);
-  EXPECT_THROW(cuda::dropout_forward(ctx(), y, x, -0.1f, 1, 2, 0), Error);
-  EXPECT_THROW(cuda::dropout_forward(ctx(), bf, x, 0.1f, 1, 2, 0), Error);
-  EXPECT_THROW(cuda::dropout_forward(ctx(), short_y, x, 0.1f, 1, 2, 0), Error);
+  EXPECT_THROW(cuda_ops().dropout_forward(y, x, 1.0f, 1, 2, 0), Error);
+  EXPECT_THROW(cuda_ops().dropout_forward(y, x, -0.1f, 1, 2, 0), Error);
+  EXPECT_THROW(cuda_ops().dropout_forward(bf, x, 0.1f, 1, 2, 0), Error);
+  EXPECT_THROW(cuda_ops().dropout_forward(short_y, x, 0.1f, 1, 2, 0), Error);
   // Partial overlap (out shifted by one element inside inp's buffer).
   Tensor big = to_device(random_host({17}, DType::kF32, 5));
   const TensorView in = big.view().slice_flat(0, {16}), out = big.view().slice_flat(1, {16});
-  EXPECT_THROW(cuda::dropout_backward(ctx(), out, in, 0.1f, 1, 2, 0), Error);
-  EXPECT_THROW(cuda::dropout_forward(ctx(), y, random_host({16}, DType::kF32, 6), 0.1f, 1, 2, 0), Error);  // host
+  EXPECT_THROW(cuda_ops().dropout_backward(out, in, 0.1f, 1, 2, 0), Error);
+  EXPECT_THROW(cuda_ops().dropout_forward(y, random_host({16}, DType::kF32, 6), 0.1f, 1, 2, 0), Error);  // host
 }
 
 }  // namespace

@@ -181,21 +181,21 @@ TEST(CudaEmbedding, BadShapesThrow) {
   const DType f = DType::kF32;
   Tensor tokens = dev(random_ids({2, 5}, 10, 1));
   Tensor wte = dev_empty({10, 8}, f), wpe = dev_empty({5, 8}, f), out = dev_empty({2, 5, 8}, f);
-  EXPECT_NO_THROW(cuda::embedding_forward(ctx(), out, tokens, wte, wpe, Tensor()));
-  EXPECT_THROW(cuda::embedding_forward(ctx(), dev_empty({2, 5, 7}, f), tokens, wte, wpe, Tensor()), Error);
-  EXPECT_THROW(cuda::embedding_forward(ctx(), out, tokens, wte, dev_empty({5, 7}, f), Tensor()), Error);
-  EXPECT_THROW(cuda::embedding_forward(ctx(), out, tokens, wte, dev_empty({4, 8}, f), Tensor()), Error);  // T > maxpos
-  EXPECT_THROW(cuda::embedding_forward(ctx(), out, dev_empty({2, 5}, f), wte, wpe, Tensor()), Error);  // f32 tokens
-  EXPECT_THROW(cuda::embedding_forward(ctx(), out, tokens, wte, wpe, dev_empty({5, 2}, DType::kI32)), Error);
-  EXPECT_THROW(cuda::embedding_forward(ctx(), dev_empty({2, 5, 8}, DType::kBF16), tokens, wte, wpe, Tensor()), Error);
-  EXPECT_THROW(cuda::embedding_forward(ctx(), out, Tensor::empty({2, 5}, DType::kI32), wte, wpe, Tensor()), Error);
-  EXPECT_THROW(cuda::embedding_backward(ctx(), wte, wpe, dev_empty({2, 5, 9}, f), tokens, Tensor()), Error);
-  EXPECT_THROW(cuda::embedding_backward(ctx(), dev_empty({10, 8}, DType::kBF16), wpe,
-                                        dev_empty({2, 5, 8}, DType::kF16), tokens, Tensor()),
+  EXPECT_NO_THROW(cuda_ops().embedding_forward(out, tokens, wte, wpe, Tensor()));
+  EXPECT_THROW(cuda_ops().embedding_forward(dev_empty({2, 5, 7}, f), tokens, wte, wpe, Tensor()), Error);
+  EXPECT_THROW(cuda_ops().embedding_forward(out, tokens, wte, dev_empty({5, 7}, f), Tensor()), Error);
+  EXPECT_THROW(cuda_ops().embedding_forward(out, tokens, wte, dev_empty({4, 8}, f), Tensor()), Error);  // T > maxpos
+  EXPECT_THROW(cuda_ops().embedding_forward(out, dev_empty({2, 5}, f), wte, wpe, Tensor()), Error);  // f32 tokens
+  EXPECT_THROW(cuda_ops().embedding_forward(out, tokens, wte, wpe, dev_empty({5, 2}, DType::kI32)), Error);
+  EXPECT_THROW(cuda_ops().embedding_forward(dev_empty({2, 5, 8}, DType::kBF16), tokens, wte, wpe, Tensor()), Error);
+  EXPECT_THROW(cuda_ops().embedding_forward(out, Tensor::empty({2, 5}, DType::kI32), wte, wpe, Tensor()), Error);
+  EXPECT_THROW(cuda_ops().embedding_backward(wte, wpe, dev_empty({2, 5, 9}, f), tokens, Tensor()), Error);
+  EXPECT_THROW(cuda_ops().embedding_backward(dev_empty({10, 8}, DType::kBF16), wpe,
+                                            dev_empty({2, 5, 8}, DType::kF16), tokens, Tensor()),
                Error);  // gradient neither f32 nor the compute dtype
   // With position ids, maxpos may be shorter than T (the ids are checked on the device instead).
   Tensor ids = dev(random_ids({2, 5}, 3, 2));
-  EXPECT_NO_THROW(cuda::embedding_forward(ctx(), out, tokens, wte, dev_empty({3, 8}, f), ids));
+  EXPECT_NO_THROW(cuda_ops().embedding_forward(out, tokens, wte, dev_empty({3, 8}, f), ids));
   EXPECT_FALSE(cuda::embedding_take_error(ctx()));
 }
 

@@ -2,8 +2,9 @@
 // old amax), dequantise (all 256 codes of both formats into f32/bf16/f16), the delayed-scaling update (amax
 // 0, inf, NaN, tiny amaxes whose scale overflows, history roll), all bit-identical to the CPU (two NaNs count
 // as equal: their payloads are not part of the contract); fp8_gemm for both formats, out dtypes, f32 and
-// 16-bit biases, accumulate, on shapes that take cuBLASLt's FP8 path (K, N multiples of 16) and shapes that
-// take the dequantise fallback; transpose for 1-, 2- and 4-byte elements. Aligned and unaligned views.
+// 16-bit biases (out's dtype or another), accumulate, on shapes that take cuBLASLt's FP8 path (K, N multiples
+// of 16) and shapes that take the dequantise fallback; transpose for 1-, 2- and 4-byte elements. Aligned and
+// unaligned views.
 // Skips without a visible GPU.
 #include <gtest/gtest.h>
 
@@ -202,11 +203,11 @@ TEST(CudaFp8, UpdateScalingRejectsBadArguments) {
   const Device dev = ctx.device();
   Tensor hist = to_device(Tensor::zeros({2, 3}, DType::kF32));
   Tensor s = Tensor::empty({3}, DType::kF32, dev), si = Tensor::empty({3}, DType::kF32, dev);
-  EXPECT_ANY_THROW(cuda::fp8_update_scaling(ctx, hist, s, si, 448.0f, -1, true));
-  EXPECT_ANY_THROW(cuda::fp8_update_scaling(ctx, hist, s, si, 0.0f, 0, true));
-  EXPECT_ANY_THROW(cuda::fp8_update_scaling(ctx, hist, Tensor::empty({2}, DType::kF32, dev), si, 448.0f, 0, true));
-  EXPECT_ANY_THROW(cuda::fp8_update_scaling(ctx, hist, Tensor::empty({3}, DType::kF32), si, 448.0f, 0, true));
-  EXPECT_ANY_THROW(cuda::fp8_update_scaling(ctx, Tensor::empty({6}, DType::kF32, dev), s, si, 448.0f, 0, true));
+  EXPECT_ANY_THROW(cuda_ops().fp8_update_scaling(hist, s, si, 448.0f, -1, true));
+  EXPECT_ANY_THROW(cuda_ops().fp8_update_scaling(hist, s, si, 0.0f, 0, true));
+  EXPECT_ANY_THROW(cuda_ops().fp8_update_scaling(hist, Tensor::empty({2}, DType::kF32, dev), si, 448.0f, 0, true));
+  EXPECT_ANY_THROW(cuda_ops().fp8_update_scaling(hist, Tensor::empty({3}, DType::kF32), si, 448.0f, 0, true));
+  EXPECT_ANY_THROW(cuda_ops().fp8_update_scaling(Tensor::empty({6}, DType::kF32, dev), s, si, 448.0f, 0, true));
 }
 
 // ---- fp8_gemm ------------------------------------------------------------------------------------------------
@@ -228,9 +229,10 @@ TEST(CudaFp8, GemmMatchesCpu) {
   uint64_t seed = 3000;
   for (const auto& [a_dt, b_dt] : formats)
     for (DType out_dt : {DType::kF32, DType::kBF16, DType::kF16})
-      for (int bias_mode = 0; bias_mode < 3; ++bias_mode) {  // none, f32, out's dtype
+      for (int bias_mode = 0; bias_mode < 4; ++bias_mode) {  // none, f32, out's dtype, another 16-bit dtype
         if (bias_mode == 2 && out_dt == DType::kF32) continue;
-        const DType bias_dt = bias_mode == 2 ? out_dt : DType::kF32;
+        const DType other16 = out_dt == DType::kBF16 ? DType::kF16 : DType::kBF16;  // nn::Fp8Gemm: bf16 bias, f32 out
+        const DType bias_dt = bias_mode == 3 ? other16 : bias_mode == 2 ? out_dt : DType::kF32;
         for (bool accumulate : {false, true})
           for (const GemmCase& c : cases) {
             // Operands quantised on the CPU from [-1, 1) with power-of-two scales (scale_inv exact).
@@ -337,14 +339,14 @@ TEST(CudaFp8, GemmRejectsBadArguments) {
   Tensor a4 = Tensor::empty({4, 16}, DType::kF8E4M3, dev), b4 = Tensor::empty({8, 16}, DType::kF8E4M3, dev);
   Tensor a5 = Tensor::empty({4, 16}, DType::kF8E5M2, dev), b5 = Tensor::empty({8, 16}, DType::kF8E5M2, dev);
   Tensor si = to_device(host_scalar(1.0f)), out = Tensor::empty({4, 8}, DType::kF32, dev);
-  EXPECT_ANY_THROW(cuda::fp8_gemm(ctx, out, a5, si, b5, si, TensorView(), false));  // E5M2 x E5M2
-  EXPECT_ANY_THROW(cuda::fp8_gemm(ctx, out, Tensor::empty({4, 16}, DType::kBF16, dev), si, b4, si, TensorView(), false));
-  EXPECT_ANY_THROW(cuda::fp8_gemm(ctx, out, Tensor::empty({4, 15}, DType::kF8E4M3, dev), si, b4, si, TensorView(), false));
-  EXPECT_ANY_THROW(cuda::fp8_gemm(ctx, Tensor::empty({4, 7}, DType::kF32, dev), a4, si, b4, si, TensorView(), false));
-  EXPECT_ANY_THROW(cuda::fp8_gemm(ctx, out, a4, si, b4, si, Tensor::empty({7}, DType::kF32, dev), false));
-  EXPECT_ANY_THROW(cuda::fp8_gemm(ctx, out, a4, si, b4, si, Tensor::empty({8}, DType::kBF16, dev), false));
-  EXPECT_ANY_THROW(cuda::fp8_gemm(ctx, out, a4, host_scalar(1.0f), b4, si, TensorView(), false));  // host scale
-  EXPECT_ANY_THROW(cuda::fp8_gemm(ctx, Tensor::empty({4, 8}, DType::kF8E4M3, dev), a4, si, b4, si, TensorView(), false));
+  EXPECT_ANY_THROW(cuda_ops().fp8_gemm(out, a5, si, b5, si, TensorView(), false));  // E5M2 x E5M2
+  EXPECT_ANY_THROW(cuda_ops().fp8_gemm(out, Tensor::empty({4, 16}, DType::kBF16, dev), si, b4, si, TensorView(), false));
+  EXPECT_ANY_THROW(cuda_ops().fp8_gemm(out, Tensor::empty({4, 15}, DType::kF8E4M3, dev), si, b4, si, TensorView(), false));
+  EXPECT_ANY_THROW(cuda_ops().fp8_gemm(Tensor::empty({4, 7}, DType::kF32, dev), a4, si, b4, si, TensorView(), false));
+  EXPECT_ANY_THROW(cuda_ops().fp8_gemm(out, a4, si, b4, si, Tensor::empty({7}, DType::kF32, dev), false));
+  EXPECT_ANY_THROW(cuda_ops().fp8_gemm(out, a4, si, b4, si, Tensor::empty({8}, DType::kF8E4M3, dev), false));
+  EXPECT_ANY_THROW(cuda_ops().fp8_gemm(out, a4, host_scalar(1.0f), b4, si, TensorView(), false));  // host scale
+  EXPECT_ANY_THROW(cuda_ops().fp8_gemm(Tensor::empty({4, 8}, DType::kF8E4M3, dev), a4, si, b4, si, TensorView(), false));
 }
 
 // ---- transpose ---------------------------------------------------------------------------------------------
@@ -375,11 +377,11 @@ TEST(CudaFp8, TransposeAllElementSizes) {
   cuda::transpose(ctx, d_out, in_v.view);
   EXPECT_TRUE(same_bytes(to_host(d_out), ref)) << "transpose i32 (unaligned input)";
 
-  EXPECT_ANY_THROW(cuda::transpose(ctx, Tensor::empty({5, 4}, DType::kF32, ctx.device()),
+  EXPECT_ANY_THROW(cuda_ops().transpose(Tensor::empty({5, 4}, DType::kF32, ctx.device()),
                                    Tensor::empty({5, 4}, DType::kF32, ctx.device())));
-  EXPECT_ANY_THROW(cuda::transpose(ctx, Tensor::empty({4, 5}, DType::kBF16, ctx.device()),
+  EXPECT_ANY_THROW(cuda_ops().transpose(Tensor::empty({4, 5}, DType::kBF16, ctx.device()),
                                    Tensor::empty({5, 4}, DType::kF32, ctx.device())));
-  EXPECT_ANY_THROW(cuda::transpose(ctx, Tensor::empty({4, 5}, DType::kI64, ctx.device()),
+  EXPECT_ANY_THROW(cuda_ops().transpose(Tensor::empty({4, 5}, DType::kI64, ctx.device()),
                                    Tensor::empty({5, 4}, DType::kI64, ctx.device())));
 }
 

@@ -271,25 +271,25 @@ TEST(CudaMatmul, RejectsBadArguments) {
   const Device dev = ctx.device();
   Tensor inp = Tensor::empty({5, 8}, DType::kBF16, dev), w = Tensor::empty({6, 8}, DType::kBF16, dev);
   Tensor out = Tensor::empty({5, 6}, DType::kBF16, dev);
-  EXPECT_ANY_THROW(cuda::matmul_forward(ctx, out, inp, Tensor::empty({48}, DType::kBF16, dev), TensorView()));
-  EXPECT_ANY_THROW(cuda::matmul_forward(ctx, out, Tensor::empty({5, 7}, DType::kBF16, dev), w, TensorView()));
-  EXPECT_ANY_THROW(cuda::matmul_forward(ctx, Tensor::empty({5, 7}, DType::kBF16, dev), inp, w, TensorView()));
-  EXPECT_ANY_THROW(cuda::matmul_forward(ctx, out, inp, Tensor::empty({6, 8}, DType::kF32, dev), TensorView()));
-  EXPECT_ANY_THROW(cuda::matmul_forward(ctx, Tensor::empty({5, 6}, DType::kF16, dev), inp, w, TensorView()));
-  EXPECT_ANY_THROW(cuda::matmul_forward(ctx, out, inp, w, Tensor::empty({7}, DType::kBF16, dev)));
-  EXPECT_ANY_THROW(cuda::matmul_forward(ctx, out, inp, w, Tensor::empty({6}, DType::kF16, dev)));
-  EXPECT_ANY_THROW(cuda::matmul_forward(ctx, out, Tensor::empty({5, 8}, DType::kBF16), w, TensorView()));  // host
-  EXPECT_ANY_THROW(cuda::matmul_forward(ctx, out, TensorView(), w, TensorView()));
+  EXPECT_ANY_THROW(cuda_ops().matmul_forward(out, inp, Tensor::empty({48}, DType::kBF16, dev), TensorView()));
+  EXPECT_ANY_THROW(cuda_ops().matmul_forward(out, Tensor::empty({5, 7}, DType::kBF16, dev), w, TensorView()));
+  EXPECT_ANY_THROW(cuda_ops().matmul_forward(Tensor::empty({5, 7}, DType::kBF16, dev), inp, w, TensorView()));
+  EXPECT_ANY_THROW(cuda_ops().matmul_forward(out, inp, Tensor::empty({6, 8}, DType::kF32, dev), TensorView()));
+  EXPECT_ANY_THROW(cuda_ops().matmul_forward(Tensor::empty({5, 6}, DType::kF16, dev), inp, w, TensorView()));
+  EXPECT_ANY_THROW(cuda_ops().matmul_forward(out, inp, w, Tensor::empty({7}, DType::kBF16, dev)));
+  EXPECT_ANY_THROW(cuda_ops().matmul_forward(out, inp, w, Tensor::empty({6}, DType::kF16, dev)));
+  EXPECT_ANY_THROW(cuda_ops().matmul_forward(out, Tensor::empty({5, 8}, DType::kBF16), w, TensorView()));  // host
+  EXPECT_ANY_THROW(cuda_ops().matmul_forward(out, TensorView(), w, TensorView()));
   Tensor dout = Tensor::empty({5, 6}, DType::kBF16, dev);
-  EXPECT_ANY_THROW(cuda::matmul_backward(ctx, TensorView(), Tensor::empty({6, 7}, DType::kF32, dev), TensorView(),
+  EXPECT_ANY_THROW(cuda_ops().matmul_backward(TensorView(), Tensor::empty({6, 7}, DType::kF32, dev), TensorView(),
                                          dout, inp, w));
-  EXPECT_ANY_THROW(cuda::matmul_backward(ctx, Tensor::empty({5, 7}, DType::kF32, dev), TensorView(), TensorView(),
+  EXPECT_ANY_THROW(cuda_ops().matmul_backward(Tensor::empty({5, 7}, DType::kF32, dev), TensorView(), TensorView(),
                                          dout, inp, w));
-  EXPECT_ANY_THROW(cuda::matmul_backward(ctx, TensorView(), TensorView(), Tensor::empty({7}, DType::kF32, dev),
+  EXPECT_ANY_THROW(cuda_ops().matmul_backward(TensorView(), TensorView(), Tensor::empty({7}, DType::kF32, dev),
                                          dout, inp, w));
-  EXPECT_ANY_THROW(cuda::matmul_backward(ctx, TensorView(), Tensor::empty({6, 8}, DType::kF32, dev), TensorView(),
+  EXPECT_ANY_THROW(cuda_ops().matmul_backward(TensorView(), Tensor::empty({6, 8}, DType::kF32, dev), TensorView(),
                                          dout, TensorView(), w));  // dweight needs inp
-  EXPECT_ANY_THROW(cuda::matmul_backward(ctx, TensorView(), TensorView(), Tensor::empty({6}, DType::kF16, dev),
+  EXPECT_ANY_THROW(cuda_ops().matmul_backward(TensorView(), TensorView(), Tensor::empty({6}, DType::kF16, dev),
                                          dout, inp, w));
 }
 

@@ -303,24 +303,24 @@ TEST(CudaNorm, BadArgumentsThrow) {
   Tensor w_bad = dev_empty({7}, f), out_bad = dev_empty({5, 7}, f), stats_bad = dev_empty({4}, f);
   Tensor x_bf = dev_empty({5, 8}, DType::kBF16), x_i32 = dev_empty({5, 8}, DType::kI32);
   Tensor host_x = Tensor::empty({5, 8}, f);
-  EXPECT_THROW(cuda::layernorm_forward(ctx(), out, mean, rstd, x, w_bad, b, kEps), Error);
-  EXPECT_THROW(cuda::layernorm_forward(ctx(), out_bad, mean, rstd, x, w, b, kEps), Error);
-  EXPECT_THROW(cuda::layernorm_forward(ctx(), out, stats_bad, rstd, x, w, b, kEps), Error);
-  EXPECT_THROW(cuda::layernorm_forward(ctx(), out, mean, rstd, x_bf, w, b, kEps), Error);  // mixed dtypes
-  EXPECT_THROW(cuda::layernorm_forward(ctx(), out, mean, rstd, x_i32, w, b, kEps), Error);
-  EXPECT_THROW(cuda::layernorm_forward(ctx(), out, mean, rstd, host_x, w, b, kEps), Error);  // not on the device
-  EXPECT_THROW(cuda::layernorm_forward(ctx(), out, mean, rstd, x, Tensor(), b, kEps), Error);  // weight required
-  EXPECT_THROW(cuda::layernorm_backward(ctx(), x, w, b, out, x, w, Tensor(), rstd), Error);  // mean required
-  EXPECT_THROW(cuda::layernorm_backward(ctx(), x, w_bad, b, out, x, w, mean, rstd), Error);
-  EXPECT_THROW(cuda::layernorm_backward(ctx(), out_bad, w, b, out, x, w, mean, rstd), Error);
-  EXPECT_THROW(cuda::residual_layernorm_forward(ctx(), x, out, mean, rstd, out_bad, x, w, b, kEps), Error);
-  EXPECT_THROW(cuda::rmsnorm_forward(ctx(), out, stats_bad, x, w, kEps), Error);
-  EXPECT_THROW(cuda::rmsnorm_backward(ctx(), x, w, out, x, w, Tensor()), Error);  // rstd required
-  EXPECT_THROW(cuda::rmsnorm_backward(ctx(), x, dev_empty({8}, DType::kF16), out, x, w, rstd), Error);
-  EXPECT_THROW(cuda::residual_rmsnorm_forward(ctx(), x, out, rstd, x, x_bf, w, kEps), Error);
+  EXPECT_THROW(cuda_ops().layernorm_forward(out, mean, rstd, x, w_bad, b, kEps), Error);
+  EXPECT_THROW(cuda_ops().layernorm_forward(out_bad, mean, rstd, x, w, b, kEps), Error);
+  EXPECT_THROW(cuda_ops().layernorm_forward(out, stats_bad, rstd, x, w, b, kEps), Error);
+  EXPECT_THROW(cuda_ops().layernorm_forward(out, mean, rstd, x_bf, w, b, kEps), Error);  // mixed dtypes
+  EXPECT_THROW(cuda_ops().layernorm_forward(out, mean, rstd, x_i32, w, b, kEps), Error);
+  EXPECT_THROW(cuda_ops().layernorm_forward(out, mean, rstd, host_x, w, b, kEps), Error);  // not on the device
+  EXPECT_THROW(cuda_ops().layernorm_forward(out, mean, rstd, x, Tensor(), b, kEps), Error);  // weight required
+  EXPECT_THROW(cuda_ops().layernorm_backward(x, w, b, out, x, w, Tensor(), rstd), Error);  // mean required
+  EXPECT_THROW(cuda_ops().layernorm_backward(x, w_bad, b, out, x, w, mean, rstd), Error);
+  EXPECT_THROW(cuda_ops().layernorm_backward(out_bad, w, b, out, x, w, mean, rstd), Error);
+  EXPECT_THROW(cuda_ops().residual_layernorm_forward(x, out, mean, rstd, out_bad, x, w, b, kEps), Error);
+  EXPECT_THROW(cuda_ops().rmsnorm_forward(out, stats_bad, x, w, kEps), Error);
+  EXPECT_THROW(cuda_ops().rmsnorm_backward(x, w, out, x, w, Tensor()), Error);  // rstd required
+  EXPECT_THROW(cuda_ops().rmsnorm_backward(x, dev_empty({8}, DType::kF16), out, x, w, rstd), Error);
+  EXPECT_THROW(cuda_ops().residual_rmsnorm_forward(x, out, rstd, x, x_bf, w, kEps), Error);
   // Valid calls with nothing to do return quietly.
-  EXPECT_NO_THROW(cuda::layernorm_backward(ctx(), Tensor(), Tensor(), Tensor(), out, x, w, mean, rstd));
-  EXPECT_NO_THROW(cuda::rmsnorm_forward(ctx(), dev_empty({0, 8}, f), Tensor(), dev_empty({0, 8}, f), w, kEps));
+  EXPECT_NO_THROW(cuda_ops().layernorm_backward(Tensor(), Tensor(), Tensor(), out, x, w, mean, rstd));
+  EXPECT_NO_THROW(cuda_ops().rmsnorm_forward(dev_empty({0, 8}, f), Tensor(), dev_empty({0, 8}, f), w, kEps));
 }
 
 }  // namespace

@@ -127,13 +127,13 @@ TEST(CudaOptimizer, AdamWIsDeterministicAndChecksArguments) {
   EXPECT_TRUE(same_bytes(out[0], out[1]));
   Tensor p = to_device(hp), g = to_device(hg), m = to_device(hz), v = to_device(hz);
   Tensor short_v = ctx.empty({n - 1}, DType::kF32), bf = ctx.empty({n}, DType::kBF16);
-  EXPECT_NE(what_of([&] { cuda::adamw_update(ctx, p, g, m, short_v, a); }).find("exp_avg_sq"), std::string::npos);
-  EXPECT_NE(what_of([&] { cuda::adamw_update(ctx, p, bf, m, v, a); }).find("f32"), std::string::npos);
+  EXPECT_NE(what_of([&] { cuda_ops().adamw_update(p, g, m, short_v, a); }).find("exp_avg_sq"), std::string::npos);
+  EXPECT_NE(what_of([&] { cuda_ops().adamw_update(p, bf, m, v, a); }).find("f32"), std::string::npos);
   AdamWParams bad = a;
   bad.step = 0;
-  EXPECT_NE(what_of([&] { cuda::adamw_update(ctx, p, g, m, v, bad); }).find("1-based"), std::string::npos);
+  EXPECT_NE(what_of([&] { cuda_ops().adamw_update(p, g, m, v, bad); }).find("1-based"), std::string::npos);
   Tensor host_p = host_clone(hp);
-  EXPECT_NE(what_of([&] { cuda::adamw_update(ctx, host_p, g, m, v, a); }), "no exception");
+  EXPECT_NE(what_of([&] { cuda_ops().adamw_update(host_p, g, m, v, a); }), "no exception");
 }
 
 // ---- sum_squares ---------------------------------------------------------------------------------------
@@ -164,7 +164,7 @@ TEST(CudaOptimizer, SumSquaresMatchesCpuAndIsDeterministic) {
   h.data<float>()[2] = 0.5f;
   EXPECT_EQ(cuda::sum_squares(ctx, to_device(h)), 5.25);
   EXPECT_EQ(cuda::sum_squares(ctx, ctx.empty({0}, DType::kF32)), 0.0);
-  EXPECT_NE(what_of([&] { cuda::sum_squares(ctx, ctx.empty({4}, DType::kI32)); }), "no exception");
+  EXPECT_NE(what_of([&] { cuda_ops().sum_squares(ctx.empty({4}, DType::kI32)); }), "no exception");
 }
 
 // ---- has_inf_or_nan ------------------------------------------------------------------------------------
@@ -352,11 +352,11 @@ TEST(CudaOptimizer, CastChecksArguments) {
   REQUIRE_GPU();
   auto& ctx = cuda_ctx();
   Tensor a = ctx.empty({4}, DType::kF32), b = ctx.empty({5}, DType::kBF16), i32 = ctx.empty({4}, DType::kI32);
-  EXPECT_NE(what_of([&] { cuda::cast(ctx, b, a); }).find("elements"), std::string::npos);
-  EXPECT_NE(what_of([&] { cuda::cast(ctx, i32, a); }), "no exception");
-  EXPECT_NE(what_of([&] { cuda::cast(ctx, a, i32); }), "no exception");
+  EXPECT_NE(what_of([&] { cuda_ops().cast(b, a); }).find("elements"), std::string::npos);
+  EXPECT_NE(what_of([&] { cuda_ops().cast(i32, a); }), "no exception");
+  EXPECT_NE(what_of([&] { cuda_ops().cast(a, i32); }), "no exception");
   Tensor host = Tensor::empty({4}, DType::kF32);
-  EXPECT_NE(what_of([&] { cuda::cast(ctx, a, host); }), "no exception");
+  EXPECT_NE(what_of([&] { cuda_ops().cast(a, host); }), "no exception");
   // Empty tensors are a no-op.
   cuda::cast(ctx, ctx.empty({0}, DType::kF16), ctx.empty({0}, DType::kF8E4M3));
 }
