@@ -43,7 +43,8 @@ GPTModel::GPTModel(const GPTConfig& cfg, const DeviceContext& ctx, const ModelOp
       fp8_->bwd = std::make_unique<Fp8ScalingGroup>(ctx, opts_.fp8->backward_dtype(), sites, *opts_.fp8);
       auto add = [&](auto& linear) {
         const int s = int(fp8_->sites.size());
-        linear.enable_fp8(ctx, fp8_->fwd.get(), 2 * s, 2 * s + 1, fp8_->bwd.get(), s, opts_.fp8->wgrad);
+        linear.enable_fp8(ctx, linear.weight().shape, fp8_->fwd.get(), 2 * s, 2 * s + 1, fp8_->bwd.get(), s,
+                          opts_.fp8->wgrad);
         fp8_->sites.push_back({linear.name(), linear.fp8()});
       };
       for (const auto& L : layers_) {

@@ -55,6 +55,12 @@ TensorView reduce_or_scatter_from_tp_backward(const TpRegion& r, TensorView dful
   return dfull;
 }
 
+void Fp8GemmOwner::enable_fp8(const DeviceContext& ctx, const Shape& weight_shape, const Fp8ScalingGroup* fwd,
+                              int input_slot, int weight_slot, const Fp8ScalingGroup* bwd, int grad_slot, bool wgrad) {
+  fp8_.emplace(fwd, input_slot, weight_slot, bwd, grad_slot, wgrad);
+  fp8_->reserve(ctx, weight_shape);
+}
+
 // ---- ColumnParallelLinear ---------------------------------------------------------------------------
 
 ColumnParallelLinear::ColumnParallelLinear(ParameterSet& ps, const std::string& prefix, int64_t in_features,
@@ -84,12 +90,6 @@ void ColumnParallelLinear::backward(const DeviceContext& ctx, TensorView dinput,
   const TensorView dx = region_.sequence_parallel ? dgathered : dinput;
   gemm_backward(ctx, fp8_, dx, *weight_, bias_ ? bias_->grad.view() : TensorView(), dout, x);
   copy_or_gather_to_tp_backward(region_, dinput, dgathered);
-}
-
-void ColumnParallelLinear::enable_fp8(const DeviceContext& ctx, const Fp8ScalingGroup* fwd, int input_slot,
-                                      int weight_slot, const Fp8ScalingGroup* bwd, int grad_slot, bool wgrad) {
-  fp8_.emplace(fwd, input_slot, weight_slot, bwd, grad_slot, wgrad);
-  fp8_->reserve(ctx, weight_->shape);
 }
 
 // ---- RowParallelLinear ------------------------------------------------------------------------------
@@ -145,12 +145,6 @@ void RowParallelLinear::backward(const DeviceContext& ctx, TensorView dinput, Te
   if (epilogue.active) epilogue.backward(rows, rows);
   gemm_backward(ctx, fp8_, dinput, linear_.weight(), TensorView(), rows, input);
   if (b) ctx.ops().bias_backward(b->grad, rows.slice_flat(int64_t(region_.rank()) * Nl * C, {Nl, C}));
-}
-
-void RowParallelLinear::enable_fp8(const DeviceContext& ctx, const Fp8ScalingGroup* fwd, int input_slot,
-                                   int weight_slot, const Fp8ScalingGroup* bwd, int grad_slot, bool wgrad) {
-  fp8_.emplace(fwd, input_slot, weight_slot, bwd, grad_slot, wgrad);
-  fp8_->reserve(ctx, linear_.weight().shape);
 }
 
 }  // namespace loom

@@ -120,6 +120,15 @@ bool saves_model_piece(const ParallelState& ps, const Parameter& p) {
   return ps.dp_rank() == 0 && ps.cp_rank() == 0;
 }
 
+// The piece of optimizer-owned state `s` (its flat range of the parameter's box) under `name`.
+TensorPiece state_piece(const StateShard& s, const std::string& name, TensorView v) {
+  TensorPiece t = param_box(*s.param, name);
+  t.flat_begin = s.begin;
+  t.flat_end = s.end;
+  t.data = v;
+  return t;
+}
+
 // Checkpoint pieces are written from and read into host memory: a device-resident piece is replaced by a
 // host tensor (kept alive by `holder`), filled from the device when `fill` (saving).
 std::vector<size_t> stage_on_host(const DeviceContext& ctx, std::vector<TensorPiece>& pieces,
@@ -200,13 +209,7 @@ void CheckpointManager::save() {
   for (const StateShard& s : run_.dopt->state_shards()) {
     const Parameter& p = *s.param;
     if (p.tied_embedding_copy || (p.shard.empty() && run_.ps->tp_rank() != 0) || !owner_saves) continue;
-    auto add = [&](const std::string& name, TensorView v) {
-      TensorPiece t = param_box(p, name);
-      t.flat_begin = s.begin;
-      t.flat_end = s.end;
-      t.data = v;
-      pieces.push_back(std::move(t));
-    };
+    auto add = [&](const std::string& name, TensorView v) { pieces.push_back(state_piece(s, name, v)); };
     if (from_masters) add(p.name, s.master);
     if (!cfg.checkpoint.no_save_optim) {
       add("optimizer.exp_avg." + p.name, s.exp_avg);
@@ -256,13 +259,7 @@ void CheckpointManager::load_pieces(const ShardedCheckpoint& ck, bool load_optim
     }
   for (const StateShard& s : run_.dopt->state_shards()) {
     const Parameter& p = *s.param;
-    auto add = [&](const std::string& name, TensorView v) {
-      TensorPiece t = param_box(p, name);
-      t.flat_begin = s.begin;
-      t.flat_end = s.end;
-      t.data = v;
-      targets.push_back(std::move(t));
-    };
+    auto add = [&](const std::string& name, TensorView v) { targets.push_back(state_piece(s, name, v)); };
     // The masters (views of the weights or a shard of their own): filled from the same saved tensor.
     if (s.master.defined()) add(p.name, s.master);
     if (load_optim) {

@@ -55,7 +55,20 @@ struct RowEpilogue {
   std::function<void(TensorView out, TensorView inp)> forward, backward;
 };
 
-class ColumnParallelLinear {
+// What both parallel linears share: the optional FP8 GEMM they own.
+class Fp8GemmOwner {
+ public:
+  // FP8 (delayed scaling): this layer's GEMM quantises its input and weight with slots of `fwd`, its
+  // output gradient with a slot of `bwd`; the weight cache (for `weight_shape`) is allocated here.
+  void enable_fp8(const DeviceContext& ctx, const Shape& weight_shape, const Fp8ScalingGroup* fwd, int input_slot,
+                  int weight_slot, const Fp8ScalingGroup* bwd, int grad_slot, bool wgrad);
+  Fp8Gemm* fp8() { return fp8_ ? &*fp8_ : nullptr; }
+
+ protected:
+  std::optional<Fp8Gemm> fp8_;
+};
+
+class ColumnParallelLinear : public Fp8GemmOwner {
  public:
   // (out_features, in_features) global; this rank holds the output rows `shard` (several ranges for a
   // gated fc1: its gate rows and its up rows). Whole at TP = 1.
@@ -74,21 +87,15 @@ class ColumnParallelLinear {
   Parameter& weight() const { return *weight_; }
   Parameter* bias() const { return bias_; }
   const std::string& name() const { return name_; }
-  // FP8 (delayed scaling): this layer's GEMM quantises its input and weight with slots of `fwd`, its
-  // output gradient with a slot of `bwd`; the weight cache is allocated here.
-  void enable_fp8(const DeviceContext& ctx, const Fp8ScalingGroup* fwd, int input_slot, int weight_slot,
-                  const Fp8ScalingGroup* bwd, int grad_slot, bool wgrad);
-  Fp8Gemm* fp8() { return fp8_ ? &*fp8_ : nullptr; }
 
  private:
   std::string name_;
   TpRegion region_;
   Parameter* weight_ = nullptr;
   Parameter* bias_ = nullptr;
-  std::optional<Fp8Gemm> fp8_;
 };
 
-class RowParallelLinear {
+class RowParallelLinear : public Fp8GemmOwner {
  public:
   // (out_features, in_features) global; this rank holds the input columns `shard`; the bias is whole
   // (sequence-parallel under SP: each rank's gradient covers its own token rows).
@@ -108,15 +115,11 @@ class RowParallelLinear {
   Parameter* bias() const { return linear_.bias(); }
   bool sequence_parallel() const { return region_.sequence_parallel; }
   const std::string& name() const { return name_; }
-  void enable_fp8(const DeviceContext& ctx, const Fp8ScalingGroup* fwd, int input_slot, int weight_slot,
-                  const Fp8ScalingGroup* bwd, int grad_slot, bool wgrad);
-  Fp8Gemm* fp8() { return fp8_ ? &*fp8_ : nullptr; }
 
  private:
   std::string name_;
   TpRegion region_;
   Linear linear_;
-  std::optional<Fp8Gemm> fp8_;
 };
 
 }  // namespace loom
