@@ -320,7 +320,15 @@ void CheckpointManager::load() {
   const std::string dir = latest->dir;
   log_ << " loading checkpoint from " << cfg.checkpoint.load << " at iteration " << latest->iteration << "\n";
   const std::string meta_path = dir + "/metadata.json";
-  const json meta = read_json_file(meta_path, "checkpoint metadata");
+  // One reader of the checkpoint (any layout, either format): its metadata and every shard's index, read
+  // before anything is changed.
+  const ShardedCheckpoint ck = ShardedCheckpoint::open(dir);
+  json meta;
+  try {
+    meta = json::parse(ck.metadata_json());
+  } catch (const json::exception& e) {
+    user_error("checkpoint metadata ", meta_path, " is not valid JSON: ", e.what());
+  }
   if (get_field<std::string>(meta, "format", meta_path) != kFormat)
     user_error(meta_path, " is not a Loom checkpoint (format ", meta["format"].dump(), ")");
   const int version = get_field<int>(meta, "format_version", meta_path);
@@ -342,7 +350,7 @@ void CheckpointManager::load() {
                "to resume with a fresh optimizer, or --finetune");
   // Every Loom checkpoint (any layout, or the single-file format of Loom 0.1.0) through the resharding
   // reader: weights, the FP8 state, and the Adam moments when load_optim.
-  load_pieces(ShardedCheckpoint::open(dir), load_optim);
+  load_pieces(ck, load_optim);
 
   if (cfg.checkpoint.finetune) {
     log_ << " > --finetune: loaded the weights only; starting at iteration 0\n"
