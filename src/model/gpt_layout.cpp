@@ -202,19 +202,9 @@ GPTModel::Declared GPTModel::declare_parameters(ParameterSet& ps, const GPTConfi
             "output_layer", d.tied_copy ? *d.tied_copy : d.embedding->word_embeddings(), region);
     });
   }
-  // Gradients that are partial sums over the TP group (summed there before the optimizer, see
-  // Parameter::sequence_parallel): with SP the norms see this rank's token shard only (the row-parallel
-  // biases too: RowParallelLinear marks its own); with TP the qk-norms see this rank's heads only.
-  for (size_t i = 0; i < ps.all().size(); ++i) {
-    Parameter& p = ps.all()[i];
-    const std::string& n = p.name;
-    auto has = [&](const char* s) { return n.find(s) != std::string::npos; };
-    const bool qk = has("q_layernorm") || has("k_layernorm");
-    if (tp > 1 && qk) p.sequence_parallel = true;
-    if (mp.sequence_parallel && !qk &&
-        (has("input_layernorm.") || has("pre_mlp_layernorm.") || has("final_layernorm.")))
-      p.sequence_parallel = true;
-  }
+  // The final norm sees this rank's token shard only under SP (the layers mark their own norms).
+  if (d.final_ln && mp.sequence_parallel)
+    for (Parameter* p : d.final_ln->parameters()) p->sequence_parallel = true;
   return d;
 }
 

@@ -104,7 +104,16 @@ class TransformerLayer {
         proj_dropout_site(hash_stream(prefix(i) + "self_attention.hidden_dropout")),
         mlp_dropout_site(hash_stream(prefix(i) + "mlp.hidden_dropout")),
         activation_(c.activation),
-        ffn_local_(c.ffn_hidden_size() / region.size()) {}
+        ffn_local_(c.ffn_hidden_size() / region.size()) {
+    // Gradients that are partial sums over the TP group (completed there before the optimizer, see
+    // Parameter::sequence_parallel): with SP the norms see this rank's token shard only; with TP the
+    // qk-norms see this rank's heads only. (The row-parallel biases mark themselves.)
+    if (region.sequence_parallel)
+      for (const Norm* n : {&ln1, &ln2})
+        for (Parameter* p : n->parameters()) p->sequence_parallel = true;
+    if (qk_norm && region.size() > 1)
+      for (Parameter* p : qk_norm->parameters()) p->sequence_parallel = true;
+  }
   static std::string prefix(int64_t i) { return "decoder.layers." + std::to_string(i) + "."; }
   // Megatron's output_layer_init_method: std / sqrt(2 · num_layers) for projections into the residual
   // (the GLOBAL layer count, whatever this pipeline stage holds).

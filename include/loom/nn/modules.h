@@ -61,6 +61,8 @@ class Norm {
   // dinp ACCUMULATES (+=): norm inputs are the residual stream.
   void backward(const DeviceContext& ctx, TensorView dinp, TensorView dout, TensorView inp, const Saved& s) const;
   NormKind kind() const { return kind_; }
+  // Its parameters: the weight, and the bias of a LayerNorm.
+  std::vector<Parameter*> parameters() const { return bias_ ? std::vector<Parameter*>{weight_, bias_} : std::vector<Parameter*>{weight_}; }
   // Parameters of one norm over C channels: 2C for LayerNorm, C for RMSNorm.
   static int64_t num_parameters(NormKind kind, int64_t C) { return kind == NormKind::kLayerNorm ? 2 * C : C; }
 
@@ -187,6 +189,13 @@ class QKNorm {
   // forward's scratch. Weight gradients accumulate.
   void backward(const DeviceContext& ctx, TensorView dqkv, const Saved& s, TensorView scratch_a,
                 TensorView scratch_b) const;
+
+  // The q-norm's and the k-norm's parameters.
+  std::vector<Parameter*> parameters() const {
+    std::vector<Parameter*> out = q_norm_.parameters();
+    for (Parameter* p : k_norm_.parameters()) out.push_back(p);
+    return out;
+  }
 
  private:
   AttentionParams p_;
