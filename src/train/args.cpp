@@ -138,6 +138,12 @@ const std::vector<Flag>& flags() {
        [](C& c, S) { c.optim.override_opt_param_scheduler = true; }},
       {"--use-checkpoint-opt-param-scheduler", "", "on --load, the checkpoint's schedule wins over the flags",
        [](C& c, S) { c.optim.use_checkpoint_opt_param_scheduler = true; }},
+      {"--override-lr-scheduler", "", "legacy spelling of --override-opt-param-scheduler",
+       [](C& c, S) { c.optim.override_opt_param_scheduler = true; }},
+      {"--use-checkpoint-lr-scheduler", "", "legacy spelling of --use-checkpoint-opt-param-scheduler",
+       [](C& c, S) { c.optim.use_checkpoint_opt_param_scheduler = true; }},
+      {"--use-checkpoint-opt_param-scheduler", "", "Megatron's spelling of --use-checkpoint-opt-param-scheduler",
+       [](C& c, S) { c.optim.use_checkpoint_opt_param_scheduler = true; }},
       // mixed precision
       {"--bf16", "", "BF16 compute, FP32 master weights, main grads and optimizer state",
        [](C& c, S) { c.precision.bf16 = true; }},
@@ -184,6 +190,10 @@ const std::vector<Flag>& flags() {
          c.recompute.method = "uniform";
          if (!c.recompute.num_layers) c.recompute.num_layers = 1;
        }},
+      {"--activations-checkpoint-method", "S", "legacy spelling of --recompute-method",
+       [](C& c, S v) { c.recompute.method = v; }},
+      {"--checkpoint-num-layers", "N", "legacy spelling of --recompute-num-layers",
+       [](C& c, S v) { c.recompute.num_layers = parse_int("--checkpoint-num-layers", v); }},
       {"--hidden-dropout", "P", "dropout on embeddings and before residual adds (default 0.1)",
        [](C& c, S v) { c.recompute.hidden_dropout = float(parse_float("--hidden-dropout", v)); }},
       {"--attention-dropout", "P", "dropout on attention probabilities (default 0.1)",
@@ -262,9 +272,46 @@ const std::vector<Flag>& flags() {
        "all-gather updated parameters bucket by bucket behind the next forward (ZeRO-1/2), prefetch the next "
        "unit's parameters (ZeRO-3)",
        [](C& c, S) { c.dist.overlap_param_gather = true; }},
+      {"--distributed-backend", "nccl|gloo|mpi", "collectives: NCCL for GPU ranks; CPU ranks use MPI (gloo = CPU)",
+       [](C& c, S v) {
+         if (v != "nccl" && v != "gloo" && v != "mpi")
+           user_error("--distributed-backend ", v, ": choose nccl (GPU ranks), gloo or mpi (CPU ranks; Loom serves "
+                      "both with MPI)");
+         c.dist.backend = v;
+       }},
+      {"--local-rank", "N", "set by Python launchers; checked against mpirun/srun's local rank",
+       [](C& c, S v) { c.dist.local_rank = parse_int("--local-rank", v); }},
+      {"--local_rank", "N", "Megatron's spelling of --local-rank",
+       [](C& c, S v) { c.dist.local_rank = parse_int("--local_rank", v); }},
       {"--distributed-timeout-minutes", "X", "abort every rank when a collective takes longer (default 10)",
        [](C& c, S v) { c.dist.timeout_minutes = parse_float("--distributed-timeout-minutes", v); }},
       // device and profiling
+      {"--data-impl", "mmap", "Megatron's indexed-dataset reader: mmap, the only one (Loom memory-maps .bin/.idx)",
+       [](C&, S v) {
+         if (v != "mmap")
+           user_error("--data-impl ", v, ": Loom reads Megatron's .bin/.idx datasets by memory map only; use "
+                      "--data-impl mmap (lazy, cached and infer are Megatron's older readers)");
+       }},
+      {"--use-flash-attn", "", "a Megatron kernel choice; Loom always runs its fused kernels (logged once)",
+       [](C& c, S) { c.kernel_choice_flags.push_back("--use-flash-attn"); }},
+      {"--no-masked-softmax-fusion", "", "a Megatron kernel choice; Loom always runs its fused kernels (logged once)",
+       [](C& c, S) { c.kernel_choice_flags.push_back("--no-masked-softmax-fusion"); }},
+      {"--no-bias-gelu-fusion", "", "a Megatron kernel choice; Loom always runs its fused kernels (logged once)",
+       [](C& c, S) { c.kernel_choice_flags.push_back("--no-bias-gelu-fusion"); }},
+      {"--no-bias-dropout-fusion", "", "a Megatron kernel choice; Loom always runs its fused kernels (logged once)",
+       [](C& c, S) { c.kernel_choice_flags.push_back("--no-bias-dropout-fusion"); }},
+      {"--no-gradient-accumulation-fusion", "", "a Megatron kernel choice; Loom always runs its fused kernels (logged once)",
+       [](C& c, S) { c.kernel_choice_flags.push_back("--no-gradient-accumulation-fusion"); }},
+      {"--no-persist-layer-norm", "", "a Megatron kernel choice; Loom always runs its fused kernels (logged once)",
+       [](C& c, S) { c.kernel_choice_flags.push_back("--no-persist-layer-norm"); }},
+      {"--use-mcore-models", "", "a Megatron kernel choice; Loom always runs its fused kernels (logged once)",
+       [](C& c, S) { c.kernel_choice_flags.push_back("--use-mcore-models"); }},
+      {"--transformer-impl", "local|transformer_engine", "a Megatron kernel choice; Loom runs its own (logged once)",
+       [](C& c, S v) {
+         if (v != "local" && v != "transformer_engine")
+           user_error("--transformer-impl ", v, ": Megatron's choices are local and transformer_engine");
+         c.kernel_choice_flags.push_back("--transformer-impl " + v);
+       }},
       {"--device", "auto|cpu|cuda", "where to compute: auto (default) = the GPU when the build has CUDA and one is "
        "visible (GPU local_rank % count), else the CPU",
        [](C& c, S v) { c.device = v; }},

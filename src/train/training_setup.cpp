@@ -188,11 +188,28 @@ void setup_parallel_and_device(TrainingRun& run, const TrainConfig& config, std:
   run.B = cfg.batch.micro_batch_size;
   run.T = cfg.batch.seq_length;
   run.progress.dropout_seed = cfg.seed;
+  // --local-rank from a Python launcher must name the rank mpirun/srun gave this process.
+  if (cfg.dist.local_rank)
+    for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"})
+      if (const char* v = std::getenv(var); v && *v) {
+        if (std::atoi(v) != *cfg.dist.local_rank)
+          user_error("--local-rank ", *cfg.dist.local_rank, " disagrees with the launcher's local rank ", v, " (", var,
+                     "); Loom takes its rank from mpirun/srun: drop --local-rank");
+        break;
+      }
   // The device before any data or model work, so a wrong --device / --profile fails fast.
   run.ctx = make_device_context(run);
   if (cfg.logging.profile && run.ctx->device().is_cpu())
     user_error("--profile records NVTX ranges and CUDA profiler captures for Nsight Systems; this run computes on "
                "the CPU: drop --profile, or run on a GPU (--device cuda)");
+  if (cfg.dist.backend == "nccl" && run.distributed && run.ctx->device().is_cpu())
+    log << " > --distributed-backend nccl: the ranks compute on the CPU, so their collectives use MPI\n";
+  if (!cfg.kernel_choice_flags.empty()) {
+    log << " >";
+    for (const std::string& f : cfg.kernel_choice_flags) log << " " << f;
+    log << ": Megatron kernel choices; Loom always runs its own fused kernels (FP32 softmax, FP32 gradient "
+           "accumulation), so the results do not depend on them\n";
+  }
 }
 
 void setup_data(TrainingRun& run, std::ostream& log) {

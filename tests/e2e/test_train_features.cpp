@@ -787,3 +787,40 @@ TEST(TrainEval, SplitMakesValidationAndTestSets) {
   EXPECT_EQ(no_valid_log.find("validation loss"), std::string::npos) << no_valid_log;
   EXPECT_NE(n.losses, r.losses);  // the training split now holds all 100 documents, noise included
 }
+
+namespace {
+
+// A Megatron launch script's extra flags (dataset reader, backend, launcher rank, kernel choices, legacy
+// scheduler spelling) change no loss bit; the log says once that the kernel choices do not matter.
+TEST(TrainMegatronScripts, KernelChoiceAndLauncherFlagsChangeNoResult) {
+  const TrainResult plain = train(tiny_args(4));
+  std::string log;
+  const TrainResult script =
+      train(cat(tiny_args(4), {"--data-impl", "mmap", "--distributed-backend", "nccl", "--local-rank", "0",
+                               "--use-flash-attn", "--no-masked-softmax-fusion", "--no-bias-gelu-fusion",
+                               "--no-bias-dropout-fusion", "--no-gradient-accumulation-fusion",
+                               "--no-persist-layer-norm", "--use-mcore-models", "--transformer-impl", "local",
+                               "--override-lr-scheduler"}),
+            &log);
+  EXPECT_EQ(script.losses, plain.losses);
+  EXPECT_EQ(count_of(log, "Megatron kernel choices; Loom always runs its own fused kernels"), 1u) << log;
+  EXPECT_NE(log.find(" > --use-flash-attn --no-masked-softmax-fusion"), std::string::npos) << log;
+}
+
+}  // namespace
+
+namespace {
+
+// --local-rank from a Python launcher is checked against the launcher's environment, before any work.
+TEST(TrainMegatronScripts, LocalRankMustAgreeWithTheLauncher) {
+  if (std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")) GTEST_SKIP() << "runs outside mpirun";
+  ::setenv("SLURM_LOCALID", "1", 1);
+  const std::string what = train_error(cat(tiny_args(4), {"--local-rank", "0"}));
+  const TrainResult agreed = train(cat(tiny_args(4), {"--local_rank", "1"}));
+  ::unsetenv("SLURM_LOCALID");
+  EXPECT_NE(what.find("--local-rank 0 disagrees with the launcher's local rank 1 (SLURM_LOCALID)"), std::string::npos)
+      << what;
+  EXPECT_EQ(agreed.final_iteration, 4);
+}
+
+}  // namespace

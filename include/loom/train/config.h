@@ -110,6 +110,12 @@ struct DistConfig {
   bool overlap_grad_reduce = false;         // --overlap-grad-reduce
   bool overlap_param_gather = false;        // --overlap-param-gather (sharded strategies, with --overlap-grad-reduce)
   double timeout_minutes = 10.0;            // --distributed-timeout-minutes (Megatron's default)
+  // --distributed-backend nccl|gloo|mpi (empty: not given). CPU ranks always use MPI collectives (said once
+  // in the log when a GPU script asks for nccl); GPU runs use NCCL.
+  std::string backend;
+  // --local-rank / --local_rank N, set by Python launchers; Loom takes its rank from mpirun/srun's
+  // environment and fails when the two disagree.
+  std::optional<int64_t> local_rank;
 };
 
 struct CheckpointConfig {
@@ -170,6 +176,10 @@ struct TrainConfig {
   // --device auto|cpu|cuda (Loom's): where the run computes. auto = the GPU when this build has the CUDA
   // backend and one is visible (rank r uses GPU local_rank % visible GPUs), else the CPU.
   std::string device = "auto";
+  // Megatron flags whose only effect there is the choice of kernels (--use-flash-attn,
+  // --no-masked-softmax-fusion, --transformer-impl X, ...), as given: Loom always runs its own fused
+  // kernels, so they change no result; the run's log says so once.
+  std::vector<std::string> kernel_choice_flags;
   bool max_position_embeddings_given = false;
 
   // Cross-field checks that need no data and no allocation; UserError names the flags.

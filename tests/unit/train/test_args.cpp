@@ -1,6 +1,8 @@
 // Flag parsing and validation: Megatron names, defaults, and clear errors naming the flag.
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include "loom/train/args.h"
 
 using namespace loom;
@@ -108,4 +110,48 @@ TEST(TrainArgs, RepeatedMultiValueFlagKeepsTheLastOccurrence) {
   const TrainConfig c = parse_train_args({"--data-path", "a", "b", "--seq-length", "8", "--data-path", "c"});
   ASSERT_EQ(c.data.data_path.size(), 1u);
   EXPECT_EQ(c.data.data_path[0], "c");
+}
+
+// Megatron launch scripts' spellings: the legacy recomputation / scheduler names set what the current ones
+// set; --data-impl, --distributed-backend and --transformer-impl accept Megatron's values and name the
+// valid ones otherwise; kernel-choice flags are recorded (the run logs them once).
+TEST(Args, MegatronScriptSpellings) {
+  auto legacy = base();
+  legacy.insert(legacy.end(), {"--checkpoint-activations", "--activations-checkpoint-method", "block",
+                               "--checkpoint-num-layers", "2", "--override-lr-scheduler", "--data-impl", "mmap",
+                               "--distributed-backend", "nccl", "--local_rank", "0"});
+  auto current = base();
+  current.insert(current.end(), {"--recompute-granularity", "full", "--recompute-method", "block",
+                                 "--recompute-num-layers", "2", "--override-opt-param-scheduler"});
+  const TrainConfig l = parse_train_args(legacy), c = parse_train_args(current);
+  EXPECT_EQ(l.recompute.granularity, c.recompute.granularity);
+  EXPECT_EQ(l.recompute.method, "block");
+  EXPECT_EQ(*l.recompute.num_layers, 2);
+  EXPECT_TRUE(l.optim.override_opt_param_scheduler);
+  EXPECT_EQ(l.dist.backend, "nccl");
+  EXPECT_EQ(*l.dist.local_rank, 0);
+  EXPECT_NO_THROW(l.validate(1));
+  auto sched = base();
+  sched.insert(sched.end(), {"--use-checkpoint-lr-scheduler"});
+  EXPECT_TRUE(parse_train_args(sched).optim.use_checkpoint_opt_param_scheduler);
+  sched = base();
+  sched.insert(sched.end(), {"--use-checkpoint-opt_param-scheduler"});
+  EXPECT_TRUE(parse_train_args(sched).optim.use_checkpoint_opt_param_scheduler);
+
+  auto kernels = base();
+  kernels.insert(kernels.end(), {"--use-flash-attn", "--no-masked-softmax-fusion", "--transformer-impl",
+                                 "transformer_engine", "--use-mcore-models"});
+  EXPECT_EQ(parse_train_args(kernels).kernel_choice_flags,
+            (std::vector<std::string>{"--use-flash-attn", "--no-masked-softmax-fusion",
+                                      "--transformer-impl transformer_engine", "--use-mcore-models"}));
+  for (const auto& [flag, value, want] :
+       {std::tuple{"--data-impl", "lazy", "--data-impl lazy: Loom reads Megatron's .bin/.idx datasets by memory map "
+                                          "only; use --data-impl mmap"},
+        std::tuple{"--distributed-backend", "ucc", "--distributed-backend ucc: choose nccl (GPU ranks), gloo or mpi"},
+        std::tuple{"--transformer-impl", "apex", "--transformer-impl apex: Megatron's choices are local and "
+                                                 "transformer_engine"}}) {
+    auto a = base();
+    a.insert(a.end(), {flag, value});
+    EXPECT_NE(error_of(a).find(want), std::string::npos) << error_of(a);
+  }
 }
