@@ -42,7 +42,8 @@ int64_t parse_window_size(const std::string& v) {
 const std::vector<Flag>& flags() {
   using C = TrainConfig;
   using S = const std::string&;
-  static const std::vector<Flag> table = {
+  static const std::vector<Flag> table = [] {
+  std::vector<Flag> t = {
       // model
       {"--num-layers", "N", "transformer layers", [](C& c, S v) { c.model.num_layers = parse_int("--num-layers", v); }},
       {"--hidden-size", "C", "hidden size", [](C& c, S v) { c.model.hidden_size = parse_int("--hidden-size", v); }},
@@ -292,20 +293,6 @@ const std::vector<Flag>& flags() {
            user_error("--data-impl ", v, ": Loom reads Megatron's .bin/.idx datasets by memory map only; use "
                       "--data-impl mmap (lazy, cached and infer are Megatron's older readers)");
        }},
-      {"--use-flash-attn", "", "a Megatron kernel choice; Loom always runs its fused kernels (logged once)",
-       [](C& c, S) { c.kernel_choice_flags.push_back("--use-flash-attn"); }},
-      {"--no-masked-softmax-fusion", "", "a Megatron kernel choice; Loom always runs its fused kernels (logged once)",
-       [](C& c, S) { c.kernel_choice_flags.push_back("--no-masked-softmax-fusion"); }},
-      {"--no-bias-gelu-fusion", "", "a Megatron kernel choice; Loom always runs its fused kernels (logged once)",
-       [](C& c, S) { c.kernel_choice_flags.push_back("--no-bias-gelu-fusion"); }},
-      {"--no-bias-dropout-fusion", "", "a Megatron kernel choice; Loom always runs its fused kernels (logged once)",
-       [](C& c, S) { c.kernel_choice_flags.push_back("--no-bias-dropout-fusion"); }},
-      {"--no-gradient-accumulation-fusion", "", "a Megatron kernel choice; Loom always runs its fused kernels (logged once)",
-       [](C& c, S) { c.kernel_choice_flags.push_back("--no-gradient-accumulation-fusion"); }},
-      {"--no-persist-layer-norm", "", "a Megatron kernel choice; Loom always runs its fused kernels (logged once)",
-       [](C& c, S) { c.kernel_choice_flags.push_back("--no-persist-layer-norm"); }},
-      {"--use-mcore-models", "", "a Megatron kernel choice; Loom always runs its fused kernels (logged once)",
-       [](C& c, S) { c.kernel_choice_flags.push_back("--use-mcore-models"); }},
       {"--transformer-impl", "local|transformer_engine", "a Megatron kernel choice; Loom runs its own (logged once)",
        [](C& c, S v) {
          if (v != "local" && v != "transformer_engine")
@@ -354,6 +341,14 @@ const std::vector<Flag>& flags() {
       {"--metrics-jsonl", "FILE", "also write every log line's figures as one JSON object per line",
        [](C& c, S v) { c.logging.metrics_jsonl = v; }},
   };
+  // Megatron switches whose only effect there is the choice of kernels: recorded, logged once by the run.
+  for (const char* name : {"--use-flash-attn", "--no-masked-softmax-fusion", "--no-bias-gelu-fusion",
+                           "--no-bias-dropout-fusion", "--no-gradient-accumulation-fusion", "--no-persist-layer-norm",
+                           "--use-mcore-models"})
+    t.push_back({name, "", "a Megatron kernel choice; Loom always runs its fused kernels (logged once)",
+                 [name](C& c, S) { c.kernel_choice_flags.push_back(name); }});
+  return t;
+  }();
   return table;
 }
 
