@@ -60,6 +60,17 @@ std::string read_into(const std::string& path, int64_t max_bytes, std::string& o
   return "";
 }
 
+// fsync of a directory; an empty string on success (EINVAL: a filesystem that cannot sync directories),
+// else the reason.
+std::string sync_dir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return "cannot open directory '" + dir + "' to sync it: " + errno_text();
+  std::string why;
+  if (::fsync(fd) != 0 && errno != EINVAL) why = "syncing directory '" + dir + "' failed: " + errno_text();
+  ::close(fd);
+  return why;
+}
+
 // The atomic write; an empty string on success, else the reason (nothing is left behind).
 std::string write_atomic(const std::string& path, const std::function<bool(int fd)>& write_body) {
   const std::string tmp = tmp_name(path);
@@ -105,14 +116,8 @@ bool write_all(int fd, const void* src, size_t n) {
 }
 
 void fsync_dir(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) user_error("cannot open directory '", dir, "' to sync it: ", errno_text());
-  if (::fsync(fd) != 0 && errno != EINVAL) {
-    const std::string why = errno_text();
-    ::close(fd);
-    user_error("syncing directory '", dir, "' failed: ", why);
-  }
-  ::close(fd);
+  const std::string why = sync_dir(dir);
+  if (!why.empty()) user_error(why);
 }
 
 void write_file_atomic(const std::string& path, const std::function<bool(int fd)>& write_body) {
@@ -127,11 +132,7 @@ void write_file_atomic(const std::string& path, std::string_view bytes) {
 
 bool try_write_file_atomic(const std::string& path, const std::function<bool(int fd)>& write_body) {
   if (!write_atomic(path, write_body).empty()) return false;
-  const int fd = ::open(parent_dir(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    ::fsync(fd);  // best effort: the file is complete either way
-    ::close(fd);
-  }
+  sync_dir(parent_dir(path));  // best effort: the file is complete either way
   return true;
 }
 

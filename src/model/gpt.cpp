@@ -351,14 +351,14 @@ TransformerLayerContext GPTModel::layer_context(TensorView segment_ids) const {
   return c;
 }
 
-void GPTModel::forward_layer(int64_t l, TensorView segment_ids) {
+void GPTModel::forward_layer(int64_t l, const TransformerLayerContext& c) {
   LayerActs& a = acts_[size_t(l)];
-  layers_[size_t(l)]->forward(layer_context(segment_ids), a.out, a, layer_input(l));
+  layers_[size_t(l)]->forward(c, a.out, a, layer_input(l));
 }
 
 // Enters with dres_ = d(layer output), leaves with dres_ = d(layer input).
-void GPTModel::backward_layer(int64_t l, TensorView segment_ids) {
-  layers_[size_t(l)]->backward(layer_context(segment_ids), acts_[size_t(l)], layer_input(l));
+void GPTModel::backward_layer(int64_t l, const TransformerLayerContext& c) {
+  layers_[size_t(l)]->backward(c, acts_[size_t(l)], layer_input(l));
 }
 
 GPTBatch GPTModel::local_batch(const GPTBatch& batch) {
@@ -479,9 +479,10 @@ float GPTModel::forward(const GPTBatch& batch, float dloss_scale, const ForwardO
     call_hook(&ParamHooks::after_forward, embedding_unit_);
   }
   const int64_t nl = int64_t(layers_.size());
+  const TransformerLayerContext lc = layer_context(batch.segment_ids);  // once per pass: the buffers are set
   for (int64_t l = 0; l < nl; ++l) {
     call_hook(&ParamHooks::before_forward, first_layer_unit_ + int(l));
-    forward_layer(l, batch.segment_ids);
+    forward_layer(l, lc);
     call_hook(&ParamHooks::after_forward, first_layer_unit_ + int(l));
   }
   if (!mp.post_process) {
@@ -555,6 +556,7 @@ void GPTModel::backward(const GPTBatch& batch_in) {
   } else {
     ops.cast(dres_, pipe_grad_);  // output_grad()
   }
+  const TransformerLayerContext lc = layer_context(batch.segment_ids);
   for (int64_t l = nl; l-- > 0;) {
     const LayerRole& r = roles_[size_t(l)];
     const int u = first_layer_unit_ + int(l);
@@ -562,11 +564,11 @@ void GPTModel::backward(const GPTBatch& batch_in) {
     // (its units' parameters are needed from here on: before_backward for all of them first).
     if (r.recomputed && l == r.group_end - 1) {
       for (int64_t g = r.group_end; g-- > r.group_begin;) call_hook(&ParamHooks::before_backward, first_layer_unit_ + int(g));
-      for (int64_t g = r.group_begin; g < r.group_end; ++g) forward_layer(g, batch.segment_ids);
+      for (int64_t g = r.group_begin; g < r.group_end; ++g) forward_layer(g, lc);
     } else if (!r.recomputed) {
       call_hook(&ParamHooks::before_backward, u);
     }
-    backward_layer(l, batch.segment_ids);
+    backward_layer(l, lc);
     call_hook(&ParamHooks::after_backward, u);
   }
   if (mp.pre_process) {

@@ -289,11 +289,9 @@ void CheckpointManager::check_load_flags(const TrainConfig& cfg) {
 void CheckpointManager::load() {
   const TrainConfig& cfg = run_.cfg;
   if (cfg.checkpoint.load.empty()) return;
-  if (is_hf_model_dir(cfg.checkpoint.load)) {  // a Hugging Face model directory: weights only
+  check_load_flags(cfg);
+  if (is_hf_model_dir(cfg.checkpoint.load)) {  // a Hugging Face model directory (--finetune): weights only
     const std::string& dir = cfg.checkpoint.load;
-    if (!cfg.checkpoint.finetune)
-      user_error("--load ", dir, " is a Hugging Face model directory (config.json), which holds weights only; add "
-                 "--finetune to start from them at iteration 0");
     if (run_.chunks.size() != 1 || run_.distributed)
       user_error("--load ", dir, ": Hugging Face weights load into a single process; run `loom train --finetune` "
                  "with one process and --save, then launch the distributed run with --load on that checkpoint");

@@ -24,7 +24,7 @@ float StepRunner::micro_batch_dloss(const Batch& b, double loss_scale) const {
 StepOutcome StepRunner::step(Loader& loader) {
   const TrainConfig& cfg = run_.cfg;
   StepOutcome out;
-  out.loss_scale = run_.scaler ? run_.scaler->scale() : 1.0;
+  out.loss_scale = run_.loss_scale();
   out.lr = run_.sched->lr();
 
   timers_.start("forward-backward", 1);
@@ -39,7 +39,8 @@ StepOutcome StepRunner::step(Loader& loader) {
   }
   timers_.stop("batch-generator");
   run_.dopt->start_step();
-  for (auto& m : run_.chunks) m->fp8_begin_step();
+  const std::vector<GPTModel*> chunks = run_.models();
+  for (GPTModel* m : chunks) m->fp8_begin_step();
   PipelineStepConfig pc;
   pc.num_microbatches = run_.nmb;
   pc.dropout_seed = run_.progress.dropout_seed;
@@ -55,8 +56,6 @@ StepOutcome StepRunner::step(Loader& loader) {
     else
       timers_.stop(phase);
   };
-  std::vector<GPTModel*> chunks;
-  for (auto& m : run_.chunks) chunks.push_back(m.get());
   const PipelineStepResult r = run_pipeline_step(chunks, run_.ps->pp(), pc, cb);
   run_.progress.micro_batches_done += uint64_t(run_.nmb);
   timers_.start("grads-all-reduce", 1);
@@ -64,7 +63,7 @@ StepOutcome StepRunner::step(Loader& loader) {
   timers_.stop("grads-all-reduce");
   // FP8: tensor-parallel ranks hold shards of one tensor, DP x CP ranks replicas of it (or of its
   // tokens): one scale for all of them, from the max of their amaxes.
-  for (GPTModel* m : run_.models()) m->fp8_update_scaling({&run_.ps->tp(), &run_.ps->dp_cp()});
+  for (GPTModel* m : chunks) m->fp8_update_scaling({&run_.ps->tp(), &run_.ps->dp_cp()});
   timers_.stop("forward-backward");
   // The last stage's mean over micro-batches, averaged over data-parallel replicas, known on every rank.
   const bool last = run_.ps->is_pipeline_last_stage();
@@ -74,7 +73,8 @@ StepOutcome StepRunner::step(Loader& loader) {
 
   timers_.start("optimizer", 1);
   timers_.start("optimizer-clip-main-grad", 1);
-  // Unscaled norm: the FP16 loss scale divides out (the norm of scaled gradients / scale).
+  // Unscaled norm: the FP16 loss scale divides out (the norm of scaled gradients / scale). Loss scales are
+  // powers of two, so this and the AdamW grad_scale below give Megatron's unscale-first numbers exactly.
   const double inv = run_.scaler ? double(run_.scaler->inv_scale()) : 1.0;
   const double norm = run_.dopt->grad_norm() * inv;
   timers_.stop("optimizer-clip-main-grad");

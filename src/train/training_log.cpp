@@ -116,7 +116,7 @@ void TrainingLog::write_tensorboard_step(const StepOutcome& s, double params_nor
   if (cfg.logging.log_batch_size_to_tensorboard) both("batch-size", double(run_.gbs));
   both("lm loss", s.loss);  // every iteration, skipped ones included, as Megatron
   // As Megatron: the scale after this iteration's update, the value the log line prints.
-  if (cfg.logging.log_loss_scale_to_tensorboard) both("loss-scale", run_.scaler ? double(run_.scaler->scale()) : 1.0);
+  if (cfg.logging.log_loss_scale_to_tensorboard) both("loss-scale", run_.loss_scale());
   if (!s.skipped) both("grad-norm", s.grad_norm);
   if (cfg.logging.log_params_norm) both("params-norm", params_norm);
   if (cfg.logging.log_memory_to_tensorboard) {
@@ -163,7 +163,7 @@ void TrainingLog::iteration(const StepOutcome& s, double step_ms) {
   line += fmt(" learning rate: %.6E |", run_.sched->lr());
   line += fmt(" global batch size: %5lld |", (long long)run_.gbs);
   if (interval_advanced_ > 0) line += fmt(" lm loss: %.6E |", avg_loss);
-  line += fmt(" loss scale: %.1f |", run_.scaler ? double(run_.scaler->scale()) : 1.0);
+  line += fmt(" loss scale: %.1f |", run_.loss_scale());
   if (!s.skipped) line += fmt(" grad norm: %.3f |", s.grad_norm);
   if (params_norm_on) line += fmt(" params norm: %.3f |", params_norm);
   line += fmt(" number of skipped iterations: %3lld |", (long long)interval_skipped_);
@@ -205,7 +205,7 @@ void TrainingLog::iteration(const StepOutcome& s, double step_ms) {
         {"learning rate", run_.sched->lr()},
         {"global batch size", double(run_.gbs)},
         {"lm loss", interval_advanced_ > 0 ? avg_loss : NAN},
-        {"loss scale", run_.scaler ? double(run_.scaler->scale()) : 1.0},
+        {"loss scale", run_.loss_scale()},
         {"grad norm", s.skipped ? NAN : s.grad_norm},
         {"number of skipped iterations", double(interval_skipped_)},
         {"number of nan iterations", double(interval_nan_)},

@@ -341,8 +341,8 @@ class GPTModel {
   void ensure_buffers(int64_t B, int64_t T);
   void store_slot();  // working activation handles -> slots_[slot_]
   void load_slot();   // slots_[slot_] -> working activation handles
-  void forward_layer(int64_t l, TensorView segment_ids);
-  void backward_layer(int64_t l, TensorView segment_ids);
+  void forward_layer(int64_t l, const TransformerLayerContext& c);
+  void backward_layer(int64_t l, const TransformerLayerContext& c);
   TensorView layer_input(int64_t l) const;
   DropoutMask hidden_mask(uint64_t site) const;
   // Hidden dropout on this rank's tokens with the single process's mask (CP: per sequence chunk).
