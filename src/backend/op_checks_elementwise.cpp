@@ -1,6 +1,7 @@
 // The op table's entry points for the elementwise ops, gated activations, dropout, cross-entropy, the
 // optimizer and buffer utilities, casts and FP8: argument checks (the union of the CPU reference's and the
 // CUDA launchers' former checks), then the backend's do_<op>. See op_checks.cpp for the rest.
+#include <cmath>
 #include <initializer_list>
 #include <utility>
 
@@ -217,6 +218,37 @@ void OpTable::adamw_update(TensorView param, TensorView grad, TensorView m, Tens
   // Step 0 would divide by a zero bias correction.
   LOOM_CHECK(p.step >= 1, "[adamw_update] step is 1-based, got ", p.step);
   do_adamw_update(param, grad, m, v, p);
+}
+
+void OpTable::sgd_update(TensorView param, TensorView grad, TensorView momentum_buf, const SgdParams& p) const {
+  const int64_t n = param.numel();
+  auto expect_f32 = [&](TensorView t, const char* name) {
+    LOOM_CHECK(t.defined() && t.dtype() == DType::kF32, "[sgd_update] expected f32 ", name,
+               " (sgd_update takes f32 master weights, gradients and momentum only), got ",
+               t.defined() ? t.desc() : std::string("nothing"));
+    on_device(device(), t, "sgd_update", name);
+    expect_numel(t, n, "sgd_update", name);
+  };
+  expect_f32(param, "param");
+  expect_f32(grad, "grad");
+  LOOM_CHECK(std::isfinite(p.momentum) && p.momentum >= 0.0f, "[sgd_update] momentum must be >= 0, got ", p.momentum);
+  if (p.momentum != 0.0f)
+    expect_f32(momentum_buf, "momentum_buf");
+  else
+    LOOM_CHECK(!momentum_buf.defined(), "[sgd_update] momentum 0 takes no momentum buffer, got ", momentum_buf.desc());
+  do_sgd_update(param, grad, momentum_buf, p);
+}
+
+AbsStats OpTable::abs_stats(TensorView x) const {
+  require(device(), x, "abs_stats", "x");
+  LOOM_CHECK(x.dtype() == DType::kF32, "[abs_stats] expected an f32 buffer (optimizer state, master weights), got ",
+             x.desc());
+  return do_abs_stats(x);
+}
+
+int64_t OpTable::count_zeros(TensorView x) const {
+  expect_float_buffer(device(), x, "count_zeros");
+  return do_count_zeros(x);
 }
 
 double OpTable::sum_squares(TensorView x) const {

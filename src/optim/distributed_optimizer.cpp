@@ -80,8 +80,8 @@ void DistributedOptimizer::Impl::note_buffers() {
 
 DistributedOptimizer::DistributedOptimizer(const DeviceContext& ctx, std::vector<ParameterSet*> sets,
                                            std::vector<std::vector<ParamUnit>> units, const ParallelState& ps,
-                                           DDPConfig ddp, AdamWConfig adam)
-    : impl_(std::make_unique<Impl>(ctx, ps, ddp, adam)) {
+                                           DDPConfig ddp, OptimizerConfig optim)
+    : impl_(std::make_unique<Impl>(ctx, ps, ddp, optim)) {
   Impl& im = *impl_;
   LOOM_CHECK(!sets.empty(), "[DistributedOptimizer] no model chunks");
   LOOM_CHECK(units.size() == sets.size(), "[DistributedOptimizer] ", units.size(), " unit lists for ", sets.size(),
@@ -177,8 +177,12 @@ DistributedOptimizer::DistributedOptimizer(const DeviceContext& ctx, std::vector
       b.deferred = !b.emb.empty();
     }
     ch.shard_numel = im.sharded() ? shard_off : set->numel();
-    ch.exp_avg = ctx.zeros({ch.shard_numel}, DType::kF32);
-    ch.exp_avg_sq = ctx.zeros({ch.shard_numel}, DType::kF32);
+    if (optim.kind == OptimizerKind::kAdam) {
+      ch.exp_avg = ctx.zeros({ch.shard_numel}, DType::kF32);
+      ch.exp_avg_sq = ctx.zeros({ch.shard_numel}, DType::kF32);
+    } else if (optim.sgd_momentum != 0.0f) {
+      ch.momentum = ctx.zeros({ch.shard_numel}, DType::kF32);
+    }
     // Adam reads ParameterSet grads directly (its own range of them under ZeRO-1) when they are f32 and
     // outlive the reduction; ZeRO-2/3 accumulate the reduced micro-batch gradients in an f32 shard.
     if (im.bucket_grads_only() || set->grad_dtype() != DType::kF32)
@@ -204,6 +208,7 @@ DistributedOptimizer::~DistributedOptimizer() {
 ShardingStrategy DistributedOptimizer::sharding() const { return impl_->ddp.sharding; }
 int DistributedOptimizer::num_buckets(int chunk) const { return int(impl_->chunks.at(size_t(chunk)).buckets.size()); }
 ParamHooks* DistributedOptimizer::hooks(int chunk) { return impl_->hooks.at(size_t(chunk)).get(); }
+OptimizerKind DistributedOptimizer::kind() const { return impl_->optim.kind; }
 int64_t DistributedOptimizer::num_steps() const { return impl_->steps; }
 void DistributedOptimizer::set_num_steps(int64_t n) {
   LOOM_CHECK(n >= 0, "[DistributedOptimizer] step count must be >= 0, got ", n);
@@ -239,8 +244,11 @@ std::vector<StateShard> DistributedOptimizer::state_shards() {
       s.end = pc.flat_end - pc.param->offset;
       const Shape n{s.end - s.begin};
       s.master = im.piece_master(ch, pc);
-      s.exp_avg = ch.exp_avg.view().slice_flat(pc.shard_off, n);
-      s.exp_avg_sq = ch.exp_avg_sq.view().slice_flat(pc.shard_off, n);
+      if (ch.exp_avg.defined()) {
+        s.exp_avg = ch.exp_avg.view().slice_flat(pc.shard_off, n);
+        s.exp_avg_sq = ch.exp_avg_sq.view().slice_flat(pc.shard_off, n);
+      }
+      if (ch.momentum.defined()) s.momentum_buffer = ch.momentum.view().slice_flat(pc.shard_off, n);
       out.push_back(s);
     }
   }
@@ -256,7 +264,7 @@ DistributedOptimizer::Memory DistributedOptimizer::memory() const {
     if (s.compute_values().defined() && s.compute_values().raw() != s.values().raw()) m.params += bytes(s.compute_values());
     m.params += bytes(ch.master_shard) + bytes(ch.compute_shard);
     m.grads += bytes(s.grads()) + bytes(ch.grad_shard);
-    m.optimizer += bytes(ch.exp_avg) + bytes(ch.exp_avg_sq);
+    m.optimizer += bytes(ch.exp_avg) + bytes(ch.exp_avg_sq) + bytes(ch.momentum);
   }
   m.buffers_peak = im.buffers_peak;
   return m;

@@ -68,7 +68,8 @@ struct Chunk {
   std::vector<int> unit_bucket;  // unit -> bucket index
   std::vector<Bucket> buckets;   // backward order
   int64_t shard_numel = 0;       // size of shard space
-  Tensor exp_avg, exp_avg_sq;    // (shard_numel) f32
+  Tensor exp_avg, exp_avg_sq;    // (shard_numel) f32: Adam's moments
+  Tensor momentum;               // (shard_numel) f32: SGD's momentum buffer (--sgd-momentum > 0)
   Tensor grad_shard;             // (shard_numel) f32; undefined when Adam reads ParameterSet grads
   Tensor master_shard;           // (shard_numel) f32; undefined when the masters are ParameterSet values
   Tensor compute_shard;          // ZeRO-3 with bf16/f16 compute: (shard_numel) compute dtype
@@ -87,7 +88,7 @@ struct DistributedOptimizer::Impl {
   const DeviceContext& ctx;
   const ParallelState& ps;
   DDPConfig ddp;
-  AdamWConfig adam;
+  OptimizerConfig optim;
   std::vector<Chunk> chunks;
   std::vector<std::unique_ptr<ParamHooks>> hooks;
   int64_t steps = 0;
@@ -96,8 +97,8 @@ struct DistributedOptimizer::Impl {
   std::deque<std::pair<int, int>> inflight;  // ZeRO-2/3 overlapped reductions (chunk, bucket), oldest first
   int64_t buffers_peak = 0;
 
-  Impl(const DeviceContext& c, const ParallelState& p, DDPConfig d, AdamWConfig a)
-      : ctx(c), ps(p), ddp(d), adam(a) {}
+  Impl(const DeviceContext& c, const ParallelState& p, DDPConfig d, OptimizerConfig o)
+      : ctx(c), ps(p), ddp(d), optim(o) {}
 
   bool sharded() const { return ddp.sharding != ShardingStrategy::kNone; }
   bool zero3() const { return ddp.sharding == ShardingStrategy::kOptimGradsParams; }
@@ -115,8 +116,10 @@ struct DistributedOptimizer::Impl {
   TensorView bucket_grads(Chunk& ch, Bucket& b) const;
   TensorView piece_grad(Chunk& ch, const Piece& p) const;
   TensorView piece_master(Chunk& ch, const Piece& p) const;
-  template <typename View>
-  double model_norm(View view);  // defined (and only used) in distributed_optimizer_reduce.cpp
+  // Sum over the model of f(view(chunk, piece)) for the pieces counted in norms, replicas once, summed
+  // over the ranks that hold distinct pieces. Defined (and only used) in distributed_optimizer_reduce.cpp.
+  template <typename View, typename F>
+  double model_sum(View view, F f);
   void sum_over(const Communicator& g, TensorView grads, const std::vector<Range>& ranges) const;
   void launch(Chunk& ch, Bucket& b);
   void complete(Chunk& ch, Bucket& b);

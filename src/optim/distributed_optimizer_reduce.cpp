@@ -43,8 +43,8 @@ TensorView DistributedOptimizer::Impl::piece_master(Chunk& ch, const Piece& p) c
 // L2 norm over the whole model of what view(chunk, piece) gives for every owned piece, replicas (TP
 // duplicates, the tied embedding's copy) counted once. ZeRO shards are disjoint across dp_cp, so the
 // whole world holds each element once; without sharding every DP replica has all of it.
-template <typename View>
-double DistributedOptimizer::Impl::model_norm(View view) {
+template <typename View, typename F>
+double DistributedOptimizer::Impl::model_sum(View view, F f) {
   double local = 0.0;
   for (Chunk& ch : chunks) {
     // Without sharding, a chunk whose pieces all count tiles its whole flat buffer: one reduction over
@@ -53,14 +53,14 @@ double DistributedOptimizer::Impl::model_norm(View view) {
     if (!sharded() && all_count) {
       Piece whole;
       whole.flat_end = ch.set->numel();
-      if (whole.flat_end > 0) local += ctx.ops().sum_squares(view(ch, whole));
+      if (whole.flat_end > 0) local += f(view(ch, whole));
       continue;
     }
     for (const Piece& p : ch.pieces)
-      if (p.count_in_norm) local += ctx.ops().sum_squares(view(ch, p));
+      if (p.count_in_norm) local += f(view(ch, p));
   }
   const Communicator& group = sharded() ? ps.world() : ps.mp();
-  return std::sqrt(group.all_reduce_scalar(local, ReduceOp::kSum));
+  return group.all_reduce_scalar(local, ReduceOp::kSum);
 }
 
 // ---- reductions ----
@@ -196,13 +196,69 @@ void DistributedOptimizer::finish_grad_sync() {
 
 double DistributedOptimizer::grad_norm() {
   Impl& im = *impl_;
-  return im.model_norm([&](Chunk& ch, const Piece& p) { return im.piece_grad(ch, p); });
+  return std::sqrt(im.model_sum([&](Chunk& ch, const Piece& p) { return im.piece_grad(ch, p); },
+                                 [&](TensorView g) { return im.ctx.ops().sum_squares(g); }));
+}
+
+OptimizerStateStats DistributedOptimizer::state_stats() {
+  finish_param_sync();
+  Impl& im = *impl_;
+  OptimizerStateStats st;
+  const Chunk& first = im.chunks.front();
+  st.has_variance = first.exp_avg_sq.defined();
+  st.has_momentum = first.exp_avg.defined() || first.momentum.defined();
+  // Local sums (squares, |x|, sqrt|x|) and maxima of each state over the pieces counted in norms.
+  double sq[3] = {0, 0, 0}, l1[3] = {0, 0, 0}, sqrt_l1 = 0, mx[3] = {0, 0, 0};
+  auto add = [&](int k, TensorView v) {
+    sq[k] += im.ctx.ops().sum_squares(v);
+    const AbsStats a = im.ctx.ops().abs_stats(v);
+    l1[k] += a.sum_abs;
+    if (k == 0) sqrt_l1 += a.sum_sqrt_abs;
+    if (!(a.max_abs <= mx[k])) mx[k] = a.max_abs;
+  };
+  for (Chunk& ch : im.chunks)
+    for (const Piece& p : ch.pieces) {
+      if (!p.count_in_norm) continue;
+      const Shape n{p.flat_end - p.flat_begin};
+      if (ch.exp_avg_sq.defined()) add(0, ch.exp_avg_sq.view().slice_flat(p.shard_off, n));
+      if (ch.exp_avg.defined()) add(1, ch.exp_avg.view().slice_flat(p.shard_off, n));
+      if (ch.momentum.defined()) add(1, ch.momentum.view().slice_flat(p.shard_off, n));
+      add(2, im.piece_master(ch, p));
+    }
+  const Communicator& g = im.sharded() ? im.ps.world() : im.ps.mp();
+  for (int k = 0; k < 3; ++k) {
+    sq[k] = g.all_reduce_scalar(sq[k], ReduceOp::kSum);
+    l1[k] = g.all_reduce_scalar(l1[k], ReduceOp::kSum);
+    mx[k] = g.all_reduce_scalar(mx[k], ReduceOp::kMax);
+  }
+  sqrt_l1 = g.all_reduce_scalar(sqrt_l1, ReduceOp::kSum);
+  // ||sqrt(v)||_2^2 = Σ v = ||v||_1 (v >= 0); max sqrt(v) = sqrt(max v).
+  st.variance_l2 = std::sqrt(sq[0]);
+  st.variance_sqrt_l2 = std::sqrt(l1[0]);
+  st.variance_l1 = l1[0];
+  st.variance_sqrt_l1 = sqrt_l1;
+  st.variance_abs_max = mx[0];
+  st.variance_sqrt_abs_max = std::sqrt(mx[0]);
+  st.momentum_l2 = std::sqrt(sq[1]);
+  st.momentum_l1 = l1[1];
+  st.momentum_abs_max = mx[1];
+  st.weight_l2 = std::sqrt(sq[2]);
+  st.weight_l1 = l1[2];
+  st.weight_abs_max = mx[2];
+  return st;
+}
+
+int64_t DistributedOptimizer::num_zeros_in_grad() {
+  Impl& im = *impl_;
+  return int64_t(im.model_sum([&](Chunk& ch, const Piece& p) { return im.piece_grad(ch, p); },
+                              [&](TensorView g) { return double(im.ctx.ops().count_zeros(g)); }));
 }
 
 double DistributedOptimizer::param_norm() {
   finish_param_sync();
   Impl& im = *impl_;
-  return im.model_norm([&](Chunk& ch, const Piece& p) { return im.piece_master(ch, p); });
+  return std::sqrt(im.model_sum([&](Chunk& ch, const Piece& p) { return im.piece_master(ch, p); },
+                                 [&](TensorView w) { return im.ctx.ops().sum_squares(w); }));
 }
 
 bool DistributedOptimizer::found_inf() {
@@ -218,14 +274,20 @@ void DistributedOptimizer::step(float lr, float weight_decay, float grad_scale) 
   ++im.steps;
   AdamWParams p;
   p.lr = lr;
-  p.beta1 = im.adam.beta1;
-  p.beta2 = im.adam.beta2;
-  p.eps = im.adam.eps;
+  p.beta1 = im.optim.adam.beta1;
+  p.beta2 = im.optim.adam.beta2;
+  p.eps = im.optim.adam.eps;
   p.step = im.steps;
   p.grad_scale = grad_scale;
-  p.zero_grad = true;  // the gradients Adam reads start the next step from zero
-  // AdamW is elementwise: runs of pieces adjacent in both the flat buffer and shard space with the same
-  // weight-decay flag go in one call (a few launches per step on a GPU instead of one per parameter).
+  p.zero_grad = true;  // the gradients the optimizer reads start the next step from zero
+  SgdParams sgd;
+  sgd.lr = lr;
+  sgd.momentum = im.optim.sgd_momentum;
+  sgd.grad_scale = grad_scale;
+  sgd.zero_grad = true;
+  const bool adam = im.optim.kind == OptimizerKind::kAdam;
+  // Both updates are elementwise: runs of pieces adjacent in both the flat buffer and shard space with the
+  // same weight-decay flag go in one call (a few launches per step on a GPU instead of one per parameter).
   for (Chunk& ch : im.chunks)
     for (size_t i = 0; i < ch.pieces.size();) {
       Piece run = ch.pieces[i];
@@ -237,11 +299,16 @@ void DistributedOptimizer::step(float lr, float weight_decay, float grad_scale) 
           break;
         run.flat_end = next.flat_end;
       }
-      p.weight_decay = run.weight_decay ? weight_decay : 0.0f;
+      p.weight_decay = sgd.weight_decay = run.weight_decay ? weight_decay : 0.0f;
       const Shape s{run.flat_end - run.flat_begin};
-      im.ctx.ops().adamw_update(im.piece_master(ch, run), im.piece_grad(ch, run),
-                                ch.exp_avg.view().slice_flat(run.shard_off, s),
-                                ch.exp_avg_sq.view().slice_flat(run.shard_off, s), p);
+      if (adam)
+        im.ctx.ops().adamw_update(im.piece_master(ch, run), im.piece_grad(ch, run),
+                                  ch.exp_avg.view().slice_flat(run.shard_off, s),
+                                  ch.exp_avg_sq.view().slice_flat(run.shard_off, s), p);
+      else
+        im.ctx.ops().sgd_update(im.piece_master(ch, run), im.piece_grad(ch, run),
+                                ch.momentum.defined() ? ch.momentum.view().slice_flat(run.shard_off, s) : TensorView{},
+                                sgd);
       i = j;
     }
   im.grads_dirty = false;

@@ -55,6 +55,14 @@ float clip_coefficient(double total_norm, float max_norm) {
   return coeff < 1.0 ? float(coeff) : 1.0f;
 }
 
+OptimizerKind parse_optimizer_kind(const std::string& s) {
+  if (s == "adam") return OptimizerKind::kAdam;
+  if (s == "sgd") return OptimizerKind::kSGD;
+  user_error("--optimizer: unknown optimizer '", s, "' (valid: adam, sgd)");
+}
+
+const char* optimizer_kind_name(OptimizerKind k) { return k == OptimizerKind::kSGD ? "sgd" : "adam"; }
+
 LRDecayStyle parse_lr_decay_style(const std::string& s) {
   if (s == "constant") return LRDecayStyle::kConstant;
   if (s == "linear") return LRDecayStyle::kLinear;

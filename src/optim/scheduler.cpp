@@ -113,6 +113,38 @@ void validate(const SchedulerConfig& c, const std::string& context) {
          " increments over --train-iters, which must give > 0 samples, got ", c.wd_incr_steps);
   if (c.override_opt_param_scheduler && c.use_checkpoint_opt_param_scheduler)
     fail("--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler are mutually exclusive");
+  if (c.lr_warmup_tokens || c.lr_decay_tokens) {
+    if (c.tokens_per_sample <= 0) fail("--lr-warmup-tokens/--lr-decay-tokens need --seq-length > 0");
+    if (c.lr_decay_style == LRDecayStyle::kWSD)
+      fail("--lr-decay-style WSD counts samples; --lr-warmup-tokens/--lr-decay-tokens work with constant, linear, "
+           "cosine and inverse-square-root");
+    const int64_t w = c.lr_warmup_tokens.value_or(c.lr_warmup_steps * c.tokens_per_sample);
+    if (c.lr_warmup_tokens && *c.lr_warmup_tokens < 0) fail("--lr-warmup-tokens must be >= 0, got ", *c.lr_warmup_tokens);
+    if (c.lr_decay_tokens && *c.lr_decay_tokens <= w)
+      fail("--lr-decay-tokens (", *c.lr_decay_tokens, ") must exceed the warmup (", w, " tokens)");
+  }
+  const DeepSpeedSchedule& d = c.deepspeed;
+  if (d.enabled()) {
+    const std::string key = std::string("ds_config scheduler ") + d.name() + ": ";
+    if (d.samples_per_step <= 0) fail(key, "the global batch must be > 0 samples, got ", d.samples_per_step);
+    if (d.warmup_num_steps < 0) fail(key, "warmup_num_steps must be >= 0, got ", d.warmup_num_steps);
+    if (!std::isfinite(d.warmup_min_lr) || !std::isfinite(d.warmup_max_lr) || d.warmup_min_lr < 0 ||
+        d.warmup_max_lr < 0)
+      fail(key, "warmup_min_lr and warmup_max_lr must be finite and >= 0, got ", d.warmup_min_lr, " and ",
+           d.warmup_max_lr);
+    const int64_t W = std::max<int64_t>(2, d.warmup_num_steps);
+    if (d.type != DeepSpeedScheduleType::kWarmupLR && d.total_num_steps <= 0)
+      fail(key, "total_num_steps must be > 0, got ", d.total_num_steps);
+    if (d.type == DeepSpeedScheduleType::kWarmupCosineLR) {
+      if (d.total_num_steps <= W)
+        fail(key, "total_num_steps (", d.total_num_steps, ") must exceed warmup_num_steps (", W,
+             "): the cosine phase divides by their difference");
+      if (!(d.base_lr >= 0) || !std::isfinite(d.base_lr)) fail(key, "the optimizer's lr must be >= 0, got ", d.base_lr);
+      if (!(d.warmup_min_ratio >= 0 && d.warmup_min_ratio <= 1) || !(d.cos_min_ratio >= 0 && d.cos_min_ratio <= 1))
+        fail(key, "warmup_min_ratio and cos_min_ratio must be in [0, 1], got ", d.warmup_min_ratio, " and ",
+             d.cos_min_ratio);
+    }
+  }
 }
 
 std::string log_value(double v) { return python_float_repr(v); }
@@ -120,6 +152,8 @@ std::string log_value(int64_t v) { return std::to_string(v); }
 std::string log_value(LRDecayStyle v) { return lr_decay_style_name(v); }
 std::string log_value(WDIncrStyle v) { return wd_incr_style_name(v); }
 std::string log_value(WSDDecayStyle v) { return wsd_decay_style_name(v); }
+std::string log_value(const std::optional<int64_t>& v) { return v ? std::to_string(*v) : "None"; }
+std::string log_value(const DeepSpeedSchedule& v) { return v.enabled() ? v.to_json() : "none (Megatron's)"; }
 
 }  // namespace
 
@@ -142,6 +176,8 @@ void OptimizerParamScheduler::recompute() {
 double OptimizerParamScheduler::lr_at(int64_t n) const {
   LOOM_CHECK(n >= 0, "[OptimizerParamScheduler] num_steps must be >= 0, got ", n);
   const SchedulerConfig& c = cfg_;
+  if (c.deepspeed.enabled()) return c.deepspeed.lr(n / c.deepspeed.samples_per_step);
+  if (c.lr_warmup_tokens || c.lr_decay_tokens) return lr_at_tokens(n);
   if (c.lr_warmup_steps > 0 && n <= c.lr_warmup_steps)
     return c.init_lr + (c.max_lr - c.init_lr) * double(n) / double(c.lr_warmup_steps);
   if (c.lr_decay_style == LRDecayStyle::kConstant) return c.max_lr;
@@ -178,6 +214,33 @@ double OptimizerParamScheduler::lr_at(int64_t n) const {
   return c.min_lr + coeff * (c.max_lr - c.min_lr);
 }
 
+// Megatron-DeepSpeed's get_lr with lr_warmup_tokens / lr_decay_tokens, in its operation order.
+double OptimizerParamScheduler::lr_at_tokens(int64_t n) const {
+  const SchedulerConfig& c = cfg_;
+  const int64_t tokens = n * c.tokens_per_sample;
+  // Warmup by samples with a token decay ends at the tokens consumed by then.
+  const int64_t warmup_tokens = c.lr_warmup_tokens.value_or(c.lr_warmup_steps * c.tokens_per_sample);
+  if (c.lr_warmup_tokens) {
+    if (warmup_tokens > 0 && tokens <= warmup_tokens)
+      return c.init_lr + (c.max_lr - c.init_lr) * double(tokens) / double(warmup_tokens);
+  } else if (c.lr_warmup_steps > 0 && n <= c.lr_warmup_steps) {
+    return c.init_lr + (c.max_lr - c.init_lr) * double(n) / double(c.lr_warmup_steps);
+  }
+  if (c.lr_decay_style == LRDecayStyle::kConstant) return c.max_lr;
+  if (c.lr_decay_tokens ? tokens > *c.lr_decay_tokens : n > c.lr_decay_steps) return c.min_lr;
+  if (c.lr_decay_style == LRDecayStyle::kInverseSquareRoot) {
+    const double w = c.lr_warmup_tokens ? double(std::max<int64_t>(warmup_tokens, 1))
+                                        : double(std::max<int64_t>(c.lr_warmup_steps, 1));
+    const double x = c.lr_warmup_tokens ? double(std::max<int64_t>(tokens, 1)) : double(std::max<int64_t>(n, 1));
+    return std::max(c.min_lr, c.max_lr * std::pow(w, 0.5) / std::pow(x, 0.5));
+  }
+  const double ratio = c.lr_decay_tokens ? double(tokens - warmup_tokens) / double(*c.lr_decay_tokens - warmup_tokens)
+                                         : double(n - c.lr_warmup_steps) / double(c.lr_decay_steps - c.lr_warmup_steps);
+  LOOM_CHECK(ratio >= 0.0 && ratio <= 1.0, "[OptimizerParamScheduler] token decay ratio ", ratio);
+  const double coeff = c.lr_decay_style == LRDecayStyle::kLinear ? 1.0 - ratio : 0.5 * (std::cos(M_PI * ratio) + 1.0);
+  return c.min_lr + coeff * (c.max_lr - c.min_lr);
+}
+
 double OptimizerParamScheduler::wd_at(int64_t n) const {
   LOOM_CHECK(n >= 0, "[OptimizerParamScheduler] num_steps must be >= 0, got ", n);
   const SchedulerConfig& c = cfg_;
@@ -205,6 +268,9 @@ SchedulerState OptimizerParamScheduler::state() const {
   s.has_wsd = true;
   s.wsd_decay_steps = cfg_.wsd_decay_steps;
   s.lr_wsd_decay_style = cfg_.lr_wsd_decay_style;
+  s.deepspeed = cfg_.deepspeed;
+  s.lr_warmup_tokens = cfg_.lr_warmup_tokens;
+  s.lr_decay_tokens = cfg_.lr_decay_tokens;
   return s;
 }
 
@@ -244,6 +310,13 @@ std::vector<std::string> OptimizerParamScheduler::load_state(const SchedulerStat
                   "--lr-wsd-decay-iters (in samples)");
     check_and_set(c.lr_wsd_decay_style, s.lr_wsd_decay_style, "WSD decay style", "--lr-wsd-decay-style");
   }
+  if (c.lr_warmup_tokens || s.lr_warmup_tokens)
+    check_and_set(c.lr_warmup_tokens, s.lr_warmup_tokens, "warmup tokens", "--lr-warmup-tokens");
+  if (c.lr_decay_tokens || s.lr_decay_tokens)
+    check_and_set(c.lr_decay_tokens, s.lr_decay_tokens, "decay tokens", "--lr-decay-tokens");
+  // A DeepSpeed schedule on either side must match like any other setting (none vs one is a mismatch).
+  if (c.deepspeed.enabled() || s.deepspeed.enabled())
+    check_and_set(c.deepspeed, s.deepspeed, "DeepSpeed scheduler", "ds_config \"scheduler\"");
   validate(c, "after loading the checkpoint's optimizer-param scheduler: ");
   if (s.num_steps < 0) user_error("scheduler state: num_steps must be >= 0, got ", s.num_steps);
   num_steps_ = 0;
@@ -271,6 +344,11 @@ std::string SchedulerState::to_json() const {
     j["wsd_decay_steps"] = wsd_decay_steps;
     j["lr_wsd_decay_style"] = wsd_decay_style_name(lr_wsd_decay_style);
   }
+  if (lr_warmup_tokens || lr_decay_tokens) {
+    j["lr_warmup_tokens"] = lr_warmup_tokens ? nlohmann::ordered_json(*lr_warmup_tokens) : nlohmann::ordered_json();
+    j["lr_decay_tokens"] = lr_decay_tokens ? nlohmann::ordered_json(*lr_decay_tokens) : nlohmann::ordered_json();
+  }
+  if (deepspeed.enabled()) j["deepspeed_scheduler"] = nlohmann::ordered_json::parse(deepspeed.to_json());
   return j.dump(2);
 }
 
@@ -347,7 +425,100 @@ SchedulerState SchedulerState::from_json(const std::string& text, const std::str
                     get_string(field(j, {"lr_wsd_decay_style"}, what), "lr_wsd_decay_style", what),
                     "lr_wsd_decay_style", what);
   }
+  for (const auto& [key, dst] : {std::pair{"lr_warmup_tokens", &s.lr_warmup_tokens}, {"lr_decay_tokens", &s.lr_decay_tokens}})
+    if (j.contains(key) && !j.at(key).is_null()) *dst = get_int(j.at(key), key, what);
+  if (j.contains("deepspeed_scheduler") && !j.at("deepspeed_scheduler").is_null())
+    s.deepspeed = DeepSpeedSchedule::from_json(j.at("deepspeed_scheduler").dump(), what);
   return s;
+}
+
+// ---- DeepSpeed schedules ----------------------------------------------------------------------------
+
+const char* DeepSpeedSchedule::name() const {
+  switch (type) {
+    case DeepSpeedScheduleType::kNone: return "none";
+    case DeepSpeedScheduleType::kWarmupLR: return "WarmupLR";
+    case DeepSpeedScheduleType::kWarmupDecayLR: return "WarmupDecayLR";
+    case DeepSpeedScheduleType::kWarmupCosineLR: return "WarmupCosineLR";
+  }
+  return "?";
+}
+
+double DeepSpeedSchedule::lr(int64_t applied) const {
+  const int64_t k = applied - 1;  // DeepSpeed's last_batch_iteration
+  const int64_t W = std::max<int64_t>(2, warmup_num_steps);
+  const double inverse_log_warm_up = 1.0 / std::log(double(W));
+  auto warm = [&] { return log_warmup ? inverse_log_warm_up * std::log(double(k + 1)) : double(k) / double(W); };
+  if (type == DeepSpeedScheduleType::kWarmupCosineLR) {
+    if (k < 0) return 0.0;
+    double ratio;
+    if (k < W) {
+      ratio = warmup_min_ratio + warm() * (1.0 - warmup_min_ratio);
+    } else {
+      const double real_last_step = double(k - W + 1), real_total_steps = double(total_num_steps - W);
+      ratio = (1.0 + std::cos(M_PI * real_last_step / real_total_steps)) / 2.0;
+      ratio = std::max(0.0, cos_min_ratio + (1.0 - cos_min_ratio) * ratio);
+    }
+    return base_lr * ratio;
+  }
+  if (k < 0) return warmup_min_lr;
+  double gamma = 1.0;
+  if (k < W)
+    gamma = warm();
+  else if (type == DeepSpeedScheduleType::kWarmupDecayLR)
+    gamma = std::max(0.0, double(total_num_steps - k) / std::max(1.0, double(total_num_steps - W)));
+  return warmup_min_lr + (warmup_max_lr - warmup_min_lr) * gamma;
+}
+
+std::string DeepSpeedSchedule::to_json() const {
+  if (!enabled()) return "";
+  nlohmann::ordered_json j;
+  j["type"] = name();
+  j["warmup_num_steps"] = warmup_num_steps;
+  j["warmup_type"] = log_warmup ? "log" : "linear";
+  if (type == DeepSpeedScheduleType::kWarmupCosineLR) {
+    j["total_num_steps"] = total_num_steps;
+    j["warmup_min_ratio"] = warmup_min_ratio;
+    j["cos_min_ratio"] = cos_min_ratio;
+    j["base_lr"] = base_lr;
+  } else {
+    j["warmup_min_lr"] = warmup_min_lr;
+    j["warmup_max_lr"] = warmup_max_lr;
+    if (type == DeepSpeedScheduleType::kWarmupDecayLR) j["total_num_steps"] = total_num_steps;
+  }
+  j["samples_per_step"] = samples_per_step;
+  return j.dump();
+}
+
+DeepSpeedSchedule DeepSpeedSchedule::from_json(const std::string& text, const std::string& what) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    user_error(what, ": deepspeed_scheduler is not valid JSON (", e.what(), ")");
+  }
+  if (!j.is_object()) user_error(what, ": deepspeed_scheduler must be a JSON object");
+  DeepSpeedSchedule d;
+  const std::string type = get_string(field(j, {"type"}, what), "type", what);
+  if (type == "WarmupLR") d.type = DeepSpeedScheduleType::kWarmupLR;
+  else if (type == "WarmupDecayLR") d.type = DeepSpeedScheduleType::kWarmupDecayLR;
+  else if (type == "WarmupCosineLR") d.type = DeepSpeedScheduleType::kWarmupCosineLR;
+  else user_error(what, ": deepspeed_scheduler type '", type, "' (valid: WarmupLR, WarmupDecayLR, WarmupCosineLR)");
+  d.warmup_num_steps = get_int(field(j, {"warmup_num_steps"}, what), "warmup_num_steps", what);
+  d.log_warmup = get_string(field(j, {"warmup_type"}, what), "warmup_type", what) == "log";
+  if (d.type == DeepSpeedScheduleType::kWarmupCosineLR) {
+    d.total_num_steps = get_int(field(j, {"total_num_steps"}, what), "total_num_steps", what);
+    d.warmup_min_ratio = get_double(field(j, {"warmup_min_ratio"}, what), "warmup_min_ratio", what);
+    d.cos_min_ratio = get_double(field(j, {"cos_min_ratio"}, what), "cos_min_ratio", what);
+    d.base_lr = get_double(field(j, {"base_lr"}, what), "base_lr", what);
+  } else {
+    d.warmup_min_lr = get_double(field(j, {"warmup_min_lr"}, what), "warmup_min_lr", what);
+    d.warmup_max_lr = get_double(field(j, {"warmup_max_lr"}, what), "warmup_max_lr", what);
+    if (d.type == DeepSpeedScheduleType::kWarmupDecayLR)
+      d.total_num_steps = get_int(field(j, {"total_num_steps"}, what), "total_num_steps", what);
+  }
+  d.samples_per_step = get_int(field(j, {"samples_per_step"}, what), "samples_per_step", what);
+  return d;
 }
 
 }  // namespace loom

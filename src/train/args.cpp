@@ -4,8 +4,11 @@
 #include "loom/train/args.h"
 
 #include <functional>
+#include <set>
 
 #include "loom/core/check.h"
+#include "loom/train/timers.h"
+#include "train/deepspeed_config.h"
 
 namespace loom {
 
@@ -23,6 +26,13 @@ double parse_float(const std::string& flag, const std::string& v) { return parse
 
 // Megatron's tuple_type "L,R" or "(L,R)". Causal attention has no right window; -1 on the left is
 // Transformer Engine's "unlimited".
+// Python's bool spellings, as Megatron-DeepSpeed's BOOL arguments take them.
+bool parse_bool(const std::string& flag, const std::string& v) {
+  if (v == "true" || v == "True" || v == "1") return true;
+  if (v == "false" || v == "False" || v == "0") return false;
+  user_error(flag, " takes true or false, got '", v, "'");
+}
+
 int64_t parse_window_size(const std::string& v) {
   std::string t;
   for (char ch : v)
@@ -104,6 +114,21 @@ const std::vector<Flag>& flags() {
       {"--global-batch-size", "G", "sequences per step; micro-batches accumulate (default: micro-batch size)",
        [](C& c, S v) { c.batch.global_batch_size = parse_int("--global-batch-size", v); }},
       {"--train-iters", "N", "optimizer steps", [](C& c, S v) { c.batch.train_iters = parse_int("--train-iters", v); }},
+      {"--train-samples", "N", "sample-based training: train_samples // global batch iterations; the lr schedule "
+       "counts samples (excludes --train-iters)",
+       [](C& c, S v) { c.batch.train_samples = parse_int("--train-samples", v); }},
+      {"--train-tokens", "N", "Megatron-DeepSpeed: stop once N tokens (samples x --seq-length) are consumed",
+       [](C& c, S v) { c.batch.train_tokens = parse_int("--train-tokens", v); }},
+      {"--lr-decay-samples", "N", "sample-based decay length (default --train-samples)",
+       [](C& c, S v) { c.optim.lr_decay_samples = parse_int("--lr-decay-samples", v); }},
+      {"--lr-warmup-samples", "N", "sample-based warmup length (default 0)",
+       [](C& c, S v) { c.optim.lr_warmup_samples = parse_int("--lr-warmup-samples", v); }},
+      {"--lr-wsd-decay-samples", "N", "sample-based WSD annealing length",
+       [](C& c, S v) { c.optim.lr_wsd_decay_samples = parse_int("--lr-wsd-decay-samples", v); }},
+      {"--lr-decay-tokens", "N", "Megatron-DeepSpeed: decay the lr over N tokens (samples x --seq-length)",
+       [](C& c, S v) { c.optim.lr_decay_tokens = parse_int("--lr-decay-tokens", v); }},
+      {"--lr-warmup-tokens", "N", "Megatron-DeepSpeed: warm the lr up over N tokens",
+       [](C& c, S v) { c.optim.lr_warmup_tokens = parse_int("--lr-warmup-tokens", v); }},
       // optimizer and schedule
       {"--lr", "F", "peak learning rate", [](C& c, S v) { c.optim.lr = parse_float("--lr", v); }},
       {"--min-lr", "F", "final learning rate (default 0)", [](C& c, S v) { c.optim.min_lr = parse_float("--min-lr", v); }},
@@ -119,6 +144,11 @@ const std::vector<Flag>& flags() {
       {"--adam-beta2", "F", "default 0.999",
        [](C& c, S v) { c.optim.adam.beta2 = float(parse_float("--adam-beta2", v)); }},
       {"--adam-eps", "F", "default 1e-8", [](C& c, S v) { c.optim.adam.eps = float(parse_float("--adam-eps", v)); }},
+      {"--optimizer", "adam|sgd", "adam (AdamW, decoupled weight decay; default) or sgd (torch.optim.SGD: L2 weight "
+       "decay, --sgd-momentum); both ZeRO-sharded alike",
+       [](C& c, S v) { c.optim.optimizer = parse_optimizer_kind(v); }},
+      {"--sgd-momentum", "F", "SGD momentum (default 0.9; 0: no momentum buffer)",
+       [](C& c, S v) { c.optim.sgd_momentum = float(parse_float("--sgd-momentum", v)); }},
       {"--clip-grad", "F", "clip the global gradient norm to F, 0 disables (default 1.0)",
        [](C& c, S v) { c.optim.clip_grad = parse_float("--clip-grad", v); }},
       {"--lr-warmup-init", "F", "learning rate the warmup starts from (default 0)",
@@ -143,8 +173,6 @@ const std::vector<Flag>& flags() {
        [](C& c, S) { c.optim.override_opt_param_scheduler = true; }},
       {"--use-checkpoint-lr-scheduler", "", "legacy spelling of --use-checkpoint-opt-param-scheduler",
        [](C& c, S) { c.optim.use_checkpoint_opt_param_scheduler = true; }},
-      {"--use-checkpoint-opt_param-scheduler", "", "Megatron's spelling of --use-checkpoint-opt-param-scheduler",
-       [](C& c, S) { c.optim.use_checkpoint_opt_param_scheduler = true; }},
       // mixed precision
       {"--bf16", "", "BF16 compute, FP32 master weights, main grads and optimizer state",
        [](C& c, S) { c.precision.bf16 = true; }},
@@ -161,7 +189,10 @@ const std::vector<Flag>& flags() {
       {"--hysteresis", "N", "overflows tolerated before the dynamic scale halves (default 2)",
        [](C& c, S v) { c.precision.hysteresis = parse_int("--hysteresis", v); }},
       {"--attention-softmax-in-fp32", "", "softmax in FP32 (always the case in Loom's fused attention)",
-       [](C& c, S) { c.precision.attention_softmax_in_fp32 = true; }},
+       [](C& c, S) {
+         c.precision.attention_softmax_in_fp32 = true;
+         c.kernel_choice_flags.push_back("--attention-softmax-in-fp32");  // logged with the kernel choices
+       }},
       {"--accumulate-allreduce-grads-in-fp32", "", "FP32 main grads with --fp16 (always on with --bf16)",
        [](C& c, S) { c.precision.accumulate_allreduce_grads_in_fp32 = true; }},
       {"--fp8-format", "S", "FP8 GEMMs in every linear layer: e4m3 | hybrid (E5M2 gradients); needs --bf16/--fp16",
@@ -280,10 +311,8 @@ const std::vector<Flag>& flags() {
                       "both with MPI)");
          c.dist.backend = v;
        }},
-      {"--local-rank", "N", "set by Python launchers; checked against mpirun/srun's local rank",
+      {"--local-rank", "N", "(also --local_rank) set by Python launchers; checked against mpirun/srun's local rank",
        [](C& c, S v) { c.dist.local_rank = parse_int("--local-rank", v); }},
-      {"--local_rank", "N", "Megatron's spelling of --local-rank",
-       [](C& c, S v) { c.dist.local_rank = parse_int("--local_rank", v); }},
       {"--distributed-timeout-minutes", "X", "abort every rank when a collective takes longer (default 10)",
        [](C& c, S v) { c.dist.timeout_minutes = parse_float("--distributed-timeout-minutes", v); }},
       // device and profiling
@@ -309,6 +338,15 @@ const std::vector<Flag>& flags() {
        [](C& c, S v) { c.logging.profile_step_start = parse_int("--profile-step-start", v); }},
       {"--profile-step-end", "N", "iteration where profiling stops (default 12)",
        [](C& c, S v) { c.logging.profile_step_end = parse_int("--profile-step-end", v); }},
+      {"--profile-execution", "BOOL", "true: as --profile", [](C& c, S v) {
+         if (parse_bool("--profile-execution", v)) c.logging.profile = true;
+       }},
+      {"--profile-name", "NAME", "name of the NVTX range spanning the profiled window (default loom); nsys -o names "
+       "the capture file",
+       [](C& c, S v) {
+         if (v.empty()) user_error("--profile-name: the name must not be empty");
+         c.logging.profile_name = v;
+       }},
       {"--profile-ranks", "RANK...", "global ranks that profile (default 0)",
        [](C& c, S v) {
          if (!c.logging.profile_ranks_given) c.logging.profile_ranks.clear();  // the first value replaces the default
@@ -320,12 +358,35 @@ const std::vector<Flag>& flags() {
        [](C& c, S v) { c.seed = uint64_t(parse_int("--seed", v)); }},
       {"--log-interval", "N", "iterations between log lines (default 100)",
        [](C& c, S v) { c.logging.log_interval = parse_int("--log-interval", v); }},
+      {"--timing-log-option", "max|minmax|all", "timers across ranks: the maximum, (min, max) (default) or every "
+       "rank's value",
+       [](C& c, S v) {
+         parse_timing_log_option(v);  // validated here, used by the run's timers
+         c.logging.timing_log_option = v;
+       }},
       {"--timing-log-level", "0|1|2", "timers printed after each log line: 1 forward-backward and optimizer, 2 also "
        "forward-compute, backward-compute, batch-generator (default 0: none)",
        [](C& c, S v) { c.logging.timing_log_level = int(parse_int("--timing-log-level", v)); }},
       {"--tensorboard-dir", "DIR", "write TensorBoard event files here", [](C& c, S v) { c.logging.tensorboard_dir = v; }},
       {"--tensorboard-log-interval", "N", "iterations between TensorBoard points (default 1)",
        [](C& c, S v) { c.logging.tensorboard_log_interval = parse_int("--tensorboard-log-interval", v); }},
+      {"--tensorboard-queue-size", "N", "TensorBoard events buffered before they are written out (default 1000; "
+       "every log line also writes them)",
+       [](C& c, S v) {
+         c.logging.tensorboard_queue_size = parse_int("--tensorboard-queue-size", v);
+         if (c.logging.tensorboard_queue_size < 1) user_error("--tensorboard-queue-size must be >= 1, got ", v);
+       }},
+      {"--log-num-zeros-in-grad", "", "add the number of zeros in the gradients to the log line and TensorBoard",
+       [](C& c, S) { c.logging.log_num_zeros_in_grad = true; }},
+      {"--log-world-size-to-tensorboard", "", "the world size to TensorBoard",
+       [](C& c, S) { c.logging.log_world_size_to_tensorboard = true; }},
+      {"--log-loss-scale-to-tensorboard", "", "the loss scale to TensorBoard (the default)",
+       [](C& c, S) { c.logging.log_loss_scale_to_tensorboard = true; }},
+      {"--wandb-project", "NAME", "Weights & Biases project: Loom has no W&B client and warns once (metrics go to "
+       "--tensorboard-dir and --metrics-jsonl)",
+       [](C& c, S v) { c.logging.wandb_project = v; }},
+      {"--wandb-exp-name", "NAME", "Weights & Biases run name (see --wandb-project)",
+       [](C& c, S v) { c.logging.wandb_exp_name = v; }},
       {"--log-timers-to-tensorboard", "", "timers and throughput to TensorBoard",
        [](C& c, S) { c.logging.log_timers_to_tensorboard = true; }},
       {"--log-memory-to-tensorboard", "", "allocator figures to TensorBoard",
@@ -340,11 +401,42 @@ const std::vector<Flag>& flags() {
        [](C& c, S) { c.logging.log_throughput = true; }},
       {"--metrics-jsonl", "FILE", "also write every log line's figures as one JSON object per line",
        [](C& c, S v) { c.logging.metrics_jsonl = v; }},
+      {"--log-optimizer-states-to-tensorboard", "", "Megatron-DeepSpeed: L2 / L1 / max-abs of the Adam moments and the "
+       "weights to TensorBoard (optimizer/...)",
+       [](C& c, S) { c.logging.log_optimizer_states_to_tensorboard = true; }},
+      {"--num-workers", "N", "PyTorch data-loader processes: Loom reads the memory-mapped data in the training "
+       "process (same batches; logged)",
+       [](C& c, S v) {
+         c.num_workers = parse_int("--num-workers", v);
+         if (*c.num_workers < 0) user_error("--num-workers must be >= 0, got ", v);
+       }},
+      {"--no-pipeline-parallel", "", "Megatron-DeepSpeed's non-pipeline model: needs --pipeline-model-parallel-size 1",
+       [](C& c, S) { c.no_pipeline_parallel = true; }},
+      // Megatron-DeepSpeed (docs/migrating.md)
+      {"--deepspeed", "", "Megatron-DeepSpeed's switch: take --deepspeed_config FILE (ZeRO stage, batch, precision, "
+       "optimizer, scheduler)",
+       [](C& c, S) { c.deepspeed.enabled = true; }},
+      {"--deepspeed-config", "FILE", "(also --deepspeed_config) DeepSpeed's ds_config.json, with --deepspeed",
+       [](C& c, S v) { c.deepspeed.config_path = v; }},
+      {"--zero-stage", "N", "ZeRO stage 0-3 when ds_config has no zero_optimization.stage (with --deepspeed)",
+       [](C& c, S v) { c.deepspeed.zero_stage = int(parse_int("--zero-stage", v)); }},
+      {"--deepspeed-activation-checkpointing", "", "DeepSpeed's recompute engine for --checkpoint-activations: "
+       "the same full recomputation",
+       [](C& c, S) { c.deepspeed.activation_checkpointing = true; }},
+      {"--partition-activations", "", "DeepSpeed's placement of checkpointed activations (results unchanged; logged)",
+       [](C& c, S) { c.deepspeed.partition_activations = true; }},
+      {"--contigious-checkpointing", "", "DeepSpeed's buffer for checkpointed activations (results unchanged; logged)",
+       [](C& c, S) { c.deepspeed.contiguous_checkpointing = true; }},
+      {"--checkpoint-in-cpu", "", "not supported: Loom keeps checkpointed activations in device memory",
+       [](C&, S) {
+         user_error("--checkpoint-in-cpu: Loom cannot move checkpointed activations to host memory; drop the flag "
+                    "(recomputation with --checkpoint-activations keeps one layer input per layer on the device)");
+       }},
   };
   // Megatron switches whose only effect there is the choice of kernels: recorded, logged once by the run.
   for (const char* name : {"--use-flash-attn", "--no-masked-softmax-fusion", "--no-bias-gelu-fusion",
                            "--no-bias-dropout-fusion", "--no-gradient-accumulation-fusion", "--no-persist-layer-norm",
-                           "--use-mcore-models"})
+                           "--use-mcore-models", "--no-async-tensor-model-parallel-allreduce"})
     t.push_back({name, "", "a Megatron kernel choice; Loom always runs its fused kernels (logged once)",
                  [name](C& c, S) { c.kernel_choice_flags.push_back(name); }});
   return t;
@@ -379,7 +471,6 @@ std::vector<FlagSpec<TrainConfig>> specs() {
 // Megatron flags for features this build does not have yet: a clear error instead of "unknown flag".
 const std::vector<std::string>& unsupported() {
   static const std::vector<std::string> names = {
-      "--use-flash-attn", "--use-mcore-models",
       // CUDA graphs of the steady-state step are not built yet (docs/performance.md)
       "--cuda-graph", "--enable-cuda-graph", "--external-cuda-graph", "--use-pytorch-profiler",
       // architecture variants Loom does not build
@@ -388,13 +479,45 @@ const std::vector<std::string>& unsupported() {
   return names;
 }
 
+// Megatron's validate_args for iteration- vs sample-based training, and the token flags.
+void check_sample_based_flags(const TrainConfig& cfg, const std::set<std::string>& given) {
+  const auto has = [&](const char* f) { return given.count(f) > 0; };
+  if (cfg.batch.train_samples) {
+    if (has("--train-iters"))
+      user_error("--train-iters and --train-samples are mutually exclusive (iteration- or sample-based training)");
+    if (*cfg.batch.train_samples < 1) user_error("--train-samples must be >= 1, got ", *cfg.batch.train_samples);
+    for (const char* f : {"--lr-decay-iters", "--lr-warmup-iters", "--lr-wsd-decay-iters"})
+      if (has(f))
+        user_error(f, " is iteration-based; with --train-samples give --lr-decay-samples, --lr-warmup-samples, "
+                   "--lr-wsd-decay-samples (or --lr-warmup-fraction)");
+  } else {
+    for (const char* f : {"--lr-decay-samples", "--lr-warmup-samples", "--lr-wsd-decay-samples"})
+      if (has(f)) user_error(f, " is sample-based: it needs --train-samples instead of --train-iters");
+  }
+  if (cfg.optim.lr_warmup_samples && cfg.optim.lr_warmup_fraction)
+    user_error("--lr-warmup-fraction and --lr-warmup-samples are mutually exclusive");
+  for (const auto& [flag, v] : {std::pair{"--lr-decay-samples", cfg.optim.lr_decay_samples},
+                                {"--lr-warmup-samples", cfg.optim.lr_warmup_samples},
+                                {"--lr-wsd-decay-samples", cfg.optim.lr_wsd_decay_samples},
+                                {"--train-tokens", cfg.batch.train_tokens}, {"--lr-decay-tokens", cfg.optim.lr_decay_tokens},
+                                {"--lr-warmup-tokens", cfg.optim.lr_warmup_tokens}})
+    if (v && *v < 0) user_error(flag, " must be >= 0, got ", *v);
+  if (cfg.batch.train_tokens && *cfg.batch.train_tokens < 1) user_error("--train-tokens must be >= 1");
+  if (cfg.no_pipeline_parallel && cfg.parallel.pipeline_model_parallel_size != 1)
+    user_error("--no-pipeline-parallel (Megatron-DeepSpeed's non-pipeline model) needs --pipeline-model-parallel-size "
+               "1, got ", cfg.parallel.pipeline_model_parallel_size);
+}
+
 }  // namespace
 
 TrainConfig parse_train_args(const std::vector<std::string>& args) {
   TrainConfig cfg;
   // Megatron has no defaults for the model's shape: these must come from the command line.
   cfg.model.num_layers = cfg.model.hidden_size = cfg.model.num_attention_heads = 0;
-  apply_flags(specs(), args, cfg, unsupported(), "Megatron's pretrain_gpt.py");
+  // The flags named on the command line, by their table names (after argparse's "_" == "-" and prefix
+  // rules): ds_config.json values yield to some of them (DeepSpeed's rules).
+  const std::vector<std::string> named = apply_flags(specs(), args, cfg, unsupported(), "Megatron's pretrain_gpt.py");
+  const std::set<std::string> given(named.begin(), named.end());
   if (!cfg.max_position_embeddings_given) cfg.model.max_position_embeddings = cfg.batch.seq_length;
   // Megatron reads --num-query-groups only with --group-query-attention; alone it would silently build
   // multi-head attention, which is never what was meant.
@@ -404,6 +527,8 @@ TrainConfig parse_train_args(const std::vector<std::string>& args) {
         user_error("--num-query-groups needs --group-query-attention (without it every head has its own keys "
                    "and values)");
   cfg.data.tokenizer.vocab_size = cfg.data.vocab_size;  // NullTokenizer's and TikTokenizer's --vocab-size
+  check_sample_based_flags(cfg, given);
+  apply_deepspeed_config(cfg, given);
   return cfg;
 }
 

@@ -18,6 +18,8 @@ using nlohmann::json;
 constexpr const char* kFormat = kCheckpointFormat;
 constexpr int kFormatVersion = kCheckpointFormatVersion;
 
+// metadata.json "optimizer.type": what the saved state is (Megatron's adam is AdamW).
+const char* checkpoint_optimizer_type(OptimizerKind k) { return k == OptimizerKind::kSGD ? "sgd" : "adamw"; }
 
 // The checkpoint must hold the same architecture; the first difference names the flag that sets it.
 // Checkpoints written before a field existed lack it and were GPT-2 models: a missing architecture field
@@ -177,7 +179,8 @@ std::string CheckpointManager::metadata_json() const {
   j["model_config"] = model_config_json(cfg.model);
   j["precision"] = cfg.precision.bf16 ? "bf16" : cfg.precision.fp16 ? "fp16" : "fp32";
   if (!cfg.checkpoint.no_save_optim) {
-    j["optimizer"] = {{"type", "adamw"}, {"step", run_.dopt->num_steps()}};
+    j["optimizer"] = {{"type", checkpoint_optimizer_type(run_.dopt->kind())}, {"step", run_.dopt->num_steps()}};
+    if (run_.dopt->kind() == OptimizerKind::kSGD) j["optimizer"]["momentum"] = cfg.optim.sgd_momentum;
     j["opt_param_scheduler"] = json::parse(run_.sched->state().to_json());
     if (run_.scaler) j["grad_scaler"] = json::parse(run_.scaler->state().to_json());
   }
@@ -211,10 +214,8 @@ void CheckpointManager::save() {
     if (p.tied_embedding_copy || (p.shard.empty() && run_.ps->tp_rank() != 0) || !owner_saves) continue;
     auto add = [&](const std::string& name, TensorView v) { pieces.push_back(state_piece(s, name, v)); };
     if (from_masters) add(p.name, s.master);
-    if (!cfg.checkpoint.no_save_optim) {
-      add("optimizer.exp_avg." + p.name, s.exp_avg);
-      add("optimizer.exp_avg_sq." + p.name, s.exp_avg_sq);
-    }
+    if (!cfg.checkpoint.no_save_optim)
+      for (const auto& [state, view] : s.optimizer_state()) add(std::string("optimizer.") + state + "." + p.name, view);
   }
   if (!from_masters)
     for (const auto& m : run_.chunks)
@@ -262,10 +263,8 @@ void CheckpointManager::load_pieces(const ShardedCheckpoint& ck, bool load_optim
     auto add = [&](const std::string& name, TensorView v) { targets.push_back(state_piece(s, name, v)); };
     // The masters (views of the weights or a shard of their own): filled from the same saved tensor.
     if (s.master.defined()) add(p.name, s.master);
-    if (load_optim) {
-      add("optimizer.exp_avg." + p.name, s.exp_avg);
-      add("optimizer.exp_avg_sq." + p.name, s.exp_avg_sq);
-    }
+    if (load_optim)
+      for (const auto& [state, view] : s.optimizer_state()) add(std::string("optimizer.") + state + "." + p.name, view);
   }
   std::vector<Tensor> host;
   std::vector<TensorView> device;
@@ -278,6 +277,27 @@ void CheckpointManager::load_pieces(const ShardedCheckpoint& ck, bool load_optim
   run_.dopt->sync_params_from_masters();
   for (const auto& m : run_.chunks)
     if (m->params().storage() == ParamStorage::kFull) m->sync_compute();
+}
+
+// The optimizer state in a checkpoint is only meaningful to the same optimizer: Adam's moments are no
+// SGD momentum buffer (and a momentum-less SGD run saved none).
+void CheckpointManager::check_optimizer_matches(const json& saved, const std::string& meta_path,
+                                                const std::string& dir) const {
+  const TrainConfig& cfg = run_.cfg;
+  const std::string type = saved.contains("type") ? get_field<std::string>(saved, "type", meta_path) : "adamw";
+  const std::string ours = checkpoint_optimizer_type(cfg.optim.optimizer);
+  if (type != ours)
+    user_error("checkpoint ", dir, " holds ", type, " optimizer state; this run trains with --optimizer ",
+               optimizer_kind_name(cfg.optim.optimizer), ": use the checkpoint's optimizer, or pass --no-load-optim "
+               "to start a fresh one from the saved weights");
+  if (type == "sgd") {
+    const double saved_momentum = saved.contains("momentum") ? get_field<double>(saved, "momentum", meta_path) : 0.0;
+    if ((saved_momentum == 0.0) != (cfg.optim.sgd_momentum == 0.0f))
+      user_error("checkpoint ", dir, " was trained with --sgd-momentum ", saved_momentum, " and ",
+                 saved_momentum == 0.0 ? "holds no" : "holds a", " momentum buffer; this run has --sgd-momentum ",
+                 cfg.optim.sgd_momentum, ": use a momentum that is ", saved_momentum == 0.0 ? "0" : "non-zero",
+                 ", or --no-load-optim");
+  }
 }
 
 void CheckpointManager::check_load_flags(const TrainConfig& cfg) {
@@ -346,8 +366,9 @@ void CheckpointManager::load() {
   if (load_optim && !meta.contains("optimizer"))
     user_error("checkpoint ", dir, " holds no optimizer state (saved with --no-save-optim); pass --no-load-optim "
                "to resume with a fresh optimizer, or --finetune");
+  if (load_optim) check_optimizer_matches(meta["optimizer"], meta_path, dir);
   // Every Loom checkpoint (any layout, or the single-file format of Loom 0.1.0) through the resharding
-  // reader: weights, the FP8 state, and the Adam moments when load_optim.
+  // reader: weights, the FP8 state, and the optimizer state when load_optim.
   load_pieces(ck, load_optim);
 
   if (cfg.checkpoint.finetune) {

@@ -3,7 +3,8 @@
 //   iter_0000100/metadata.json          format, Loom version, iteration, consumed samples/tokens, the model
 //                                        config, precision, scheduler, loss-scaler and RNG state, the layout
 //   iter_0000100/shard_00000.safetensors one per rank: its pieces of the FP32 master weights (Megatron's
-//                                        parameter names), of the Adam moments ("optimizer.exp_avg.<name>")
+//                                        parameter names), of the optimizer state ("optimizer.exp_avg.<name>",
+//                                        "optimizer.exp_avg_sq.<name>"; SGD: "optimizer.momentum_buffer.<name>")
 //                                        and the FP8 scaling state, each with its place in the global tensor
 // Any checkpoint loads into any layout (resharding), the single-file format of Loom 0.1.0 included, and a
 // Hugging Face model directory loads with --finetune (weights only, one process).
@@ -14,6 +15,8 @@
 #pragma once
 #include <ostream>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "loom/ckpt/safetensors.h"
 #include "loom/ckpt/sharded.h"
@@ -36,6 +39,7 @@ class CheckpointManager {
  private:
   std::string metadata_json() const;
   void load_pieces(const ShardedCheckpoint& ck, bool load_optim);
+  void check_optimizer_matches(const nlohmann::json& saved, const std::string& meta_path, const std::string& dir) const;
   void load_hf(const std::string& dir);
   // FP8 scaling state of this rank's model chunks as named host tensors (`holder` keeps them alive).
   NamedTensors fp8_state_tensors(std::vector<Tensor>& holder) const;

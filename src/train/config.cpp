@@ -1,5 +1,7 @@
 #include "loom/train/config.h"
 
+#include <cmath>
+
 #include "loom/optim/distributed_optimizer.h"
 #include "loom/pipeline/schedule.h"
 
@@ -160,6 +162,8 @@ void TrainConfig::validate(int world_size) const {
   if (!(optim.adam.beta1 >= 0 && optim.adam.beta1 < 1)) user_error("--adam-beta1 must be in [0, 1)");
   if (!(optim.adam.beta2 >= 0 && optim.adam.beta2 < 1)) user_error("--adam-beta2 must be in [0, 1)");
   if (!(optim.adam.eps > 0)) user_error("--adam-eps must be > 0");
+  if (!(optim.sgd_momentum >= 0 && std::isfinite(optim.sgd_momentum)))
+    user_error("--sgd-momentum must be >= 0 (0: plain SGD), got ", optim.sgd_momentum);
   if (optim.clip_grad < 0) user_error("--clip-grad must be >= 0 (0 disables clipping), got ", optim.clip_grad);
   if (logging.log_interval < 1) user_error("--log-interval must be >= 1, got ", logging.log_interval);
   if (logging.timing_log_level < 0 || logging.timing_log_level > 2)

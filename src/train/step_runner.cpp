@@ -85,6 +85,8 @@ StepOutcome StepRunner::step(Loader& loader) {
     out.grad_norm = NAN;
     run_.dopt->start_step();  // drops the gradients
   } else {
+    // Megatron counts after the clip-norm pass and before the update (the count ignores the scale).
+    if (cfg.logging.log_num_zeros_in_grad) out.num_zeros = double(run_.dopt->num_zeros_in_grad());
     timers_.start("optimizer-inner-step", 1);
     const float scale = float(inv) * clip_coefficient(norm, float(cfg.optim.clip_grad));
     run_.dopt->step(float(run_.sched->lr()), float(run_.sched->wd()), scale);

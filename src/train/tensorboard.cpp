@@ -114,7 +114,7 @@ uint32_t masked_crc32c(std::string_view data) {
   return ((c >> 15) | (c << 17)) + 0xa282ead8u;
 }
 
-TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
+TensorBoardWriter::TensorBoardWriter(const std::string& dir, int64_t max_queue) : max_queue_(max_queue) {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -180,9 +180,11 @@ void TensorBoardWriter::write_record(const std::string& event) {
   put_le(rec, masked_crc32c(event), 4);
   if (std::fwrite(rec.data(), 1, rec.size(), file_) != rec.size())
     user_error("cannot write TensorBoard event file '", path_, "' (", std::strerror(errno), ")");
+  if (max_queue_ > 0 && ++pending_ >= max_queue_) flush();
 }
 
 void TensorBoardWriter::flush() {
+  pending_ = 0;
   if (std::fflush(file_) != 0)
     user_error("cannot write TensorBoard event file '", path_, "' (", std::strerror(errno), ")");
 }

@@ -68,24 +68,55 @@ std::vector<std::pair<std::string, double>> Timers::values_ms(const std::vector<
   return out;
 }
 
+TimingLogOption parse_timing_log_option(const std::string& s) {
+  if (s == "max") return TimingLogOption::kMax;
+  if (s == "minmax") return TimingLogOption::kMinMax;
+  if (s == "all") return TimingLogOption::kAll;
+  user_error("--timing-log-option: unknown option '", s, "' (valid: max, minmax, all)");
+}
+
 std::string Timers::log(const std::vector<std::string>& names, double normalizer, const Communicator* group) {
   std::string s;
+  char buf[96];
   for (const std::string& name : names) {
     const Timer* t = find(name);
-    double lo = t ? t->elapsed_s * 1000.0 / normalizer : INFINITY, hi = t ? lo : -INFINITY;
+    const double mine = t ? t->elapsed_s * 1000.0 / normalizer : -INFINITY;
+    if (t) reset(name);
+    std::string label = name + " ";
+    if (label.size() < 48) label.append(48 - label.size(), '.');
+    if (option_ == TimingLogOption::kAll) {
+      // Rank r's value reaches every rank as the max over {r's value, -inf elsewhere}: any backend's
+      // scalar reduction, one per rank (log intervals only).
+      const int n = group ? group->size() : 1;
+      std::string lines;
+      for (int r = 0; r < n; ++r) {
+        const double v = group ? group->all_reduce_scalar(group->rank() == r ? mine : -INFINITY, ReduceOp::kMax) : mine;
+        if (!(v >= 0)) continue;  // absent on that rank
+        std::snprintf(buf, sizeof buf, "\n     rank %2d: %.2f", r, v);
+        lines += buf;
+      }
+      if (!lines.empty()) s += "\n    " + name + lines;
+      continue;
+    }
+    double lo = t ? mine : INFINITY, hi = mine;
     if (group) {  // every rank reduces every name, present or not, so the collectives match
       lo = group->all_reduce_scalar(lo, ReduceOp::kMin);
       hi = group->all_reduce_scalar(hi, ReduceOp::kMax);
     }
-    if (t) reset(name);
     if (!(hi >= 0)) continue;  // on no rank
-    std::string label = name + " ";
-    if (label.size() < 48) label.append(48 - label.size(), '.');
-    char buf[96];
-    std::snprintf(buf, sizeof buf, ": (%.2f, %.2f)", lo, hi);
+    if (option_ == TimingLogOption::kMax)
+      std::snprintf(buf, sizeof buf, ": %.2f", hi);
+    else
+      std::snprintf(buf, sizeof buf, ": (%.2f, %.2f)", lo, hi);
     s += "\n    " + label + buf;
   }
-  return s.empty() ? s : "(min, max) time across ranks (ms):" + s;
+  if (s.empty()) return s;
+  switch (option_) {
+    case TimingLogOption::kMax: return "max time across ranks (ms):" + s;
+    case TimingLogOption::kAll: return "times across ranks (ms):" + s;
+    case TimingLogOption::kMinMax: break;
+  }
+  return "(min, max) time across ranks (ms):" + s;
 }
 
 }  // namespace loom

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
+#include <string>
 
 #include "loom/train/trainer.h"
 #include "train/checkpoint_manager.h"
@@ -16,6 +18,27 @@
 namespace loom {
 
 namespace {
+
+// torchrun and the deepspeed launcher start one process per rank with RANK / WORLD_SIZE / LOCAL_RANK and
+// expect torch.distributed to connect them; Loom's processes join through MPI, so under such a launcher
+// each would train alone (and write the same checkpoints). Say how to launch instead.
+void check_launcher(int mpi_world_size) {
+  const char* ws = std::getenv("WORLD_SIZE");
+  const int env_world = ws ? std::atoi(ws) : 0;
+  if (mpi_world_size != 1 || env_world <= 1) return;
+  const char* local = std::getenv("LOCAL_WORLD_SIZE");
+  const int per_node = local ? std::atoi(local) : 0;
+  const std::string npernode =
+      per_node > 0 && per_node < env_world ? " --npernode " + std::to_string(per_node) : std::string();
+  const std::string nodes =
+      per_node > 0 && per_node < env_world ? " --nodes=" + std::to_string(env_world / per_node) : std::string();
+  user_error("this process was started by a torchrun/deepspeed-style launcher (WORLD_SIZE=", env_world,
+             std::getenv("RANK") ? std::string(", RANK=") + std::getenv("RANK") : std::string(),
+             std::getenv("LOCAL_RANK") ? std::string(", LOCAL_RANK=") + std::getenv("LOCAL_RANK") : std::string(),
+             ") but is alone in its MPI world: Loom's ranks join through MPI. Launch with\n  mpirun -np ", env_world,
+             npernode, " loom train <the same flags>\nor, under SLURM,\n  srun", nodes, " --ntasks=", env_world,
+             " loom train <the same flags>\n(--local-rank / --local_rank from the launcher may stay; docs/migrating.md)");
+}
 
 // --exit-signal-handler: the handler only records the signal; the loop checks it after each iteration.
 std::atomic<int> g_signal{0};
@@ -108,15 +131,15 @@ TrainResult Trainer::run() {
   evaluator_ = std::make_unique<Evaluator>(run_);
   StepRunner steps(run_, tlog_->timers());
   std::unique_ptr<Loader> train_loader;
-  if (progress.iteration < cfg.batch.train_iters)
+  if (progress.iteration < run_.last_iteration)
     train_loader = std::make_unique<Loader>(run_.train_ds, run_.loader_config(progress.consumed_train));
 
   SignalGuard signals(cfg.exit.exit_signal_handler);
   log_ << "training ...\n" << std::flush;
-  result_.exit_reason = "train-iters";
+  result_.exit_reason = run_.last_iteration < cfg.batch.train_iters ? "train-tokens" : "train-iters";
   bool exiting = false;
   progress.inputs_checked_through = progress.iteration;
-  while (progress.iteration < cfg.batch.train_iters) {
+  while (progress.iteration < run_.last_iteration) {
     tlog_->update_profiler();
     const auto t0 = std::chrono::steady_clock::now();
     const StepOutcome s = steps.step(*train_loader);
@@ -131,7 +154,7 @@ TrainResult Trainer::run() {
       ++result_.skipped_iterations;
       if (!std::isfinite(s.loss)) ++result_.nan_iterations;
     }
-    if (progress.iteration % cfg.logging.log_interval == 0 || progress.iteration == cfg.batch.train_iters)
+    if (progress.iteration % cfg.logging.log_interval == 0 || progress.iteration == run_.last_iteration)
       run_.check_device_inputs();
     tlog_->iteration(s, step_ms);
 
@@ -188,6 +211,7 @@ TrainResult Trainer::run() {
 TrainResult run_training(const TrainConfig& cfg, std::ostream& log) {
   std::unique_ptr<Communicator> world =
       init_world(std::chrono::milliseconds(int64_t(cfg.dist.timeout_minutes * 60000.0)));
+  check_launcher(world->size());
   // Megatron prints the iteration lines from the last rank (the last pipeline stage knows the loss); Loom
   // prints everything from there so that an mpirun log reads like a single process's.
   std::ostream null_stream(nullptr);

@@ -56,7 +56,7 @@ double iteration_flops(const GPTConfig& m, int64_t global_batch, int64_t seq_len
 }
 
 TrainingLog::TrainingLog(const TrainingRun& run, std::ostream& log)
-    : run_(run), log_(log), timers_(run.cfg.logging.timing_log_level) {
+    : run_(run), log_(log), timers_(run.cfg.logging.timing_log_level, parse_timing_log_option(run.cfg.logging.timing_log_option)) {
   // GPU timers must see the device's work: synchronise at each start/stop.
   if (!run_.ctx->device().is_cpu()) timers_.set_hooks({[this] { run_.ctx->synchronize(); }, {}, {}});
 }
@@ -67,7 +67,8 @@ void TrainingLog::open_writers() {
   // Written by the printing (last) rank only, like the log.
   if (!run_.is_printer()) return;
   const LoggingConfig& lc = run_.cfg.logging;
-  if (!lc.tensorboard_dir.empty()) tb_ = std::make_unique<TensorBoardWriter>(lc.tensorboard_dir);
+  if (!lc.tensorboard_dir.empty())
+    tb_ = std::make_unique<TensorBoardWriter>(lc.tensorboard_dir, lc.tensorboard_queue_size);
   if (!lc.metrics_jsonl.empty())
     jsonl_ = std::make_unique<MetricsJsonlWriter>(lc.metrics_jsonl, /*append=*/run_.progress.iteration > 0);
   reset_comm_stats();  // the communication lines count training steps, not the set-up
@@ -81,16 +82,19 @@ void TrainingLog::update_profiler() {
   const bool mine = std::find(lc.profile_ranks.begin(), lc.profile_ranks.end(), run_.ps->rank()) != lc.profile_ranks.end();
   if (!mine) return;
   const bool in_window = run_.progress.iteration >= lc.profile_step_start && run_.progress.iteration < lc.profile_step_end &&
-                         run_.progress.iteration < cfg.batch.train_iters;
+                         run_.progress.iteration < run_.last_iteration;
   if (in_window && !profiling_) {
     run_.ctx->profiler_start();
+    run_.ctx->range_push(lc.profile_name.empty() ? "loom" : lc.profile_name.c_str());  // spans the window
     timers_.set_hooks({[this] { run_.ctx->synchronize(); }, [this](const std::string& n) { run_.ctx->range_push(n.c_str()); },
                        [this] { run_.ctx->range_pop(); }});
     profiling_ = true;
     log_ << " > profiling iterations " << lc.profile_step_start << " to " << lc.profile_step_end - 1
-         << " (cudaProfilerStart, NVTX ranges per timer)\n";
+         << " (cudaProfilerStart, NVTX range '" << (lc.profile_name.empty() ? "loom" : lc.profile_name)
+         << "' with a range per timer)\n";
   } else if (!in_window && profiling_) {
     timers_.set_hooks({[this] { run_.ctx->synchronize(); }, {}, {}});
+    run_.ctx->range_pop();
     run_.ctx->profiler_stop();
     profiling_ = false;
   }
@@ -99,11 +103,13 @@ void TrainingLog::update_profiler() {
 void TrainingLog::stop_profiler() {
   if (!profiling_) return;
   timers_.set_hooks({[this] { run_.ctx->synchronize(); }, {}, {}});
+  run_.ctx->range_pop();
   run_.ctx->profiler_stop();
   profiling_ = false;
 }
 
-void TrainingLog::write_tensorboard_step(const StepOutcome& s, double params_norm) {
+void TrainingLog::write_tensorboard_step(const StepOutcome& s, double params_norm,
+                                         const std::optional<OptimizerStateStats>& states) {
   const TrainConfig& cfg = run_.cfg;
 
   if (!tb_ || run_.progress.iteration % cfg.logging.tensorboard_log_interval != 0) return;
@@ -118,7 +124,29 @@ void TrainingLog::write_tensorboard_step(const StepOutcome& s, double params_nor
   // As Megatron: the scale after this iteration's update, the value the log line prints.
   if (cfg.logging.log_loss_scale_to_tensorboard) both("loss-scale", run_.loss_scale());
   if (!s.skipped) both("grad-norm", s.grad_norm);
+  if (!std::isnan(s.num_zeros)) both("num-zeros", s.num_zeros);
   if (cfg.logging.log_params_norm) both("params-norm", params_norm);
+  if (cfg.logging.log_world_size_to_tensorboard) both("world-size", double(run_.ps->world_size()));
+  if (states) {
+    const OptimizerStateStats& o = *states;
+    auto put = [&](const char* tag, double v) { tb_->add_scalar(std::string("optimizer/") + tag, v, run_.progress.iteration); };
+    if (o.has_variance) {
+      put("variance_l2", o.variance_l2);
+      put("variance_sqrt_l2", o.variance_sqrt_l2);
+      put("variance_l1", o.variance_l1);
+      put("variance_sqrt_l1", o.variance_sqrt_l1);
+      put("variance_abs_max", o.variance_abs_max);
+      put("variance_sqrt_abs_max", o.variance_sqrt_abs_max);
+    }
+    if (o.has_momentum) {
+      put("momentum_l2", o.momentum_l2);
+      put("momentum_l1", o.momentum_l1);
+      put("momentum_abs_max", o.momentum_abs_max);
+    }
+    put("weight_l2", o.weight_l2);
+    put("weight_l1", o.weight_l1);
+    put("weight_abs_max", o.weight_abs_max);
+  }
   if (cfg.logging.log_memory_to_tensorboard) {
     const AllocStats m = run_.ctx->memory_stats();
     tb_->add_scalar("mem-reserved-bytes", double(m.reserved_bytes), run_.progress.iteration);
@@ -145,7 +173,10 @@ void TrainingLog::iteration(const StepOutcome& s, double step_ms) {
   const bool log_now = run_.progress.iteration % cfg.logging.log_interval == 0;
   const bool params_norm_on = cfg.logging.log_params_norm;
   const double params_norm = params_norm_on && (tb_now || log_now) ? run_.dopt->param_norm() : 0.0;
-  write_tensorboard_step(s, params_norm);
+  // --log-optimizer-states-to-tensorboard: collective as well, at TensorBoard points.
+  std::optional<OptimizerStateStats> states;
+  if (cfg.logging.log_optimizer_states_to_tensorboard && tb_now) states = run_.dopt->state_stats();
+  write_tensorboard_step(s, params_norm, states);
   if (!log_now) return;
 
   const double avg_ms = interval_ms_ / double(interval_iters_);
@@ -165,6 +196,7 @@ void TrainingLog::iteration(const StepOutcome& s, double step_ms) {
   if (interval_advanced_ > 0) line += fmt(" lm loss: %.6E |", avg_loss);
   line += fmt(" loss scale: %.1f |", run_.loss_scale());
   if (!s.skipped) line += fmt(" grad norm: %.3f |", s.grad_norm);
+  if (!std::isnan(s.num_zeros)) line += fmt(" num zeros: %.1f |", s.num_zeros);
   if (params_norm_on) line += fmt(" params norm: %.3f |", params_norm);
   line += fmt(" number of skipped iterations: %3lld |", (long long)interval_skipped_);
   line += fmt(" number of nan iterations: %3lld |", (long long)interval_nan_);
@@ -211,6 +243,7 @@ void TrainingLog::iteration(const StepOutcome& s, double step_ms) {
         {"number of nan iterations", double(interval_nan_)},
         {"samples per second", samples_per_s},
         {"TFLOPs", tflops}};
+    if (cfg.logging.log_num_zeros_in_grad) f.emplace_back("num zeros", s.num_zeros);
     if (params_norm_on) f.emplace_back("params norm", params_norm);
     jsonl_->write(f);
   }

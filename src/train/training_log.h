@@ -12,6 +12,7 @@
 // grad norm is the last iteration's (absent when it was skipped). Private to the train layer.
 #pragma once
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <string>
 
@@ -44,7 +45,8 @@ class TrainingLog {
   void flush();
 
  private:
-  void write_tensorboard_step(const StepOutcome& s, double params_norm);
+  void write_tensorboard_step(const StepOutcome& s, double params_norm,
+                              const std::optional<OptimizerStateStats>& states);
   std::string communication_block();
 
   const TrainingRun& run_;

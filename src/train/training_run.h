@@ -9,6 +9,7 @@
 // A single process is a world of one: one model chunk, the DistributedOptimizer without sharding, the
 // pipeline schedule with one stage; there is no second code path.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <ostream>
@@ -44,6 +45,7 @@ struct StepOutcome {
   double loss_scale = 1;  // the scale this step used
   double lr = 0;          // the learning rate this step trained with
   bool skipped = false;   // inf/NaN gradients: no optimizer or scheduler step
+  double num_zeros = NAN; // --log-num-zeros-in-grad: zeros in the gradients (NaN when skipped or not asked)
 };
 
 struct TrainingRun {
@@ -52,6 +54,7 @@ struct TrainingRun {
   bool distributed = false;  // world size > 1
   int dp = 1;
   int64_t gbs = 0, nmb = 0, B = 0, T = 0;  // global batch, micro-batches per rank, micro-batch, sequence
+  int64_t last_iteration = 0;  // --train-iters, or earlier where --train-tokens is reached
   std::unique_ptr<DeviceContext> ctx;
   int64_t base_bytes = 0;  // allocator bytes held before this run (earlier runs in the same process)
 

@@ -6,6 +6,7 @@
 
 #include "loom/data/mock_dataset.h"
 #include "loom/pipeline/schedule.h"
+#include "train/deepspeed_config.h"
 #include "train/training_run.h"
 
 namespace loom {
@@ -89,7 +90,7 @@ void build_model_chunks(TrainingRun& run, const ModelOptions& base, std::ostream
   ddp.bucket_size = cfg.dist.ddp_bucket_size;
   ddp.overlap_grad_reduce = cfg.dist.overlap_grad_reduce;
   ddp.overlap_param_gather = cfg.dist.overlap_param_gather;
-  run.dopt = std::make_unique<DistributedOptimizer>(*run.ctx, sets, units, *run.ps, ddp, cfg.optim.adam);
+  run.dopt = std::make_unique<DistributedOptimizer>(*run.ctx, sets, units, *run.ps, ddp, cfg.optim.optimizer_config());
   run.dopt->initialize(cfg.seed);
   for (size_t c = 0; c < run.chunks.size(); ++c) run.chunks[c]->set_hooks(run.dopt->hooks(int(c)));
 
@@ -178,6 +179,21 @@ void setup_parallel_and_device(TrainingRun& run, const TrainConfig& config, std:
   run.cfg = config;
   TrainConfig& cfg = run.cfg;
   const int world_size = world->size();
+  // ds_config.json's batch keys need the data-parallel size (DeepSpeed's rules); a layout that does not
+  // divide the world is left to validate()'s message.
+  const int64_t mp = int64_t(cfg.parallel.tensor_model_parallel_size) * cfg.parallel.pipeline_model_parallel_size *
+                   cfg.parallel.context_parallel_size;
+  if (mp > 0 && world_size % mp == 0) {
+    const int dp = int(world_size / mp);
+    resolve_deepspeed_batch(cfg, dp);
+    // Sample-based training (Megatron's update_train_iters without batch ramp-up).
+    if (cfg.batch.train_samples && cfg.batch.micro_batch_size > 0) {
+      const int64_t gbs = cfg.global_batch_size(dp);
+      cfg.batch.train_iters = *cfg.batch.train_samples / gbs;
+      if (cfg.batch.train_iters < 1)
+        user_error("--train-samples (", *cfg.batch.train_samples, ") is less than one global batch (", gbs, ")");
+    }
+  }
   cfg.validate(world_size);
   run.distributed = world_size > 1;
   run.ps = run.distributed ? ParallelState::create(cfg.parallel, std::move(world))
@@ -188,6 +204,10 @@ void setup_parallel_and_device(TrainingRun& run, const TrainConfig& config, std:
   run.B = cfg.batch.micro_batch_size;
   run.T = cfg.batch.seq_length;
   run.progress.dropout_seed = cfg.seed;
+  // --train-tokens (Megatron-DeepSpeed): training stops at the first iteration that reaches the tokens.
+  run.last_iteration = cfg.batch.train_iters;
+  if (cfg.batch.train_tokens)
+    run.last_iteration = std::min(run.last_iteration, (*cfg.batch.train_tokens + run.gbs * run.T - 1) / (run.gbs * run.T));
   // --local-rank from a Python launcher must name the rank mpirun/srun gave this process.
   if (cfg.dist.local_rank)
     for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"})
@@ -204,11 +224,21 @@ void setup_parallel_and_device(TrainingRun& run, const TrainConfig& config, std:
                "the CPU: drop --profile, or run on a GPU (--device cuda)");
   if (cfg.dist.backend == "nccl" && run.distributed && run.ctx->device().is_cpu())
     log << " > --distributed-backend nccl: the ranks compute on the CPU, so their collectives use MPI\n";
+  for (const std::string& n : cfg.deepspeed.notes) log << n << "\n";
+  if (!cfg.logging.wandb_project.empty() || !cfg.logging.wandb_exp_name.empty())
+    log << " > WARNING: --wandb-project / --wandb-exp-name: Loom has no Weights & Biases client; the metrics go to "
+           "--tensorboard-dir and --metrics-jsonl\n";
+  if (cfg.num_workers)
+    log << " > --num-workers " << *cfg.num_workers << ": Loom's loader reads the memory-mapped data in the training "
+           "process (no worker processes); the batches are the same\n";
+  if (cfg.batch.train_tokens && run.last_iteration < cfg.batch.train_iters)
+    log << " > --train-tokens " << *cfg.batch.train_tokens << ": training stops after iteration " << run.last_iteration
+        << " (" << run.gbs * run.T << " tokens per iteration)\n";
   if (!cfg.kernel_choice_flags.empty()) {
     log << " >";
     for (const std::string& f : cfg.kernel_choice_flags) log << " " << f;
-    log << ": Megatron kernel choices; Loom always runs its own fused kernels (FP32 softmax, FP32 gradient "
-           "accumulation), so the results do not depend on them\n";
+    log << ": Megatron kernel choices; Loom always runs its own fused kernels (softmax in FP32), so the results "
+           "do not depend on them\n";
   }
 }
 
@@ -216,7 +246,7 @@ void setup_data(TrainingRun& run, std::ostream& log) {
   TrainConfig& cfg = run.cfg;
 
   // Megatron's train_valid_test_num_samples.
-  const int64_t train_samples = cfg.batch.train_iters * run.gbs;
+  const int64_t train_samples = cfg.batch.train_samples.value_or(cfg.batch.train_iters * run.gbs);
   const int64_t eval_iters = cfg.eval.eval_iters;
   const int64_t valid_samples = (cfg.batch.train_iters / cfg.eval.eval_interval + 1) * eval_iters * run.gbs;
   const int64_t test_samples = eval_iters * run.gbs;
@@ -300,12 +330,18 @@ void setup_model_and_optimizer(TrainingRun& run, std::ostream& log) {
   sc.init_lr = cfg.optim.lr_warmup_init;
   sc.max_lr = cfg.optim.lr;
   sc.min_lr = cfg.optim.min_lr;
-  sc.lr_decay_steps = decay_iters * run.gbs;
+  // Megatron's get_optimizer_param_scheduler: iteration-based lengths x global batch, or sample-based ones.
+  const std::optional<int64_t>& samples = cfg.batch.train_samples;
+  sc.lr_decay_steps = samples ? cfg.optim.lr_decay_samples.value_or(*samples) : decay_iters * run.gbs;
   sc.lr_warmup_steps = cfg.optim.lr_warmup_fraction
                            ? int64_t(*cfg.optim.lr_warmup_fraction * double(sc.lr_decay_steps))
-                           : cfg.optim.lr_warmup_iters * run.gbs;
+                           : samples ? cfg.optim.lr_warmup_samples.value_or(0) : cfg.optim.lr_warmup_iters * run.gbs;
   sc.lr_decay_style = cfg.optim.lr_decay_style;
-  sc.wsd_decay_steps = cfg.optim.lr_wsd_decay_iters.value_or(0) * run.gbs;
+  sc.wsd_decay_steps = samples ? cfg.optim.lr_wsd_decay_samples.value_or(0)
+                               : cfg.optim.lr_wsd_decay_iters.value_or(0) * run.gbs;
+  sc.tokens_per_sample = run.T;
+  sc.lr_warmup_tokens = cfg.optim.lr_warmup_tokens;
+  sc.lr_decay_tokens = cfg.optim.lr_decay_tokens;
   sc.lr_wsd_decay_style = parse_wsd_decay_style(cfg.optim.lr_wsd_decay_style);
   sc.wd_incr_style = parse_wd_incr_style(cfg.optim.weight_decay_incr_style);
   if (sc.wd_incr_style == WDIncrStyle::kConstant) {
@@ -319,7 +355,12 @@ void setup_model_and_optimizer(TrainingRun& run, std::ostream& log) {
     sc.start_wd = *cfg.optim.start_weight_decay;
     sc.end_wd = *cfg.optim.end_weight_decay;
   }
-  sc.wd_incr_steps = cfg.batch.train_iters * run.gbs;
+  sc.wd_incr_steps = samples ? *samples : cfg.batch.train_iters * run.gbs;
+  sc.deepspeed = cfg.optim.deepspeed_schedule;  // ds_config "scheduler": steps once per applied step
+  if (sc.deepspeed.enabled()) {
+    sc.deepspeed.samples_per_step = run.gbs;
+    if (sc.deepspeed.type == DeepSpeedScheduleType::kWarmupCosineLR) sc.deepspeed.base_lr = cfg.optim.lr;
+  }
   sc.override_opt_param_scheduler = cfg.optim.override_opt_param_scheduler;
   sc.use_checkpoint_opt_param_scheduler = cfg.optim.use_checkpoint_opt_param_scheduler;
   run.sched = std::make_unique<OptimizerParamScheduler>(sc);

@@ -63,6 +63,23 @@ struct AdamWParams {
   bool zero_grad = false;   // write 0 into the gradient after reading it (saves a separate pass)
 };
 
+// torch.optim.SGD as Megatron builds it (--optimizer sgd: dampening 0, no Nesterov): L2 weight decay
+// added to the gradient, then the heavy-ball momentum buffer.
+struct SgdParams {
+  float lr = 0;
+  float momentum = 0;       // --sgd-momentum; 0: no momentum buffer
+  float weight_decay = 0;
+  float grad_scale = 1.0f;  // gradients are multiplied by this first (clipping coefficient, 1/loss scale)
+  bool zero_grad = false;   // write 0 into the gradient after reading it
+};
+
+// Reductions of an f32 buffer for Megatron-DeepSpeed's --log-optimizer-states-to-tensorboard, in f64.
+struct AbsStats {
+  double sum_abs = 0;       // Σ|x|
+  double max_abs = 0;       // max |x| (0 for an empty buffer; NaN if any element is NaN)
+  double sum_sqrt_abs = 0;  // Σ sqrt(|x|)
+};
+
 // Gated MLP activations (Megatron's --swiglu, and GeGLU / ReGLU): the fc1 output holds the gate half
 // then the up half, [gate (F) | up (F)] per row, as Megatron's fused fc1 is chunked; out = act(gate) · up.
 enum class GluKind { kSwiGLU, kGeGLU, kReGLU };  // act = silu | gelu (tanh approximation) | relu
@@ -218,11 +235,22 @@ class OpTable {
   // ---- optimizer and buffer utilities -------------------------------------------------------------
   // PyTorch/apex AdamW (decoupled weight decay) on f32 param, grad, exp_avg m, exp_avg_sq v (f32 only).
   void adamw_update(TensorView param, TensorView grad, TensorView m, TensorView v, const AdamWParams& p) const;
+  // torch.optim.SGD (dampening 0, no Nesterov) on f32 param and grad, with the f32 momentum buffer when
+  // p.momentum != 0 (undefined otherwise). Per element, rounding as PyTorch's CPU kernels do:
+  //   g = grad * grad_scale;  d = fma(p, wd, g) (wd != 0);  buf = buf * momentum + d;  d = buf;
+  //   p = fma(d, -lr, p)
+  // A zero buffer reproduces PyTorch's first step (buf = clone(d)) exactly.
+  void sgd_update(TensorView param, TensorView grad, TensorView momentum_buf, const SgdParams& p) const;
   // Sum of squares in f64 (for the global gradient norm); deterministic for a given numel. Any float dtype
   // (as are has_inf_or_nan, scale_ and fill_).
   double sum_squares(TensorView x) const;
   // True when x contains an inf or NaN.
   bool has_inf_or_nan(TensorView x) const;
+  // Number of elements equal to zero (+0 or -0; NaN is not zero), any float dtype: Megatron's
+  // --log-num-zeros-in-grad.
+  int64_t count_zeros(TensorView x) const;
+  // Σ|x|, max|x| and Σ sqrt|x| of an f32 buffer in f64; deterministic for a given numel (fixed blocks).
+  AbsStats abs_stats(TensorView x) const;
   void scale_(TensorView x, float s) const;  // x *= s
   void fill_(TensorView x, float value) const;
   // Converts between float dtypes (f32, bf16, f16, fp8) with round-to-nearest-even.
@@ -314,7 +342,10 @@ class OpTable {
                                                  float dlogits_scale) const = 0;
   virtual void do_adamw_update(TensorView param, TensorView grad, TensorView m, TensorView v,
                                const AdamWParams& p) const = 0;
+  virtual void do_sgd_update(TensorView param, TensorView grad, TensorView momentum_buf, const SgdParams& p) const = 0;
   virtual double do_sum_squares(TensorView x) const = 0;
+  virtual int64_t do_count_zeros(TensorView x) const = 0;
+  virtual AbsStats do_abs_stats(TensorView x) const = 0;
   virtual bool do_has_inf_or_nan(TensorView x) const = 0;
   virtual void do_scale_(TensorView x, float s) const = 0;
   virtual void do_fill_(TensorView x, float value) const = 0;

@@ -44,6 +44,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "loom/dist/parallel_state.h"
@@ -77,7 +78,29 @@ struct StateShard {
   const Parameter* param = nullptr;
   int chunk = 0;
   int64_t begin = 0, end = 0;
-  TensorView master, exp_avg, exp_avg_sq;  // (end - begin) f32 each
+  TensorView master;                 // (end - begin) f32
+  TensorView exp_avg, exp_avg_sq;    // Adam's moments; undefined for SGD
+  TensorView momentum_buffer;        // SGD with momentum; undefined otherwise
+  // The optimizer state of this piece under its checkpoint names (PyTorch's state keys): exp_avg and
+  // exp_avg_sq (Adam), momentum_buffer (SGD with momentum), nothing for SGD without momentum.
+  std::vector<std::pair<const char*, TensorView>> optimizer_state() const {
+    std::vector<std::pair<const char*, TensorView>> out;
+    if (exp_avg.defined()) out.emplace_back("exp_avg", exp_avg);
+    if (exp_avg_sq.defined()) out.emplace_back("exp_avg_sq", exp_avg_sq);
+    if (momentum_buffer.defined()) out.emplace_back("momentum_buffer", momentum_buffer);
+    return out;
+  }
+};
+
+// Megatron-DeepSpeed's --log-optimizer-states-to-tensorboard figures over the whole model (every rank gets
+// the same values; replicas counted once): L2 and L1 norms and max |x| of the second moment ("variance",
+// exp_avg_sq), of its square root, of the first moment ("momentum": exp_avg, or SGD's momentum buffer) and
+// of the f32 master weights. has_variance / has_momentum: whether the optimizer keeps that state.
+struct OptimizerStateStats {
+  bool has_variance = false, has_momentum = false;
+  double variance_l2 = 0, variance_sqrt_l2 = 0, momentum_l2 = 0, weight_l2 = 0;
+  double variance_l1 = 0, variance_sqrt_l1 = 0, momentum_l1 = 0, weight_l1 = 0;
+  double variance_abs_max = 0, variance_sqrt_abs_max = 0, momentum_abs_max = 0, weight_abs_max = 0;
 };
 
 class DistributedOptimizer {
@@ -88,7 +111,8 @@ class DistributedOptimizer {
   // (it agrees on the tied-embedding layout over the embedding group).
   DistributedOptimizer(const DeviceContext& ctx, std::vector<ParameterSet*> chunks,
                        std::vector<std::vector<ParamUnit>> units, const ParallelState& ps, DDPConfig ddp,
-                       AdamWConfig adam);
+                       OptimizerConfig optim);
+  OptimizerKind kind() const;
   ~DistributedOptimizer();
 
   // Initial parameter values (ParameterSet::initialize's rule): the full f32 values where the sets have
@@ -108,10 +132,16 @@ class DistributedOptimizer {
   double grad_norm();
   // The same for the master weights (--log-params-norm). Collective over the world.
   double param_norm();
+  // --log-optimizer-states-to-tensorboard. Collective over the world.
+  OptimizerStateStats state_stats();
+  // Zeros in the gradients (Megatron's --log-num-zeros-in-grad), replicas counted once; every rank gets
+  // the same count. Collective over the world.
+  int64_t num_zeros_in_grad();
   // True when any rank's gradients hold an inf or NaN (fp16 loss scaling).
   bool found_inf();
-  // Scales the owned gradients by grad_scale (clip coefficient / loss scale), runs AdamW on the owned
-  // range, and makes every rank's parameters (values and compute copy) the updated ones.
+  // Scales the owned gradients by grad_scale (clip coefficient / loss scale), runs the optimizer (AdamW
+  // or SGD) on the owned range, and makes every rank's parameters (values and compute copy) the updated
+  // ones.
   void step(float lr, float weight_decay, float grad_scale);
   int64_t num_steps() const;
   void set_num_steps(int64_t n);

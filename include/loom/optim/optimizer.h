@@ -24,6 +24,18 @@ struct AdamWConfig {
   float eps = 1e-8f;     // --adam-eps
 };
 
+// --optimizer (Megatron's names): adam is AdamW (decoupled weight decay, as Megatron's torch/apex
+// AdamW); sgd is torch.optim.SGD with --sgd-momentum (L2 weight decay added to the gradient).
+enum class OptimizerKind { kAdam, kSGD };
+OptimizerKind parse_optimizer_kind(const std::string& s);  // UserError naming --optimizer
+const char* optimizer_kind_name(OptimizerKind k);         // "adam" | "sgd"
+
+struct OptimizerConfig {
+  OptimizerKind kind = OptimizerKind::kAdam;
+  AdamWConfig adam;           // kAdam
+  float sgd_momentum = 0.9f;  // kSGD: --sgd-momentum (Megatron's default 0.9; 0: no momentum buffer)
+};
+
 // AdamW with FP32 state (exp_avg, exp_avg_sq) laid out like the parameter buffer.
 class AdamW {
  public:

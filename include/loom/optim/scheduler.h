@@ -10,6 +10,7 @@
 // 0 <= lr_warmup_steps < lr_decay_steps, 0 <= start_wd <= end_wd.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,37 @@ enum class WDIncrStyle { kConstant, kLinear, kCosine };
 WDIncrStyle parse_wd_incr_style(const std::string& s);  // UserError naming --weight-decay-incr-style
 const char* wd_incr_style_name(WDIncrStyle s);
 
+// DeepSpeed's learning-rate schedules (a ds_config.json "scheduler" section), which replace the Megatron
+// schedule when set. DeepSpeed steps them once per applied optimizer step (not on a skipped fp16 step)
+// and an optimizer step trains with the lr of last_batch_iteration = (steps applied so far) - 1:
+//   WarmupLR       lr = min + (max - min) · γ, γ = log(k+1)/log(W) ("log") or k/W ("linear") for
+//                  0 <= k < W, else 1; k = -1 (the first step) trains with min. W = max(2, warmup_num_steps).
+//   WarmupDecayLR  as WarmupLR, then γ = max(0, (T - k) / max(1, T - W)) for k >= W.
+//   WarmupCosineLR lr = base · r with r = wmin + γ · (1 - wmin) in the warmup, then
+//                  r = max(0, cmin + (1 - cmin) · (1 + cos(π (k - W + 1) / (T - W))) / 2); k = -1 gives 0.
+// (T = total_num_steps, base = the optimizer's lr.) The formulas keep DeepSpeed's operation order.
+enum class DeepSpeedScheduleType { kNone, kWarmupLR, kWarmupDecayLR, kWarmupCosineLR };
+struct DeepSpeedSchedule {
+  DeepSpeedScheduleType type = DeepSpeedScheduleType::kNone;
+  double warmup_min_lr = 0.0;    // WarmupLR / WarmupDecayLR
+  double warmup_max_lr = 0.001;
+  int64_t warmup_num_steps = 1000;
+  bool log_warmup = true;        // warmup_type "log" (DeepSpeed's default) or "linear"
+  int64_t total_num_steps = 0;   // WarmupDecayLR / WarmupCosineLR
+  double warmup_min_ratio = 0.0;  // WarmupCosineLR
+  double cos_min_ratio = 0.0001;
+  double base_lr = 0.0;          // WarmupCosineLR: the optimizer's lr
+  int64_t samples_per_step = 0;  // the global batch: the scheduler's sample count / this = steps applied
+
+  bool enabled() const { return type != DeepSpeedScheduleType::kNone; }
+  const char* name() const;  // "WarmupLR", ...
+  // The lr of the optimizer step after `applied` steps were applied.
+  double lr(int64_t applied) const;
+  std::string to_json() const;  // the checkpoint's record ("" when not enabled)
+  static DeepSpeedSchedule from_json(const std::string& text, const std::string& what);
+  bool operator==(const DeepSpeedSchedule&) const = default;
+};
+
 struct SchedulerConfig {
   double init_lr = 0.0;       // --lr-warmup-init: lr at num_steps 0 when warming up
   double max_lr = 0.0;        // --lr
@@ -42,6 +74,12 @@ struct SchedulerConfig {
   WDIncrStyle wd_incr_style = WDIncrStyle::kConstant;  // --weight-decay-incr-style
   bool override_opt_param_scheduler = false;        // --override-opt_param-scheduler
   bool use_checkpoint_opt_param_scheduler = false;  // --use-checkpoint-opt_param-scheduler
+  DeepSpeedSchedule deepspeed;  // ds_config "scheduler": when enabled, lr() follows it (wd is unchanged)
+  // Megatron-DeepSpeed's token-based schedule (--lr-warmup-tokens / --lr-decay-tokens): tokens =
+  // num_steps (samples) x tokens_per_sample. Warmup by tokens when set (else by samples), decay by tokens
+  // when set (the warmup then ends at lr_warmup_steps x tokens_per_sample tokens unless given in tokens).
+  int64_t tokens_per_sample = 0;
+  std::optional<int64_t> lr_warmup_tokens, lr_decay_tokens;
 };
 
 // What a checkpoint records: the fields of Megatron's state_dict plus the WSD pair (which Megatron does
@@ -61,6 +99,8 @@ struct SchedulerState {
   bool has_wsd = true;  // false when the state carries no wsd_decay_steps / lr_wsd_decay_style
   int64_t wsd_decay_steps = 0;
   WSDDecayStyle lr_wsd_decay_style = WSDDecayStyle::kExponential;
+  DeepSpeedSchedule deepspeed;  // "deepspeed_scheduler" (absent: none)
+  std::optional<int64_t> lr_warmup_tokens, lr_decay_tokens;  // Megatron-DeepSpeed's keys (null: not token-based)
 
   // JSON object with Megatron's key names (styles as Megatron's strings). from_json also accepts
   // Megatron's legacy keys (start_lr, warmup_iter/warmup_steps, end_iter/decay_steps, decay_style,
@@ -96,6 +136,7 @@ class OptimizerParamScheduler {
 
  private:
   void recompute();
+  double lr_at_tokens(int64_t num_steps) const;
   SchedulerConfig cfg_;
   int64_t num_steps_ = 0;
   double lr_ = 0.0;

@@ -12,6 +12,7 @@
 #include "loom/fp8/fp8.h"
 #include "loom/model/gpt.h"
 #include "loom/optim/optimizer.h"
+#include "loom/optim/scheduler.h"
 
 namespace loom {
 
@@ -34,7 +35,9 @@ struct BatchConfig {
   int64_t seq_length = 0;        // --seq-length (T)
   int64_t micro_batch_size = 0;  // --micro-batch-size (B)
   std::optional<int64_t> global_batch_size;  // --global-batch-size (default micro x data-parallel size)
-  int64_t train_iters = 0;       // --train-iters
+  int64_t train_iters = 0;       // --train-iters (with --train-samples: train_samples // global batch)
+  std::optional<int64_t> train_samples;  // --train-samples: sample-based training (Megatron-LM)
+  std::optional<int64_t> train_tokens;   // --train-tokens: stop once this many tokens are consumed (Megatron-DeepSpeed)
 };
 
 struct OptimConfig {
@@ -44,6 +47,11 @@ struct OptimConfig {
   int64_t lr_warmup_iters = 0;         // --lr-warmup-iters
   std::optional<double> lr_warmup_fraction;  // --lr-warmup-fraction of the decay iterations (excl. with iters)
   std::optional<int64_t> lr_decay_iters;  // --lr-decay-iters (default --train-iters)
+  std::optional<int64_t> lr_decay_samples;   // --lr-decay-samples (sample-based; default --train-samples)
+  std::optional<int64_t> lr_warmup_samples;  // --lr-warmup-samples (sample-based)
+  std::optional<int64_t> lr_wsd_decay_samples;  // --lr-wsd-decay-samples (sample-based WSD)
+  std::optional<int64_t> lr_decay_tokens;    // --lr-decay-tokens: decay over tokens (Megatron-DeepSpeed)
+  std::optional<int64_t> lr_warmup_tokens;   // --lr-warmup-tokens: warm up over tokens (Megatron-DeepSpeed)
   LRDecayStyle lr_decay_style = LRDecayStyle::kLinear;  // --lr-decay-style (Megatron default linear)
   std::string lr_wsd_decay_style = "exponential";       // --lr-wsd-decay-style (Megatron's default)
   std::optional<int64_t> lr_wsd_decay_iters;            // --lr-wsd-decay-iters (required with WSD)
@@ -53,7 +61,11 @@ struct OptimConfig {
   std::string weight_decay_incr_style = "constant";  // --weight-decay-incr-style constant|linear|cosine
   bool override_opt_param_scheduler = false;        // --override-opt_param-scheduler: flags win on resume
   bool use_checkpoint_opt_param_scheduler = false;  // --use-checkpoint-opt_param-scheduler: checkpoint wins
+  OptimizerKind optimizer = OptimizerKind::kAdam;  // --optimizer adam|sgd
   AdamWConfig adam;                    // --adam-beta1/--adam-beta2/--adam-eps
+  float sgd_momentum = 0.9f;           // --sgd-momentum (with --optimizer sgd)
+  DeepSpeedSchedule deepspeed_schedule;  // ds_config "scheduler" (replaces the Megatron schedule when set)
+  OptimizerConfig optimizer_config() const { return {optimizer, adam, sgd_momentum}; }
   double clip_grad = 1.0;              // --clip-grad (0 disables)
 };
 
@@ -147,7 +159,15 @@ struct LoggingConfig {
   bool log_loss_scale_to_tensorboard = true;       // --no-log-loss-scale-to-tensorboard
   bool log_batch_size_to_tensorboard = false;      // --log-batch-size-to-tensorboard
   bool log_params_norm = false;   // --log-params-norm
+  bool log_num_zeros_in_grad = false;          // --log-num-zeros-in-grad: zeros in the gradients, log + TensorBoard
+  bool log_world_size_to_tensorboard = false;  // --log-world-size-to-tensorboard
+  int64_t tensorboard_queue_size = 1000;       // --tensorboard-queue-size: events buffered before a flush
+  std::string timing_log_option = "minmax";    // --timing-log-option max|minmax|all: timers across ranks
   bool log_throughput = false;    // --log-throughput
+  bool log_optimizer_states_to_tensorboard = false;  // --log-optimizer-states-to-tensorboard (Megatron-DeepSpeed)
+  // --wandb-project / --wandb-exp-name (Loom has no W&B client: the run warns once; metrics go to
+  // TensorBoard and --metrics-jsonl).
+  std::string wandb_project, wandb_exp_name;
   std::string metrics_jsonl;      // --metrics-jsonl FILE: one JSON object per log line (Loom's)
   // Megatron's --profile: NVTX ranges around each timed phase and cudaProfilerStart/Stop around
   // iterations [profile_step_start, profile_step_end) on the ranks in profile_ranks, for
@@ -157,6 +177,24 @@ struct LoggingConfig {
   int64_t profile_step_end = 12;    // --profile-step-end (iteration, exclusive)
   std::vector<int> profile_ranks{0};  // --profile-ranks (global ranks)
   bool profile_ranks_given = false;
+  std::string profile_name;  // --profile-name: the NVTX range spanning the profiled window (default "loom")
+};
+
+// Megatron-DeepSpeed's launch flags and its ds_config.json (train/deepspeed_config.cpp,
+// docs/migrating.md). The file is applied when the flags are parsed; the batch values are resolved
+// against the data-parallel size by the set-up, with DeepSpeed's rules.
+struct DeepSpeedConfig {
+  bool enabled = false;                    // --deepspeed
+  std::string config_path;                 // --deepspeed_config / --deepspeed-config FILE
+  std::optional<int> zero_stage;           // --zero-stage N
+  bool activation_checkpointing = false;   // --deepspeed-activation-checkpointing
+  bool partition_activations = false;      // --partition-activations
+  bool contiguous_checkpointing = false;   // --contigious-checkpointing (Megatron-DeepSpeed's spelling)
+  // train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps as the file gives them.
+  std::optional<int64_t> train_batch_size, micro_batch_size, gradient_accumulation_steps;
+  bool micro_batch_flag_given = false, global_batch_flag_given = false;  // --micro-batch-size / --global-batch-size
+  // What the file and the flags decided (which value won where both gave one): printed once by the run.
+  std::vector<std::string> notes;
 };
 
 struct TrainConfig {
@@ -172,6 +210,7 @@ struct TrainConfig {
   EvalConfig eval;
   CheckpointConfig checkpoint;
   ExitConfig exit;
+  DeepSpeedConfig deepspeed;
   uint64_t seed = 1234;  // --seed
   // --device auto|cpu|cuda (Loom's): where the run computes. auto = the GPU when this build has the CUDA
   // backend and one is visible (rank r uses GPU local_rank % visible GPUs), else the CPU.
@@ -180,6 +219,8 @@ struct TrainConfig {
   // --no-masked-softmax-fusion, --transformer-impl X, ...), as given: Loom always runs its own fused
   // kernels, so they change no result; the run's log says so once.
   std::vector<std::string> kernel_choice_flags;
+  std::optional<int64_t> num_workers;  // --num-workers (PyTorch data-loader processes; Loom reads in-process)
+  bool no_pipeline_parallel = false;   // --no-pipeline-parallel (Megatron-DeepSpeed; needs pipeline size 1)
   bool max_position_embeddings_given = false;
 
   // Cross-field checks that need no data and no allocation; UserError names the flags.

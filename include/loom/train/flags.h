@@ -44,12 +44,19 @@ struct FlagSpec {
   std::function<void(Config&, const std::vector<std::string>&)> set;
 };
 
+// Applies every flag of `args` to cfg; returns the table names of the flags given (in order).
 template <typename Config>
-void apply_flags(const std::vector<FlagSpec<Config>>& specs, const std::vector<std::string>& args, Config& cfg,
-                 const std::vector<std::string>& unsupported = {}, const std::string& tool = "") {
+std::vector<std::string> apply_flags(const std::vector<FlagSpec<Config>>& specs, const std::vector<std::string>& args,
+                                     Config& cfg, const std::vector<std::string>& unsupported = {},
+                                     const std::string& tool = "") {
   std::vector<FlagInfo> infos;
   for (const auto& s : specs) infos.push_back(s.info);
-  for (const ParsedFlag& p : parse_flags(infos, args, unsupported, tool)) specs[p.index].set(cfg, p.values);
+  std::vector<std::string> named;
+  for (const ParsedFlag& p : parse_flags(infos, args, unsupported, tool)) {
+    specs[p.index].set(cfg, p.values);
+    named.push_back(specs[p.index].info.name);
+  }
+  return named;
 }
 
 // The tokenizer flags of every command that tokenizes (Megatron's names), setting the TokenizerConfig that

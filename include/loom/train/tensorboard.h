@@ -24,8 +24,10 @@ class TensorBoardWriter {
  public:
   // Creates `dir` (and parents) if needed and opens a new event file in it (a ".N" suffix is added if a
   // file of that name already exists, e.g. two writers in one second). Writes the file_version record.
-  // UserError naming `dir` if it cannot be created or the file cannot be written.
-  explicit TensorBoardWriter(const std::string& dir);
+  // UserError naming `dir` if it cannot be created or the file cannot be written. max_queue > 0: the
+  // records are written out (flushed) whenever that many are pending (SummaryWriter's max_queue,
+  // Megatron's --tensorboard-queue-size); 0: only by flush().
+  explicit TensorBoardWriter(const std::string& dir, int64_t max_queue = 0);
   ~TensorBoardWriter();
   TensorBoardWriter(const TensorBoardWriter&) = delete;
   TensorBoardWriter& operator=(const TensorBoardWriter&) = delete;
@@ -43,6 +45,8 @@ class TensorBoardWriter {
 
  private:
   void write_record(const std::string& event);
+  int64_t max_queue_ = 0;
+  int64_t pending_ = 0;
 
   std::string path_;
   std::FILE* file_ = nullptr;

@@ -15,9 +15,16 @@
 
 namespace loom {
 
+// --timing-log-option: how log() shows a timer across ranks (Megatron's timers.log): "max time across
+// ranks (ms):" with the maximum, "(min, max) time across ranks (ms):" (Megatron's default), or "times
+// across ranks (ms):" with one line per rank.
+enum class TimingLogOption { kMax, kMinMax, kAll };
+TimingLogOption parse_timing_log_option(const std::string& s);  // UserError naming --timing-log-option
+
 class Timers {
  public:
-  explicit Timers(int log_level) : log_level_(log_level) {}
+  explicit Timers(int log_level, TimingLogOption option = TimingLogOption::kMinMax)
+      : log_level_(log_level), option_(option) {}
   // Starts (or, for stop, stops) the named timer if level <= the run's --timing-log-level.
   void start(const std::string& name, int level);
   void stop(const std::string& name);
@@ -27,9 +34,9 @@ class Timers {
   // The block Megatron prints after a log line, for the active timers among `names` (in that order),
   // each divided by `normalizer` (iterations in the interval), in ms. Resets those timers. Empty when
   // none is active.
-  // With `group` (collective: every rank calls it with the same names), min and max are taken over its
-  // ranks (a timer absent on some ranks, e.g. pipeline receives on the first stage, counts where present);
-  // without it both are this process's value.
+  // With `group` (collective: every rank calls it with the same names), min and max (or every rank's
+  // value, kAll) are taken over its ranks (a timer absent on some ranks, e.g. pipeline receives on the
+  // first stage, counts where present and is left out where absent); without it, this process's value.
   std::string log(const std::vector<std::string>& names, double normalizer, const Communicator* group = nullptr);
   // (name, ms per iteration) of the active timers among `names`, without resetting (for TensorBoard).
   std::vector<std::pair<std::string, double>> values_ms(const std::vector<std::string>& names,
@@ -58,6 +65,7 @@ class Timers {
   Timer* find(const std::string& name);
   const Timer* find(const std::string& name) const;
   int log_level_;
+  TimingLogOption option_;
   std::vector<Timer> timers_;
   Hooks hooks_;
   std::vector<std::string> open_ranges_;  // timers whose range is open (pop only what was pushed)

@@ -71,7 +71,10 @@ class CpuOps final : public OpTable {
                                          TensorView loss_mask, float dlogits_scale) const override;
   void do_adamw_update(TensorView param, TensorView grad, TensorView m, TensorView v,
                        const AdamWParams& p) const override;
+  void do_sgd_update(TensorView param, TensorView grad, TensorView momentum_buf, const SgdParams& p) const override;
   double do_sum_squares(TensorView x) const override;
+  int64_t do_count_zeros(TensorView x) const override;
+  AbsStats do_abs_stats(TensorView x) const override;
   bool do_has_inf_or_nan(TensorView x) const override;
   void do_scale_(TensorView x, float s) const override;
   void do_fill_(TensorView x, float value) const override;

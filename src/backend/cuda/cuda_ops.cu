@@ -117,7 +117,12 @@ void CudaOps::do_adamw_update(TensorView param, TensorView grad, TensorView m, T
                               const AdamWParams& p) const {
   cuda::adamw_update(ctx_, param, grad, m, v, p);
 }
+void CudaOps::do_sgd_update(TensorView param, TensorView grad, TensorView momentum_buf, const SgdParams& p) const {
+  cuda::sgd_update(ctx_, param, grad, momentum_buf, p);
+}
 double CudaOps::do_sum_squares(TensorView x) const { return cuda::sum_squares(ctx_, x); }
+int64_t CudaOps::do_count_zeros(TensorView x) const { return cuda::count_zeros(ctx_, x); }
+AbsStats CudaOps::do_abs_stats(TensorView x) const { return cuda::abs_stats(ctx_, x); }
 bool CudaOps::do_has_inf_or_nan(TensorView x) const { return cuda::has_inf_or_nan(ctx_, x); }
 void CudaOps::do_scale_(TensorView x, float s) const { cuda::scale_(ctx_, x, s); }
 void CudaOps::do_fill_(TensorView x, float value) const { cuda::fill_(ctx_, x, value); }

@@ -83,6 +83,88 @@ __global__ void adamw_scalar_kernel(float* __restrict__ param, float* __restrict
   }
 }
 
+// ---- SGD ----------------------------------------------------------------------------------------------
+// The CPU reference's order (backend/cpu/sgd.cpp): g = grad * gs; d = fma(p, wd, g); buf = buf * mom
+// (rounded); buf = buf + d; p = fma(d, -lr, p). Explicitly rounded intrinsics: nvcc may not contract the
+// momentum product into the add.
+template <bool kDecay, bool kMomentum>
+__global__ void sgd_kernel(float* __restrict__ param, float* __restrict__ grad, float* __restrict__ buf, int64_t n,
+                           float gs, float wd, float mom, float neg_lr, bool zero_grad) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    float d = __fmul_rn(grad[i], gs);
+    const float p = param[i];
+    if constexpr (kDecay) d = __fmaf_rn(p, wd, d);
+    if constexpr (kMomentum) {
+      d = __fadd_rn(__fmul_rn(buf[i], mom), d);
+      buf[i] = d;
+    }
+    param[i] = __fmaf_rn(d, neg_lr, p);
+    if (zero_grad) grad[i] = 0.0f;
+  }
+}
+
+// ---- zero count ---------------------------------------------------------------------------------------------
+// Per-thread counts of elements whose magnitude bits are all clear, added into one u64 counter.
+template <typename U>
+__global__ void count_zeros_kernel(const U* __restrict__ x, int64_t n, U magnitude_mask,
+                                   unsigned long long* __restrict__ count) {
+  unsigned long long local = 0;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    local += (x[i] & magnitude_mask) == 0;
+  if (local) atomicAdd(count, local);
+}
+
+// ---- |x| statistics ------------------------------------------------------------------------------------------
+// One block per kAbsBlock elements (a function of numel only); each block writes its (Σ|x|, max|x|,
+// Σ sqrt|x|) partial, summed in block order on the host.
+constexpr int64_t kAbsBlock = 65536;
+constexpr int kAbsThreads = 256;
+
+__global__ void __launch_bounds__(kAbsThreads) abs_stats_kernel(const float* __restrict__ x, int64_t n,
+                                                                double* __restrict__ partial) {
+  __shared__ double s_sum[kAbsThreads], s_max[kAbsThreads], s_sqrt[kAbsThreads];
+  const int64_t begin = int64_t(blockIdx.x) * kAbsBlock, end = min(n, begin + kAbsBlock);
+  double sum = 0.0, mx = 0.0, sq = 0.0;
+  for (int64_t i = begin + threadIdx.x; i < end; i += kAbsThreads) {
+    const double a = fabs(double(x[i]));
+    sum += a;
+    sq += sqrt(a);
+    if (isnan(a) || (!isnan(mx) && a > mx)) mx = a;
+  }
+  s_sum[threadIdx.x] = sum;
+  s_max[threadIdx.x] = mx;
+  s_sqrt[threadIdx.x] = sq;
+  __syncthreads();
+  for (int stride = kAbsThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) {
+      s_sum[threadIdx.x] += s_sum[threadIdx.x + stride];
+      s_sqrt[threadIdx.x] += s_sqrt[threadIdx.x + stride];
+      const double o = s_max[threadIdx.x + stride], m = s_max[threadIdx.x];
+      if (isnan(o) || (!isnan(m) && o > m)) s_max[threadIdx.x] = o;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    partial[3 * blockIdx.x] = s_sum[0];
+    partial[3 * blockIdx.x + 1] = s_max[0];
+    partial[3 * blockIdx.x + 2] = s_sqrt[0];
+  }
+}
+
+// The partials in block order (one thread: a few thousand blocks at most per call).
+__global__ void abs_stats_total_kernel(const double* __restrict__ partial, int64_t blocks, double* __restrict__ out) {
+  double sum = 0.0, mx = 0.0, sq = 0.0;
+  for (int64_t b = 0; b < blocks; ++b) {
+    sum += partial[3 * b];
+    const double m = partial[3 * b + 1];
+    if (isnan(m) || (!isnan(mx) && m > mx)) mx = m;
+    sq += partial[3 * b + 2];
+  }
+  out[0] = sum;
+  out[1] = mx;
+  out[2] = sq;
+}
+
 // ---- raw 16-byte chunks --------------------------------------------------------------------------------
 // W elements of T read with one 16-byte load (the caller guarantees alignment).
 template <typename T>
@@ -279,6 +361,64 @@ void adamw_update(const CudaContext& ctx, TensorView param, TensorView grad, Ten
         pp + done, pg + done, pm + done, pv + done, n - done, k, p.zero_grad);
     LOOM_CUDA_LAUNCH_CHECK();
   }
+}
+
+void sgd_update(const CudaContext& ctx, TensorView param, TensorView grad, TensorView momentum_buf,
+                const SgdParams& p) {
+  const int64_t n = param.numel();
+  if (n == 0) return;
+  float* buf = p.momentum != 0.0f ? ptr<float>(momentum_buf) : nullptr;
+  const auto launch = [&](auto kernel) {
+    kernel<<<grid_for(n), kThreads, 0, ctx.compute_stream()>>>(ptr<float>(param), ptr<float>(grad), buf, n,
+                                                                p.grad_scale, p.weight_decay, p.momentum, -p.lr,
+                                                                p.zero_grad);
+    LOOM_CUDA_LAUNCH_CHECK();
+  };
+  const bool decay = p.weight_decay != 0.0f;
+  if (decay && buf) launch(sgd_kernel<true, true>);
+  else if (decay) launch(sgd_kernel<true, false>);
+  else if (buf) launch(sgd_kernel<false, true>);
+  else launch(sgd_kernel<false, false>);
+}
+
+int64_t count_zeros(const CudaContext& ctx, TensorView x) {
+  const int64_t n = x.numel();
+  if (n == 0) return 0;
+  Tensor count = scratch(ctx, {1}, DType::kI64);
+  LOOM_CUDA_CHECK(cudaMemsetAsync(count.raw(), 0, sizeof(int64_t), ctx.compute_stream()));
+  auto* c = static_cast<unsigned long long*>(count.raw());
+  const auto launch = [&](auto tag, auto mask) {
+    using U = decltype(tag);
+    count_zeros_kernel<U><<<grid_for(n), kThreads, 0, ctx.compute_stream()>>>(cptr<U>(x), n, U(mask), c);
+    LOOM_CUDA_LAUNCH_CHECK();
+  };
+  switch (dtype_size(x.dtype())) {
+    case 4: launch(uint32_t{}, 0x7FFFFFFFu); break;
+    case 2: launch(uint16_t{}, 0x7FFFu); break;
+    default: launch(uint8_t{}, 0x7Fu); break;
+  }
+  int64_t result = 0;
+  std::memcpy(&result, read_back(ctx, count.raw(), sizeof(int64_t)), sizeof(int64_t));
+  return result;
+}
+
+AbsStats abs_stats(const CudaContext& ctx, TensorView x) {
+  AbsStats out;
+  const int64_t n = x.numel();
+  if (n == 0) return out;
+  const int64_t blocks = (n + kAbsBlock - 1) / kAbsBlock;
+  Tensor buf = scratch(ctx, {3 * blocks + 3}, DType::kI64);  // 8-byte slots: f64 partials, then the total
+  auto* partial = static_cast<double*>(buf.raw());
+  abs_stats_kernel<<<unsigned(blocks), kAbsThreads, 0, ctx.compute_stream()>>>(cptr<float>(x), n, partial);
+  LOOM_CUDA_LAUNCH_CHECK();
+  abs_stats_total_kernel<<<1, 1, 0, ctx.compute_stream()>>>(partial, blocks, partial + 3 * blocks);
+  LOOM_CUDA_LAUNCH_CHECK();
+  double total[3];
+  std::memcpy(total, read_back(ctx, partial + 3 * blocks, sizeof(total)), sizeof(total));
+  out.sum_abs = total[0];
+  out.max_abs = total[1];
+  out.sum_sqrt_abs = total[2];
+  return out;
 }
 
 double sum_squares(const CudaContext& ctx, TensorView x) {

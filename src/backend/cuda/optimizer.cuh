@@ -18,10 +18,19 @@ namespace loom::cuda {
 // exactly as the CPU op does (same f32 operation order, no FMA contraction beyond the CPU's two fmas).
 void adamw_update(const CudaContext& ctx, TensorView param, TensorView grad, TensorView m, TensorView v,
                   const AdamWParams& p);
+// torch.optim.SGD (dampening 0, no Nesterov) on f32 param, grad and (momentum != 0) momentum buffer,
+// rounding exactly as the CPU op does (explicit fmas where PyTorch's kernels fuse).
+void sgd_update(const CudaContext& ctx, TensorView param, TensorView grad, TensorView momentum_buf,
+                const SgdParams& p);
 // Sum of squares of any float tensor (f32, bf16, f16, fp8), accumulated in f64.
 double sum_squares(const CudaContext& ctx, TensorView x);
 // True when x (any float dtype) holds an inf or a NaN.
 bool has_inf_or_nan(const CudaContext& ctx, TensorView x);
+// Elements of x (any float dtype) equal to +0 or -0.
+int64_t count_zeros(const CudaContext& ctx, TensorView x);
+// Σ|x|, max|x|, Σ sqrt|x| of an f32 buffer in f64: per-block partials (a function of numel only) summed in
+// block order on the host.
+AbsStats abs_stats(const CudaContext& ctx, TensorView x);
 // x *= s in f32, rounded once to x's dtype (any float dtype).
 void scale_(const CudaContext& ctx, TensorView x, float s);
 // x = value converted as the CPU converts it (float dtypes with RNE, fp8 saturating; i32/i64/u16 as a

@@ -128,15 +128,18 @@ std::vector<float> averaged_grads(const ParameterSet& s, int step, int tp, int d
   return g;
 }
 
+int64_t nb_of(const DistributedOptimizer& o) { return o.num_buckets(0); }
+
 struct Case {
   ShardingStrategy sharding;
   bool overlap;
   bool overlap_params = false;  // --overlap-param-gather
 };
 
-void run_case(const Case& c, int tp) {
+void run_case(const Case& c, int tp, OptimizerKind kind = OptimizerKind::kAdam) {
+  const bool sgd = kind == OptimizerKind::kSGD;
   SCOPED_TRACE(std::string(sharding_strategy_name(c.sharding)) + (c.overlap ? " overlap" : "") +
-               (c.overlap_params ? " overlap-param-gather" : "") + " tp=" + std::to_string(tp));
+               (c.overlap_params ? " overlap-param-gather" : "") + " tp=" + std::to_string(tp) + (sgd ? " sgd" : ""));
   auto ctx = make_cpu_context();
   ParallelConfig cfg;
   cfg.tensor_model_parallel_size = tp;
@@ -153,6 +156,24 @@ void run_case(const Case& c, int tp) {
   std::vector<ParamRange> ranges;
   for (const Parameter& p : ref.all()) ranges.push_back({p.offset, p.shape.numel(), !p.no_weight_decay});
   AdamW ref_opt(*ctx, ref.numel(), ranges, AdamWConfig{});
+  // --optimizer sgd: the reference is the op itself over the whole (unsharded) buffer, range by range.
+  OptimizerConfig oc;
+  oc.kind = kind;
+  oc.sgd_momentum = 0.9f;
+  Tensor ref_momentum = Tensor::zeros({ref.numel()}, DType::kF32);
+  auto ref_sgd_step = [&](float lr, float wd, float scale) {
+    for (const ParamRange& r : ranges) {
+      SgdParams sp;
+      sp.lr = lr;
+      sp.momentum = oc.sgd_momentum;
+      sp.weight_decay = r.weight_decay ? wd : 0.0f;
+      sp.grad_scale = scale;
+      sp.zero_grad = true;
+      const Shape s{r.numel};
+      ctx->ops().sgd_update(ref.values().slice_flat(r.offset, s), ref.grads().slice_flat(r.offset, s),
+                            ref_momentum.view().slice_flat(r.offset, s), sp);
+    }
+  };
 
   ParameterSet set;
   const std::vector<ParamUnit> units = build_layout(set, tp, tp_rank);
@@ -162,7 +183,7 @@ void run_case(const Case& c, int tp) {
   ddp.bucket_size = 60;  // several buckets
   ddp.overlap_grad_reduce = c.overlap;
   ddp.overlap_param_gather = c.overlap_params;
-  DistributedOptimizer opt(*ctx, {&set}, {units}, *ps, ddp, AdamWConfig{});
+  DistributedOptimizer opt(*ctx, {&set}, {units}, *ps, ddp, oc);
   opt.initialize(kSeed);
   EXPECT_GE(opt.num_buckets(0), 3);
   ParamHooks* hooks = opt.hooks(0);
@@ -217,7 +238,10 @@ void run_case(const Case& c, int tp) {
       EXPECT_EQ(opt.found_inf(), poisoned);
     }
     EXPECT_NEAR(opt.grad_norm(), std::sqrt(sq), 1e-6 * std::sqrt(sq));
-    ref_opt.step(ref.values(), ref.grads(), kLr, kWd, kScale, true);
+    if (sgd)
+      ref_sgd_step(kLr, kWd, kScale);
+    else
+      ref_opt.step(ref.values(), ref.grads(), kLr, kWd, kScale, true);
     opt.step(kLr, kWd, kScale);
 
     if (!zero3) {
@@ -229,7 +253,14 @@ void run_case(const Case& c, int tp) {
       const int64_t off = s.param->offset + s.begin, len = s.end - s.begin;
       owned += len;
       expect_close(s.master.data<float>(), ref.values().data<float>() + off, len, s.param->name + " master");
-      expect_close(s.exp_avg.data<float>(), ref_opt.exp_avg().data<float>() + off, len, s.param->name + " exp_avg");
+      if (sgd) {
+        ASSERT_FALSE(s.exp_avg.defined());
+        ASSERT_EQ(s.optimizer_state().size(), 1u);
+        expect_close(s.momentum_buffer.data<float>(), ref_momentum.data<float>() + off, len,
+                     s.param->name + " momentum_buffer");
+      } else {
+        expect_close(s.exp_avg.data<float>(), ref_opt.exp_avg().data<float>() + off, len, s.param->name + " exp_avg");
+      }
     }
     // The shards of the DP ranks tile the model exactly once.
     EXPECT_EQ(int64_t(ps->dp_cp().all_reduce_scalar(double(owned))), c.sharding == ShardingStrategy::kNone ? dp * n : n);
@@ -242,8 +273,18 @@ void run_case(const Case& c, int tp) {
     hooks->after_forward(u);
   }
 
-  // Memory: Adam state (and ZeRO-3's masters and gradients) ~ 1/DP; each bucket pads < DP elements.
+  // Memory: Adam state (and ZeRO-3's masters and gradients) ~ 1/DP; each bucket pads < DP elements. SGD
+  // keeps one momentum buffer (4 bytes per element) instead of Adam's two moments.
   const auto m = opt.memory();
+  if (sgd) {
+    if (c.sharding == ShardingStrategy::kNone) {
+      EXPECT_EQ(m.optimizer, 4 * n);
+    } else {
+      EXPECT_GE(m.optimizer, 4 * n / dp);
+      EXPECT_LE(m.optimizer, 4 * (n / dp + nb_of(opt) + 1));
+    }
+    return;
+  }
   const int64_t nb = opt.num_buckets(0);
   if (c.sharding == ShardingStrategy::kNone) {
     EXPECT_EQ(m.optimizer, 8 * n);
@@ -288,6 +329,13 @@ const Case kCases[] = {
 TEST(DistZero, DataParallelEqualsSingleProcessAdamW) {
   ASSERT_GT(world_comm().size(), 1) << "run under mpirun -np 2 or 4";
   for (const Case& c : kCases) run_case(c, 1);
+}
+
+// --optimizer sgd is ZeRO-sharded like AdamW: every strategy equals single-process SGD with momentum.
+TEST(DistZero, SgdEveryStrategyEqualsSingleProcessSgd) {
+  ASSERT_GT(world_comm().size(), 1) << "run under mpirun -np 2 or 4";
+  for (const Case& c : kCases) run_case(c, 1, OptimizerKind::kSGD);
+  if (world_comm().size() % 4 == 0) run_case({ShardingStrategy::kOptim, true}, 2, OptimizerKind::kSGD);
 }
 
 TEST(DistZero, TensorTimesDataParallel) {

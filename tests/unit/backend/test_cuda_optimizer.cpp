@@ -136,6 +136,63 @@ TEST(CudaOptimizer, AdamWIsDeterministicAndChecksArguments) {
   EXPECT_NE(what_of([&] { cuda_ops().adamw_update(host_p, g, m, v, a); }), "no exception");
 }
 
+// ---- SGD and count_zeros (--optimizer sgd, --log-num-zeros-in-grad) ------------------------------------
+
+TEST(CudaOptimizer, SgdMatchesCpuBitForBit) {
+  REQUIRE_GPU();
+  auto& ctx = cuda_ctx();
+  for (int64_t n : kSizes)
+    for (float momentum : {0.0f, 0.9f})
+      for (float wd : {0.0f, 0.1f}) {
+        const std::string tag = "n=" + std::to_string(n) + " momentum=" + std::to_string(momentum) +
+                                " wd=" + std::to_string(wd);
+        Tensor hp = random_host({n}, DType::kF32, 1 + uint64_t(n), -1.0f, 1.0f);
+        Tensor hb = momentum != 0.0f ? random_host({n}, DType::kF32, 2, -0.1f, 0.1f) : Tensor{};
+        Tensor dp = to_device_at(hp, 1), db = hb.defined() ? to_device_at(hb, 1) : Tensor{};
+        SgdParams s;
+        s.momentum = momentum;
+        s.weight_decay = wd;
+        for (int step = 1; step <= 3; ++step) {
+          s.lr = 0.01f * float(step);
+          s.grad_scale = step == 2 ? 0.5f : 1.0f;
+          s.zero_grad = step == 3;
+          Tensor hg = random_host({n}, DType::kF32, 100 + uint64_t(step), -2.0f, 2.0f);
+          Tensor dg = to_device_at(hg, 1);
+          cpu_ref().sgd_update(hp, hg, hb.defined() ? hb.view() : TensorView{}, s);
+          cuda_ops().sgd_update(dp, dg, db.defined() ? db.view() : TensorView{}, s);
+          expect_same_elements(to_host(dp), hp, "param " + tag);
+          if (hb.defined()) expect_same_elements(to_host(db), hb, "momentum_buffer " + tag);
+          expect_same_elements(to_host(dg), hg, "grad " + tag);
+        }
+      }
+}
+
+TEST(CudaOptimizer, CountZerosMatchesCpu) {
+  REQUIRE_GPU();
+  for (int64_t n : kSizes)
+    for (DType dt : kFloatDTypes) {
+      Tensor h32 = random_host({n}, DType::kF32, 7 + uint64_t(n), -1.0f, 1.0f);
+      for (int64_t i = 0; i < n; i += 3) h32.data<float>()[i] = (i % 2) ? -0.0f : 0.0f;
+      Tensor h = Tensor::empty({n}, dt);
+      cpu_ref().cast(h, h32);
+      const int64_t want = cpu_ref().count_zeros(h);
+      EXPECT_GE(want, (n + 2) / 3);
+      EXPECT_EQ(cuda_ops().count_zeros(to_device_at(h, 1)), want) << dtype_name(dt) << " n=" << n;
+    }
+}
+
+TEST(CudaOptimizer, AbsStatsMatchesCpu) {
+  REQUIRE_GPU();
+  for (int64_t n : kSizes) {
+    Tensor h = random_host({n}, DType::kF32, 9 + uint64_t(n), -2.0f, 2.0f);
+    const AbsStats want = cpu_ref().abs_stats(h);
+    const AbsStats got = cuda_ops().abs_stats(to_device_at(h, 1));
+    EXPECT_NEAR(got.sum_abs, want.sum_abs, 1e-12 * want.sum_abs) << n;
+    EXPECT_NEAR(got.sum_sqrt_abs, want.sum_sqrt_abs, 1e-12 * want.sum_sqrt_abs) << n;
+    EXPECT_EQ(got.max_abs, want.max_abs) << n;
+  }
+}
+
 // ---- sum_squares ---------------------------------------------------------------------------------------
 
 TEST(CudaOptimizer, SumSquaresMatchesCpuAndIsDeterministic) {

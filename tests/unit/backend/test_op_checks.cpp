@@ -78,7 +78,12 @@ class CountingOps final : public OpTable {
                                          TensorView loss_mask, float dlogits_scale) const override { ++calls; }
   void do_adamw_update(TensorView param, TensorView grad, TensorView m, TensorView v,
                        const AdamWParams& p) const override { ++calls; }
+  void do_sgd_update(TensorView param, TensorView grad, TensorView momentum_buf, const SgdParams& p) const override {
+    ++calls;
+  }
   double do_sum_squares(TensorView x) const override { ++calls; return 0; }
+  int64_t do_count_zeros(TensorView x) const override { ++calls; return 0; }
+  AbsStats do_abs_stats(TensorView x) const override { ++calls; return {}; }
   bool do_has_inf_or_nan(TensorView x) const override { ++calls; return false; }
   void do_scale_(TensorView x, float s) const override { ++calls; }
   void do_fill_(TensorView x, float value) const override { ++calls; }
@@ -262,6 +267,13 @@ TEST_P(BackendChecks, OptimizerAndFp8) {
                   "f32 master weights, gradients and state only), got bf16");
   a.step = 0;
   expect_rejected([&] { ops().adamw_update(p, zeros({8}), m, v, a); }, "adamw_update", "step is 1-based");
+  SgdParams sg;
+  sg.momentum = 0.9f;
+  expect_rejected([&] { ops().sgd_update(p, zeros({8}), zeros({7}), sg); }, "sgd_update",
+                  "momentum_buf");
+  expect_rejected([&] { ops().sgd_update(p, zeros({8}, DType::kF16), m, sg); }, "sgd_update",
+                  "f32 master weights, gradients and momentum only), got f16");
+  expect_rejected([&] { (void)ops().count_zeros(zeros({8}, DType::kI32)); }, "count_zeros", "expected a float dtype");
   const Tensor s = zeros({1}), a4 = zeros({4, 16}, DType::kF8E4M3), b4 = zeros({8, 16}, DType::kF8E4M3);
   expect_rejected(
       [&] { ops().fp8_gemm(zeros({4, 8}), zeros({4, 16}, DType::kF8E5M2), s, zeros({8, 16}, DType::kF8E5M2), s, {},

@@ -106,7 +106,7 @@ void run_case(const Case& c, bool skip_a_step) {
   ddp.bucket_size = 80;  // three buckets: {head, layer 1}, {layer 0}, {embedding}
   ddp.overlap_grad_reduce = c.overlap;
   ddp.overlap_param_gather = c.overlap_params;
-  DistributedOptimizer opt(*ctx, {&set}, {units}, *ps, ddp, AdamWConfig{});
+  DistributedOptimizer opt(*ctx, {&set}, {units}, *ps, ddp, OptimizerConfig{});
   opt.initialize(kSeed);
   EXPECT_EQ(opt.num_buckets(0), zero3 ? 4 : 3);
   ParamHooks* hooks = opt.hooks(0);
@@ -255,7 +255,7 @@ TEST(DistributedOptimizer, MemoryFigures) {
       set.allocate(*ctx, cdt, DType::kF32, true, param_storage_for(s));
       DDPConfig ddp;
       ddp.sharding = s;
-      DistributedOptimizer opt(*ctx, {&set}, {units}, *ps, ddp, AdamWConfig{});
+      DistributedOptimizer opt(*ctx, {&set}, {units}, *ps, ddp, OptimizerConfig{});
       const int64_t n = set.numel();
       const auto m = opt.memory();
       // DP = 1: every shard is the whole buffer, so the per-parameter bytes of the header's table with d = 1.
@@ -267,6 +267,120 @@ TEST(DistributedOptimizer, MemoryFigures) {
     }
 }
 
+// --optimizer sgd on one process: the update is torch.optim.SGD range by range (L2 weight decay only where
+// the parameter decays), the momentum buffer is the only state (4 bytes per element, none without
+// momentum), and the checkpoint names follow PyTorch's state keys.
+TEST(DistributedOptimizer, SgdUpdatesRangeByRangeAndKeepsOnlyTheMomentumBuffer) {
+  auto ctx = make_cpu_context();
+  auto ps = ParallelState::create(ParallelConfig{}, 1, 0);
+  for (float momentum : {0.0f, 0.9f}) {
+    SCOPED_TRACE("momentum " + std::to_string(momentum));
+    ParameterSet set, ref;
+    auto units = build_layout(set);
+    build_layout(ref);
+    set.allocate(*ctx);
+    ref.allocate(*ctx);
+    OptimizerConfig oc;
+    oc.kind = OptimizerKind::kSGD;
+    oc.sgd_momentum = momentum;
+    DistributedOptimizer opt(*ctx, {&set}, {units}, *ps, DDPConfig{}, oc);
+    opt.initialize(7);
+    ref.initialize(7);
+    EXPECT_EQ(opt.kind(), OptimizerKind::kSGD);
+    EXPECT_EQ(opt.memory().optimizer, momentum != 0.0f ? 4 * set.numel() : 0);
+    Tensor buf = Tensor::zeros({ref.numel()}, DType::kF32);
+    for (int step = 0; step < 3; ++step) {
+      opt.start_step();
+      for (int64_t i = 0; i < set.numel(); ++i)
+        set.grads().data<float>()[i] = ref.grads().data<float>()[i] = grad_value(i, step, 0, 0);
+      opt.finish_grad_sync();
+      opt.step(0.05f, 0.1f, 0.5f);
+      for (const Parameter& p : ref.all()) {
+        SgdParams sp;
+        sp.lr = 0.05f;
+        sp.momentum = momentum;
+        sp.weight_decay = p.no_weight_decay ? 0.0f : 0.1f;
+        sp.grad_scale = 0.5f;
+        sp.zero_grad = true;
+        const Shape s{p.shape.numel()};
+        ctx->ops().sgd_update(ref.values().slice_flat(p.offset, s), ref.grads().slice_flat(p.offset, s),
+                              momentum != 0.0f ? buf.view().slice_flat(p.offset, s) : TensorView{}, sp);
+      }
+      ASSERT_EQ(std::memcmp(set.values().raw(), ref.values().raw(), size_t(set.numel()) * 4), 0) << "step " << step;
+    }
+    for (const StateShard& s : opt.state_shards()) {
+      EXPECT_FALSE(s.exp_avg.defined());
+      const auto state = s.optimizer_state();
+      ASSERT_EQ(state.size(), momentum != 0.0f ? 1u : 0u);
+      if (state.empty()) continue;
+      EXPECT_STREQ(state[0].first, "momentum_buffer");
+      EXPECT_EQ(std::memcmp(state[0].second.raw(), buf.data<float>() + s.param->offset + s.begin,
+                            size_t(s.end - s.begin) * 4), 0)
+          << s.param->name;
+    }
+  }
+}
+
+// --log-num-zeros-in-grad and --log-optimizer-states-to-tensorboard: the figures of the whole model,
+// against direct sums over the state the optimizer reports.
+TEST(DistributedOptimizer, ZeroCountAndStateStatistics) {
+  auto ctx = make_cpu_context();
+  auto ps = ParallelState::create(ParallelConfig{}, 1, 0);
+  for (ShardingStrategy sh : {ShardingStrategy::kNone, ShardingStrategy::kOptimGrads}) {
+    SCOPED_TRACE(sharding_strategy_name(sh));
+    ParameterSet set;
+    auto units = build_layout(set);
+    set.allocate(*ctx, DType::kF32, DType::kF32, true, param_storage_for(sh));
+    DDPConfig ddp;
+    ddp.sharding = sh;
+    DistributedOptimizer opt(*ctx, {&set}, {units}, *ps, ddp, OptimizerConfig{});
+    opt.initialize(3);
+    ParamHooks* hooks = opt.hooks(0);
+    int64_t zeros = 0;
+    opt.start_step();
+    opt.set_last_microbatch(0, true);
+    for (int u = int(units.size()) - 1; u >= 0; --u) {
+      hooks->before_backward(u);
+      for (Parameter& p : set.all()) {
+        if (p.offset < units[size_t(u)].offset || p.offset >= units[size_t(u)].offset + units[size_t(u)].numel) continue;
+        for (int64_t k = 0; k < p.shape.numel(); ++k) {
+          const bool zero = (p.offset + k) % 3 == 0;
+          p.grad.data<float>()[k] = zero ? 0.0f : grad_value(p.offset + k, 0, 0, 0) + 0.5f;
+          zeros += zero;
+        }
+      }
+      hooks->after_backward(u);
+    }
+    opt.finish_grad_sync();
+    EXPECT_EQ(opt.num_zeros_in_grad(), zeros);
+    opt.step(1e-2f, 0.0f, 1.0f);
+    long double v2 = 0, v1 = 0, vs = 0, m2 = 0, m1 = 0, w2 = 0, w1 = 0;
+    double vmax = 0, mmax = 0, wmax = 0;
+    for (const StateShard& s : opt.state_shards())
+      for (int64_t k = 0; k < s.end - s.begin; ++k) {
+        const double v = s.exp_avg_sq.data<float>()[k], m = s.exp_avg.data<float>()[k], w = s.master.data<float>()[k];
+        v2 += v * v, v1 += std::fabs(v), vs += std::sqrt(std::fabs(v)), vmax = std::max(vmax, std::fabs(v));
+        m2 += m * m, m1 += std::fabs(m), mmax = std::max(mmax, std::fabs(m));
+        w2 += w * w, w1 += std::fabs(w), wmax = std::max(wmax, std::fabs(w));
+      }
+    const OptimizerStateStats st = opt.state_stats();
+    EXPECT_TRUE(st.has_variance && st.has_momentum);
+    auto near = [](double got, long double want) { EXPECT_NEAR(got, double(want), 1e-10 * double(want) + 1e-300); };
+    near(st.variance_l2, std::sqrt(v2));
+    near(st.variance_sqrt_l2, std::sqrt(v1));
+    near(st.variance_l1, v1);
+    near(st.variance_sqrt_l1, vs);
+    EXPECT_EQ(st.variance_abs_max, vmax);
+    near(st.variance_sqrt_abs_max, std::sqrt((long double)vmax));
+    near(st.momentum_l2, std::sqrt(m2));
+    near(st.momentum_l1, m1);
+    EXPECT_EQ(st.momentum_abs_max, mmax);
+    near(st.weight_l2, std::sqrt(w2));
+    near(st.weight_l1, w1);
+    EXPECT_EQ(st.weight_abs_max, wmax);
+  }
+}
+
 TEST(DistributedOptimizer, RejectsWrongStorageAndUnknownNames) {
   auto ctx = make_cpu_context();
   auto ps = ParallelState::create(ParallelConfig{}, 1, 0);
@@ -275,10 +389,10 @@ TEST(DistributedOptimizer, RejectsWrongStorageAndUnknownNames) {
   set.allocate(*ctx);
   DDPConfig ddp;
   ddp.sharding = ShardingStrategy::kOptimGradsParams;
-  EXPECT_THROW(DistributedOptimizer(*ctx, {&set}, {units}, *ps, ddp, AdamWConfig{}), Error);
+  EXPECT_THROW(DistributedOptimizer(*ctx, {&set}, {units}, *ps, ddp, OptimizerConfig{}), Error);
   ddp.sharding = ShardingStrategy::kNone;
   units.pop_back();  // units no longer tile the buffer
-  EXPECT_THROW(DistributedOptimizer(*ctx, {&set}, {units}, *ps, ddp, AdamWConfig{}), Error);
+  EXPECT_THROW(DistributedOptimizer(*ctx, {&set}, {units}, *ps, ddp, OptimizerConfig{}), Error);
   EXPECT_EQ(parse_sharding_strategy("optim_grads"), ShardingStrategy::kOptimGrads);
   EXPECT_THROW(parse_sharding_strategy("zero2"), UserError);
 }
