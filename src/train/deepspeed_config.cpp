@@ -284,13 +284,13 @@ void apply_precision(Reader& r, const json& root) {
     bf16 = root.at("bf16").contains("enabled") && r.get_bool(root.at("bf16").at("enabled"), "bf16.enabled");
   }
   if (fp16 && bf16) r.fail("bf16.enabled", "fp16 and bf16 cannot both be enabled");
+  if (fp16 && p.bf16) r.fail("fp16.enabled", "fp16 is enabled here but the command line has --bf16");
+  if (bf16 && p.fp16) r.fail("bf16.enabled", "bf16 is enabled here but the command line has --fp16");
   if (p.fp16 && !fp16)
     r.fail("fp16", "--fp16 needs \"fp16\": {\"enabled\": true} here (DeepSpeed's engine does the loss scaling); "
            "enable it, or drop --fp16");
   if (p.bf16 && !bf16)
     r.fail("bf16", "--bf16 needs \"bf16\": {\"enabled\": true} here; enable it, or drop --bf16");
-  if (fp16 && p.bf16) r.fail("fp16.enabled", "fp16 is enabled here but the command line has --bf16");
-  if (bf16 && p.fp16) r.fail("bf16.enabled", "bf16 is enabled here but the command line has --fp16");
   if (fp16 && !p.fp16) r.note("fp16.enabled turns on --fp16");
   if (bf16 && !p.bf16) r.note("bf16.enabled turns on --bf16");
   p.fp16 = p.fp16 || fp16;
@@ -326,10 +326,13 @@ void apply_precision(Reader& r, const json& root) {
 void apply_optimizer(Reader& r, const json& root) {
   TrainConfig& cfg = r.cfg();
   OptimConfig& o = cfg.optim;
+  const bool max_grad_norm = root.contains("optimizer") && root.at("optimizer").is_object() &&
+                             root.at("optimizer").contains("params") && root.at("optimizer").at("params").is_object() &&
+                             root.at("optimizer").at("params").contains("max_grad_norm");
   if (root.contains("gradient_clipping")) {
     r.take_number(o.clip_grad, r.get_number(root.at("gradient_clipping"), "gradient_clipping"), "gradient_clipping",
                   "--clip-grad");
-  } else {
+  } else if (!max_grad_norm) {
     if (r.given("--clip-grad") && o.clip_grad != 0.0)
       r.note("no gradient_clipping: DeepSpeed does not clip (its default 0) and wins over --clip-grad " +
              Reader::num(o.clip_grad));
@@ -359,7 +362,9 @@ void apply_optimizer(Reader& r, const json& root) {
   flag_bool("adam_w_mode", true, "Loom's Adam decouples the weight decay (AdamW); L2-regularised Adam is not built");
   flag_bool("bias_correction", true, "Loom's Adam always corrects the moment bias");
   flag_bool("amsgrad", false, "Loom's Adam has no AMSGrad variant");
-  if (params.contains("torch_adam")) r.get_bool(params.at("torch_adam"), "optimizer.params.torch_adam");  // same update
+  // torch_adam: torch.optim.AdamW instead of DeepSpeed's fused Adam (the same update; its default weight
+  // decay is 0.01 where FusedAdam's is 0).
+  const bool torch_adam = params.contains("torch_adam") && r.get_bool(params.at("torch_adam"), "optimizer.params.torch_adam");
   // DeepSpeed builds this optimizer from the file: a missing param is the optimizer's default.
   auto number = [&](const char* k, double def) {
     return params.contains(k) ? r.get_number(params.at(k), std::string("optimizer.params.") + k) : def;
@@ -377,7 +382,8 @@ void apply_optimizer(Reader& r, const json& root) {
   r.take(o.adam.beta2, float(b2), "optimizer.params.betas[1]", "--adam-beta2", Reader::num(b2), Reader::num(o.adam.beta2));
   const double eps = number("eps", 1e-8);
   r.take(o.adam.eps, float(eps), "optimizer.params.eps", "--adam-eps", Reader::num(eps), Reader::num(o.adam.eps));
-  r.take_number(o.weight_decay, number("weight_decay", 0.0), "optimizer.params.weight_decay", "--weight-decay");
+  r.take_number(o.weight_decay, number("weight_decay", torch_adam ? 0.01 : 0.0), "optimizer.params.weight_decay",
+                "--weight-decay");
   if (params.contains("max_grad_norm")) {
     const double m = r.get_number(params.at("max_grad_norm"), "optimizer.params.max_grad_norm");
     if (root.contains("gradient_clipping") && m != o.clip_grad)
@@ -490,7 +496,9 @@ void apply_logging(Reader& r, const json& root) {
   }
 }
 
-void apply_file(TrainConfig& cfg, const std::set<std::string>& given) {
+}  // namespace
+
+void apply_deepspeed_file(TrainConfig& cfg, const std::set<std::string>& given) {
   const std::string& path = cfg.deepspeed.config_path;
   const std::string text = read_file(path, "--deepspeed_config", int64_t(16) << 20);
   json root;
@@ -520,6 +528,7 @@ void apply_file(TrainConfig& cfg, const std::set<std::string>& given) {
   for (const char* k : {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"})
     if (root.contains(k)) {
       const int64_t v = r.get_int(root.at(k), k);
+      if (v <= 0) r.fail(k, "has to be greater than 0, got ", v);
       std::optional<int64_t>& dst = std::string(k) == "train_batch_size" ? cfg.deepspeed.train_batch_size
                                     : std::string(k) == "train_micro_batch_size_per_gpu"
                                         ? cfg.deepspeed.micro_batch_size
@@ -531,93 +540,6 @@ void apply_file(TrainConfig& cfg, const std::set<std::string>& given) {
   apply_optimizer(r, root);
   apply_scheduler(r, root);
   apply_logging(r, root);
-}
-
-}  // namespace
-
-void apply_deepspeed_config(TrainConfig& cfg, const std::set<std::string>& given) {
-  DeepSpeedConfig& ds = cfg.deepspeed;
-  ds.micro_batch_flag_given = given.count("--micro-batch-size") > 0;
-  ds.global_batch_flag_given = given.count("--global-batch-size") > 0;
-  auto note = [&](const std::string& s) { ds.notes.push_back(" > " + s); };
-  if (!ds.enabled) {
-    if (!ds.config_path.empty())
-      user_error("--deepspeed_config ", ds.config_path, " is read with --deepspeed (Megatron-DeepSpeed ignores it "
-                 "without): add --deepspeed, or drop the file");
-    // Megatron-DeepSpeed without --deepspeed is Megatron: its DeepSpeed-only flags do nothing.
-    if (ds.zero_stage) note("--zero-stage " + std::to_string(*ds.zero_stage) + " has no effect without --deepspeed (as "
-                            "in Megatron-DeepSpeed); ZeRO without DeepSpeed is --use-distributed-optimizer");
-    if (ds.activation_checkpointing || ds.partition_activations || ds.contiguous_checkpointing)
-      note("--deepspeed-activation-checkpointing / --partition-activations / --contigious-checkpointing have no effect "
-           "without --deepspeed (as in Megatron-DeepSpeed)");
-    return;
-  }
-  if (ds.config_path.empty())
-    user_error("--deepspeed needs --deepspeed_config FILE (DeepSpeed's ds_config.json: batch, ZeRO stage, precision)");
-  if (ds.zero_stage && (*ds.zero_stage < 0 || *ds.zero_stage > 3))
-    user_error("--zero-stage must be 0, 1, 2 or 3, got ", *ds.zero_stage);
-  apply_file(cfg, given);
-  const bool recompute = cfg.recompute.granularity == "full";
-  if (ds.activation_checkpointing)
-    note(recompute ? "--deepspeed-activation-checkpointing: full recomputation (DeepSpeed's checkpointing engine "
-                     "recomputes what --checkpoint-activations asks for; the results are the same)"
-                   : "--deepspeed-activation-checkpointing has no effect without --checkpoint-activations (as in "
-                     "Megatron-DeepSpeed)");
-  if (ds.partition_activations || ds.contiguous_checkpointing)
-    note("--partition-activations / --contigious-checkpointing: DeepSpeed's placement of checkpointed activations; "
-         "Loom keeps one input per recomputed layer (split over tensor-parallel ranks with --sequence-parallel) and "
-         "the results do not depend on them");
-}
-
-void resolve_deepspeed_batch(TrainConfig& cfg, int dp) {
-  DeepSpeedConfig& ds = cfg.deepspeed;
-  if (!ds.enabled) return;
-  const std::string& file = ds.config_path;
-  std::optional<int64_t> tb = ds.train_batch_size, mb = ds.micro_batch_size, gas = ds.gradient_accumulation_steps;
-  if (!tb && !mb && !gas) {
-    ds.notes.push_back(" > ds_config " + file + ": no batch keys; --micro-batch-size and --global-batch-size decide");
-    return;
-  }
-  // DeepSpeed's _set_batch_related_parameters, then its _batch_assertion.
-  if (tb && mb && gas) {
-  } else if (tb && mb) {
-    gas = *tb / *mb / dp;
-  } else if (tb && gas) {
-    mb = *tb / dp / *gas;
-  } else if (mb && gas) {
-    tb = *mb * *gas * dp;
-  } else if (tb) {
-    gas = 1;
-    mb = *tb / dp;
-  } else if (mb) {
-    tb = *mb * dp;
-    gas = 1;
-  } else {
-    user_error("ds_config ", file, ": \"gradient_accumulation_steps\": either train_batch_size or "
-               "train_micro_batch_size_per_gpu needs to be provided");
-  }
-  if (*tb <= 0) user_error("ds_config ", file, ": \"train_batch_size\": ", *tb, " has to be greater than 0");
-  if (*mb <= 0)
-    user_error("ds_config ", file, ": \"train_micro_batch_size_per_gpu\": micro batch size per gpu ", *mb,
-               " has to be greater than 0 (train_batch_size ", *tb, " over ", dp, " data-parallel ranks)");
-  if (*gas <= 0)
-    user_error("ds_config ", file, ": \"gradient_accumulation_steps\": ", *gas, " has to be greater than 0");
-  if (*tb != *mb * *gas * dp)
-    user_error("ds_config ", file, ": \"train_batch_size\": check batch related parameters. train_batch_size is not "
-               "equal to micro_batch_per_gpu * gradient_acc_step * world_size ", *tb, " != ", *mb, " * ", *gas, " * ",
-               dp, " (world_size is the data-parallel size)");
-  auto set = [&](int64_t& field, int64_t v, const char* key, const char* flag, bool flag_given) {
-    std::string s = " > ds_config " + file + ": " + key + " = " + std::to_string(v);
-    if (flag_given && field != v) s += " wins over " + std::string(flag) + " " + std::to_string(field) +
-                                       " (DeepSpeed's engine steps with the file's batch)";
-    else s += std::string(" (as ") + flag + ")";
-    ds.notes.push_back(s);
-    field = v;
-  };
-  set(cfg.batch.micro_batch_size, *mb, "train_micro_batch_size_per_gpu", "--micro-batch-size", ds.micro_batch_flag_given);
-  int64_t global = cfg.batch.global_batch_size.value_or(0);
-  set(global, *tb, "train_batch_size", "--global-batch-size", ds.global_batch_flag_given);
-  cfg.batch.global_batch_size = global;
 }
 
 }  // namespace loom

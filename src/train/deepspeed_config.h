@@ -17,7 +17,10 @@
 namespace loom {
 
 // given: the flags named on the command line (a file value yields to some of them, e.g. --log-interval).
+// The DeepSpeed flags (deepspeed_launch.cpp), then the file when --deepspeed is on.
 void apply_deepspeed_config(TrainConfig& cfg, const std::set<std::string>& given);
+// The ds_config.json of cfg.deepspeed.config_path onto cfg (deepspeed_config.cpp).
+void apply_deepspeed_file(TrainConfig& cfg, const std::set<std::string>& given);
 
 // DeepSpeed's batch rules (train_batch_size = micro x accumulation x data-parallel size; a missing one is
 // derived from the others), then the micro and global batch of the run. No-op without a file.

@@ -24,7 +24,7 @@ struct TrainResult {
   int64_t skipped_iterations = 0;   // steps skipped (inf/NaN gradients)
   int64_t nan_iterations = 0;       // skipped steps whose loss was NaN/inf
   int64_t peak_bytes = 0;           // allocator high-water mark
-  std::string exit_reason;          // "train-iters", "exit-interval", "exit-duration", "signal"
+  std::string exit_reason;          // "train-iters", "train-tokens", "exit-interval", "exit-duration", "signal"
 };
 
 // Runs training; log lines go to `log`. Throws UserError for bad input before any heavy allocation.

@@ -4,18 +4,20 @@
 #
 # Megatron-LM's examples/pretrain_gpt_distributed.sh, launched with mpirun and `loom train` instead of
 # torchrun and pretrain_gpt.py, shrunk to a tiny model (2 layers, hidden 64, 4 heads, seq 64, 24
-# iterations) that two CPU ranks train in seconds. The 345M sizes are in the comments next to each flag.
+# iterations) that two CPU ranks train in seconds. The 345M sizes are in the comments below each block.
 # Paths come from the environment (DATA_PATH, VOCAB_FILE, MERGE_FILE, CHECKPOINT_PATH); the run writes
-# only to CHECKPOINT_PATH (and the dataset index cache Megatron keeps next to DATA_PATH).
+# only to CHECKPOINT_PATH (and to the dataset index cache, DATA_PATH/cache/, as Megatron does).
+# The first ~12 iterations are skipped while the FP16 loss scale comes down from 2^32 (Megatron does the
+# same), so 24 iterations leave a dozen with an lm loss.
 
 export CUDA_DEVICE_MAX_CONNECTIONS=1
 
-GPUS_PER_NODE=${GPUS_PER_NODE:-2}           # 8 in Megatron-LM: one rank per GPU
+GPUS_PER_NODE=2                 # 8 in Megatron-LM: one rank per GPU (here: per CPU rank)
 # Change for multinode config
-MASTER_ADDR=${MASTER_ADDR:-localhost}
-MASTER_PORT=${MASTER_PORT:-6000}
-NNODES=${NNODES:-1}
-NODE_RANK=${NODE_RANK:-0}
+MASTER_ADDR=localhost
+MASTER_PORT=6000
+NNODES=1
+NODE_RANK=0
 WORLD_SIZE=$(($GPUS_PER_NODE*$NNODES))
 
 CHECKPOINT_PATH=${CHECKPOINT_PATH:-checkpoints/gpt2_345m}

@@ -452,3 +452,140 @@ TEST(SchedulerState, MalformedJsonNamesTheSource) {
       },
       {"scheduler state", "lr_decay_style", "step"});
 }
+
+namespace {
+
+// The lr of optimizer steps 1..N under a DeepSpeed schedule, through the scheduler (4 samples per step).
+std::vector<double> deepspeed_lrs(DeepSpeedSchedule d, int steps) {
+  SchedulerConfig c = base(LRDecayStyle::kLinear, 0, 1000);
+  d.samples_per_step = 4;
+  c.deepspeed = d;
+  OptimizerParamScheduler s(c);
+  std::vector<double> out;
+  for (int i = 0; i < steps; ++i) {
+    out.push_back(s.lr());
+    s.step(4);
+  }
+  return out;
+}
+
+void expect_lrs(const std::vector<double>& got, const std::vector<double>& want, const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_DOUBLE_EQ(got[i], want[i]) << what << " step " << i + 1;
+}
+
+}  // namespace
+
+// ds_config "scheduler": the lr each optimizer step trains with, against DeepSpeed's own WarmupLR /
+// WarmupDecayLR / WarmupCosineLR classes (deepspeed/runtime/lr_schedules.py) driven as its engine drives
+// them (constructed before the first step, step() after each applied step). Values printed by Python 3.11
+// from those classes.
+TEST(Scheduler, DeepSpeedSchedulesMatchDeepSpeed) {
+  DeepSpeedSchedule w;
+  w.type = DeepSpeedScheduleType::kWarmupLR;
+  w.warmup_min_lr = 1e-4;
+  w.warmup_max_lr = 1e-2;
+  w.warmup_num_steps = 5;
+  expect_lrs(deepspeed_lrs(w, 8), {0.0001, 0.0001, 0.004363697924926592, 0.006857801325411256, 0.008627395849853182, 0.01,
+                                   0.01, 0.01}, "WarmupLR log");
+  w.warmup_min_lr = 0.0;
+  w.warmup_max_lr = 3e-3;
+  w.warmup_num_steps = 4;
+  w.log_warmup = false;
+  expect_lrs(deepspeed_lrs(w, 7), {0.0, 0.0, 0.00075, 0.0015, 0.0022500000000000003, 0.003, 0.003}, "WarmupLR linear");
+  DeepSpeedSchedule d;
+  d.type = DeepSpeedScheduleType::kWarmupDecayLR;
+  d.total_num_steps = 10;
+  d.warmup_min_lr = 1e-5;
+  d.warmup_max_lr = 2e-3;
+  d.warmup_num_steps = 3;
+  expect_lrs(deepspeed_lrs(d, 13),
+             {1e-05, 1e-05, 0.0012655502096072001, 0.002, 0.002, 0.0017157142857142857, 0.0014314285714285716,
+              0.0011471428571428572, 0.0008628571428571429, 0.0005785714285714286, 0.0002942857142857143, 1e-05, 1e-05},
+             "WarmupDecayLR");
+  DeepSpeedSchedule c;
+  c.type = DeepSpeedScheduleType::kWarmupCosineLR;
+  c.total_num_steps = 10;
+  c.warmup_min_ratio = 0.1;
+  c.warmup_num_steps = 3;
+  c.cos_min_ratio = 0.01;
+  c.log_warmup = false;
+  c.base_lr = 6e-4;
+  expect_lrs(deepspeed_lrs(c, 12),
+             {0.0, 5.9999999999999995e-05, 0.00023999999999999998, 0.00041999999999999996, 0.0005705877537670184,
+              0.00048817647115204386, 0.0003690887173850253, 0.00023691128261497463, 0.00011782352884795615,
+              3.541224623298155e-05, 5.999999999999999e-06, 3.541224623298151e-05},
+             "WarmupCosineLR linear");
+  c.total_num_steps = 6;
+  c.warmup_min_ratio = 0.0;
+  c.warmup_num_steps = 1;  // DeepSpeed raises it to 2
+  c.cos_min_ratio = 0.0001;
+  c.log_warmup = true;
+  c.base_lr = 1e-3;
+  expect_lrs(deepspeed_lrs(c, 7), {0.0, 0.0, 0.001, 0.0008535680352542144, 0.00050005, 0.0001465319647457856, 1.0000000000000001e-07},
+             "WarmupCosineLR log");
+}
+
+TEST(Scheduler, DeepSpeedScheduleChecksAndCheckpointRecord) {
+  SchedulerConfig c = base(LRDecayStyle::kLinear, 0, 100);
+  c.deepspeed.type = DeepSpeedScheduleType::kWarmupCosineLR;
+  c.deepspeed.samples_per_step = 4;
+  c.deepspeed.total_num_steps = 2;  // not more than the warmup (max(2, 1000))
+  EXPECT_THROW(OptimizerParamScheduler{c}, UserError);
+  c.deepspeed.total_num_steps = 2000;
+  c.deepspeed.base_lr = 1e-3;
+  OptimizerParamScheduler s(c);
+  s.step(40);
+  const SchedulerState st = SchedulerState::from_json(s.state().to_json());
+  EXPECT_EQ(st.deepspeed, c.deepspeed);
+  // Resuming without the DeepSpeed schedule is a mismatch like any other setting.
+  OptimizerParamScheduler megatron(base(LRDecayStyle::kLinear, 0, 100));
+  EXPECT_THROW(megatron.load_state(st), UserError);
+  OptimizerParamScheduler again(c);
+  again.load_state(st);
+  EXPECT_EQ(again.lr(), s.lr());
+}
+
+// --lr-warmup-tokens / --lr-decay-tokens: Megatron-DeepSpeed's get_lr (megatron/optimizer_param_scheduler.py),
+// stepped as its trainer steps it (increment = global batch 4, tokens = consumed samples x 64); values
+// printed by Python from that code.
+TEST(Scheduler, TokenScheduleMatchesMegatronDeepSpeed) {
+  auto lrs = [](SchedulerConfig c) {
+    c.tokens_per_sample = 64;
+    OptimizerParamScheduler s(c);
+    std::vector<double> out{s.lr()};
+    for (int i = 0; i < 10; ++i) {
+      s.step(4);
+      out.push_back(s.lr());
+    }
+    return out;
+  };
+  SchedulerConfig a = base(LRDecayStyle::kCosine, 0, 40);
+  a.lr_warmup_tokens = 700;
+  a.lr_decay_tokens = 2300;
+  expect_lrs(lrs(a),
+             {0.0, 0.00036571428571428573, 0.0007314285714285715, 0.0009955943749461575, 0.0009031659394586918,
+              0.000712236570081027, 0.0004700396419640726, 0.0002364914393517563, 6.93686673458897e-05, 1e-05, 1e-05},
+             "token warmup, token cosine decay");
+  SchedulerConfig b = base(LRDecayStyle::kLinear, 8, 40);
+  b.max_lr = 2e-3;
+  b.min_lr = 0.0;
+  b.lr_decay_tokens = 2048;
+  expect_lrs(lrs(b),
+             {0.0, 0.001, 0.002, 0.0016666666666666668, 0.0013333333333333335, 0.001, 0.0006666666666666668,
+              0.00033333333333333327, 0.0, 0.0, 0.0},
+             "sample warmup, token linear decay");
+  // Saved and checked on resume like Megatron-DeepSpeed's lr_warmup_tokens / lr_decay_tokens.
+  a.tokens_per_sample = 64;
+  OptimizerParamScheduler s(a);
+  const SchedulerState st = SchedulerState::from_json(s.state().to_json());
+  EXPECT_EQ(st.lr_decay_tokens, std::optional<int64_t>(2300));
+  SchedulerConfig other = a;
+  other.lr_decay_tokens = 4600;
+  OptimizerParamScheduler t(other);
+  EXPECT_THROW(t.load_state(st), UserError);
+  SchedulerConfig wsd = a;
+  wsd.lr_decay_style = LRDecayStyle::kWSD;
+  wsd.wsd_decay_steps = 10;
+  EXPECT_THROW(OptimizerParamScheduler{wsd}, UserError);
+}

@@ -341,3 +341,32 @@ TEST(MetricsJsonl, BadPathIsUserErrorNamingIt) {
     EXPECT_NE(std::string(e.what()).find(tmp.path().string()), std::string::npos) << e.what();
   }
 }
+
+namespace loom {
+namespace {
+
+// --tensorboard-queue-size: records reach the file once that many are pending (SummaryWriter's max_queue);
+// without a queue size only flush() writes them. The stdio buffer (4 KiB+) would hold these small records.
+TEST(TensorBoardWriter, QueueSizeWritesOutEveryNRecords) {
+  TempDir tmp;
+  const auto size_of = [](const std::string& p) { return std::filesystem::file_size(p); };
+  TensorBoardWriter queued((tmp.path() / "q").string(), 3);
+  const auto start = size_of(queued.path());
+  queued.add_scalar("a", 1.0, 1);
+  queued.add_scalar("a", 2.0, 2);
+  EXPECT_EQ(size_of(queued.path()), start);  // two pending
+  queued.add_scalar("a", 3.0, 3);
+  const auto after3 = size_of(queued.path());
+  EXPECT_GT(after3, start);
+  queued.add_scalar("a", 4.0, 4);
+  EXPECT_EQ(size_of(queued.path()), after3);  // the count restarts after each write-out
+  TensorBoardWriter unqueued((tmp.path() / "u").string());
+  const auto u0 = size_of(unqueued.path());
+  for (int i = 0; i < 10; ++i) unqueued.add_scalar("a", double(i), i);
+  EXPECT_EQ(size_of(unqueued.path()), u0);
+  unqueued.flush();
+  EXPECT_GT(size_of(unqueued.path()), u0);
+}
+
+}  // namespace
+}  // namespace loom
