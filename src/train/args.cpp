@@ -266,7 +266,7 @@ const std::vector<Flag>& flags() {
        [](C& c, S v) { c.data.train_data_path.push_back(v); }},
       {"--split", "W,W,W", "train,valid,test weights of the documents (default 969, 30, 1)",
        [](C& c, S v) { c.data.split = v; }},
-      {"--data-cache-path", "DIR", "where dataset index caches go (default <data dir>/cache/GPTDataset_indices)",
+      {"--data-cache-path", "DIR", "where dataset index caches go (default <prefix>/cache/GPTDataset_indices, under the --data-path prefix)",
        [](C& c, S v) { c.data.data_cache_path = v; }},
       // the tokenizer flags come from tokenizer_flag_specs(), spliced in after --data-cache-path by specs()
       {"--reset-position-ids", "", "restart position ids after each end-of-document token",
