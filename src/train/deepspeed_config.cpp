@@ -20,6 +20,7 @@
 #include "loom/core/check.h"
 #include "loom/core/file_io.h"
 #include "loom/optim/distributed_optimizer.h"
+#include "loom/train/flags.h"
 
 namespace loom {
 
@@ -59,18 +60,6 @@ const std::vector<std::string>& known_keys() {
       "activation_checkpointing.number_checkpoints", "activation_checkpointing.synchronize_checkpoint_boundary",
       "activation_checkpointing.profile", "wandb.enabled", "wandb.project", "wandb.group", "wandb.team"};
   return keys;
-}
-
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
 }
 
 std::string leaf(const std::string& path) {
