@@ -3,6 +3,8 @@
 // that say so.
 #include "cli/preprocess_args.h"
 
+#include <algorithm>
+
 #include "loom/core/check.h"
 #include "loom/train/flags.h"
 
@@ -42,6 +44,15 @@ const std::vector<Flag>& flags() {
        [](C& c, V v) { c.log_interval = to_int("--log-interval", v[0]); }},
       {{"--skip-bad-lines", Arity::kSwitch, "", "skip and count malformed lines instead of failing (default: error naming file:line)"},
        [](C& c, V) { c.skip_bad_lines = true; }},
+      {{"--sft", Arity::kSwitch, "", "supervised fine-tuning data: --json-keys PROMPT ANSWER (default input output) "
+        "become one sample of PREFIX_sft_document with its answer mask in PREFIX_sft_document_loss_mask"},
+       [](C& c, V) { c.sft = true; }},
+      {{"--answer-only-loss", Arity::kOne, "BOOL", "--sft: only answer tokens are in the loss (default true, as NeMo)"},
+       [](C& c, V v) {
+         if (v[0] == "true" || v[0] == "True" || v[0] == "1") c.answer_only_loss = true;
+         else if (v[0] == "false" || v[0] == "False" || v[0] == "0") c.answer_only_loss = false;
+         else user_error("--answer-only-loss takes true or false, got '", v[0], "'");
+       }},
       {{"--dataset-impl", Arity::kOne, "mmap", "accepted for old Megatron scripts; only mmap exists"},
        [](C&, V v) {
          if (v[0] != "mmap") user_error("--dataset-impl: only 'mmap' is supported, got '", v[0], "'");
@@ -64,7 +75,11 @@ const std::vector<std::string>& unsupported() {
 
 PreprocessConfig parse_preprocess_args(const std::vector<std::string>& args) {
   PreprocessConfig cfg;
-  apply_flags(flags(), args, cfg, unsupported(), "Megatron's preprocess_data.py");
+  const std::vector<std::string> named = apply_flags(flags(), args, cfg, unsupported(), "Megatron's preprocess_data.py");
+  const bool keys_given = std::find(named.begin(), named.end(), "--json-keys") != named.end();
+  if (cfg.sft && !keys_given) cfg.json_keys = {"input", "output"};  // NeMo's SFT fields
+  if (!cfg.sft && std::find(named.begin(), named.end(), "--answer-only-loss") != named.end())
+    user_error("--answer-only-loss applies to --sft data");
   cfg.validate();
   return cfg;
 }

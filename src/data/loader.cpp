@@ -53,8 +53,10 @@ void fill_batch(const SampleDataset& ds, int64_t first, int64_t B, const BatchOp
     int32_t* tok = out.tokens.data<int32_t>() + b * T;
     std::memcpy(tok, window.data(), size_t(T) * sizeof(int32_t));
     std::memcpy(out.labels.data<int32_t>() + b * T, window.data() + 1, size_t(T) * sizeof(int32_t));
-    token_extras(std::span<const int32_t>(tok, size_t(T)), opt, out.loss_mask.data<float>() + b * T,
-                 out.position_ids.data<int32_t>() + b * T, out.segment_ids.data<int32_t>() + b * T);
+    if (!ds.extras(first + b, out.loss_mask.data<float>() + b * T, out.position_ids.data<int32_t>() + b * T,
+                   out.segment_ids.data<int32_t>() + b * T))
+      token_extras(std::span<const int32_t>(tok, size_t(T)), opt, out.loss_mask.data<float>() + b * T,
+                   out.position_ids.data<int32_t>() + b * T, out.segment_ids.data<int32_t>() + b * T);
   }
 }
 

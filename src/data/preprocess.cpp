@@ -41,6 +41,7 @@ struct Chunk {
   // Results, filled by a worker. For line i and key k (slot i * K + k): n_seqs[slot] sequences whose
   // lengths follow in seq_lens, whose tokens follow in tokens. A bad line has error[i] non-empty.
   std::vector<int32_t> tokens;
+  std::vector<int32_t> mask;  // --sft: per token, 1 in the loss (parallel to tokens)
   std::vector<int32_t> seq_lens;
   std::vector<uint32_t> n_seqs;
   std::vector<std::string> error;
@@ -54,16 +55,18 @@ class LineEncoder {
   LineEncoder(const PreprocessConfig& cfg, const Tokenizer& tok) : cfg_(cfg), tok_(tok) {}
 
   void encode_chunk(Chunk& c) const {
-    const size_t K = cfg_.json_keys.size();
+    const size_t K = cfg_.sft ? 1 : cfg_.json_keys.size();  // --sft: one output
     c.error.assign(c.spans.size(), std::string());
     c.n_seqs.assign(c.spans.size() * K, 0);
     std::vector<int32_t> scratch;
     for (size_t i = 0; i < c.spans.size(); ++i) {
       const size_t tok0 = c.tokens.size(), len0 = c.seq_lens.size();
-      std::string err = encode_line(std::string_view(c.text).substr(c.spans[i].first, c.spans[i].second),
-                                    c, &c.n_seqs[i * K], scratch);
+      const std::string_view line = std::string_view(c.text).substr(c.spans[i].first, c.spans[i].second);
+      std::string err = cfg_.sft ? encode_sft_line(line, c, &c.n_seqs[i * K], scratch)
+                                 : encode_line(line, c, &c.n_seqs[i * K], scratch);
       if (!err.empty()) {  // roll back what the line added, so the chunk holds only good lines
         c.tokens.resize(tok0);
+        c.mask.resize(std::min(c.mask.size(), tok0));
         c.seq_lens.resize(len0);
         std::fill(c.n_seqs.begin() + i * K, c.n_seqs.begin() + (i + 1) * K, 0u);
         c.error[i] = std::move(err);
@@ -72,9 +75,7 @@ class LineEncoder {
   }
 
  private:
-  // Returns "" on success, else why the line is bad.
-  std::string encode_line(std::string_view line, Chunk& c, uint32_t* n_seqs, std::vector<int32_t>& scratch) const {
-    nlohmann::json doc;
+  static std::string parse_object(std::string_view line, nlohmann::json& doc) {
     try {
       doc = nlohmann::json::parse(line);
     } catch (const nlohmann::json::exception& e) {
@@ -82,6 +83,42 @@ class LineEncoder {
                                                                        : std::string("invalid JSON: ") + e.what();
     }
     if (!doc.is_object()) return std::string("expected a JSON object, got a JSON ") + doc.type_name();
+    return {};
+  }
+
+  // --sft: prompt then answer tokens as one sequence, with the answer mask. "" or why the line is bad.
+  std::string encode_sft_line(std::string_view line, Chunk& c, uint32_t* n_seqs, std::vector<int32_t>& scratch) const {
+    nlohmann::json doc;
+    if (std::string err = parse_object(line, doc); !err.empty()) return err;
+    const size_t start = c.tokens.size();
+    for (size_t k = 0; k < 2; ++k) {
+      const std::string& key = cfg_.json_keys[k];
+      const auto it = doc.find(key);
+      if (it == doc.end()) return "missing key '" + key + "' (from --json-keys)";
+      if (!it->is_string()) return "key '" + key + "' is a JSON " + std::string(it->type_name()) + ", expected a string";
+      scratch.clear();
+      try {
+        tok_.encode(it->get_ref<const std::string&>(), scratch);
+      } catch (const UserError& e) {
+        return "key '" + key + "': " + e.what();
+      }
+      if (k == 1 && scratch.empty()) return "key '" + key + "' has no tokens (an SFT sample needs an answer)";
+      c.tokens.insert(c.tokens.end(), scratch.begin(), scratch.end());
+      c.mask.insert(c.mask.end(), scratch.size(), k == 1 || !cfg_.answer_only_loss ? 1 : 0);
+    }
+    if (cfg_.append_eod) {
+      c.tokens.push_back(tok_.eod());
+      c.mask.push_back(1);  // the model learns to end its answer
+    }
+    c.seq_lens.push_back(int32_t(c.tokens.size() - start));
+    n_seqs[0] = 1;
+    return {};
+  }
+
+  // Returns "" on success, else why the line is bad.
+  std::string encode_line(std::string_view line, Chunk& c, uint32_t* n_seqs, std::vector<int32_t>& scratch) const {
+    nlohmann::json doc;
+    if (std::string err = parse_object(line, doc); !err.empty()) return err;
     for (size_t k = 0; k < cfg_.json_keys.size(); ++k) {
       const std::string& key = cfg_.json_keys[k];
       const auto it = doc.find(key);
@@ -259,6 +296,8 @@ void PreprocessConfig::validate() const {
     if (!seen.insert(k).second) user_error("--json-keys: key '", k, "' given twice");
   }
   if (workers < 1 || workers > 1024) user_error("--workers must be in [1, 1024], got ", workers);
+  if (sft && json_keys.size() != 2)
+    user_error("--sft takes --json-keys PROMPT ANSWER (two keys, default input output), got ", json_keys.size());
   if (log_interval < 1) user_error("--log-interval must be >= 1, got ", log_interval);
 }
 
@@ -271,16 +310,25 @@ PreprocessStats run_preprocess(const PreprocessConfig& cfg, std::ostream& log) {
   ChunkReader reader(cfg.input);
   log << "Opening " << cfg.input << "\n";
 
-  const size_t K = cfg.json_keys.size();
+  // --sft writes one output (the samples) and its loss mask; otherwise one output per key.
+  const size_t K = cfg.sft ? 1 : cfg.json_keys.size();
   const IndexDType dtype = index_dtype_for_vocab(tok->vocab_size());
   PreprocessStats stats;
   stats.tokens.assign(K, 0);
   std::vector<int64_t> sequences(K, 0);
   std::vector<std::unique_ptr<IndexedDatasetWriter>> writers;
-  for (const auto& key : cfg.json_keys) {
-    stats.outputs.push_back(cfg.output_prefix + "_" + key + "_document");
+  if (cfg.sft) {
+    stats.outputs.push_back(cfg.output_prefix + "_sft_document");
     writers.push_back(std::make_unique<IndexedDatasetWriter>(stats.outputs.back(), dtype));
+    stats.outputs.push_back(stats.outputs.back() + "_loss_mask");
+    writers.push_back(std::make_unique<IndexedDatasetWriter>(stats.outputs.back(), IndexDType::kU8));
+  } else {
+    for (const auto& key : cfg.json_keys) {
+      stats.outputs.push_back(cfg.output_prefix + "_" + key + "_document");
+      writers.push_back(std::make_unique<IndexedDatasetWriter>(stats.outputs.back(), dtype));
+    }
   }
+  int64_t loss_tokens = 0;
 
   const auto t0 = Clock::now();
   auto rates = [&](std::ostream& os) {
@@ -305,11 +353,16 @@ PreprocessStats run_preprocess(const PreprocessConfig& cfg, std::ostream& log) {
         for (uint32_t s = 0; s < c.n_seqs[i * K + k]; ++s) {
           const int32_t n = c.seq_lens[len_at++];
           writers[k]->add_sequence(std::span<const int32_t>(c.tokens.data() + tok_at, size_t(n)));
+          if (cfg.sft) {
+            writers[1]->add_sequence(std::span<const int32_t>(c.mask.data() + tok_at, size_t(n)));
+            for (int32_t j = 0; j < n; ++j) loss_tokens += c.mask[tok_at + size_t(j)];
+          }
           tok_at += size_t(n);
           stats.tokens[k] += n;
         }
         sequences[k] += c.n_seqs[i * K + k];
         writers[k]->end_document();
+        if (cfg.sft) writers[1]->end_document();
       }
       ++stats.documents;
       if (stats.documents % cfg.log_interval == 0) {
@@ -346,7 +399,7 @@ PreprocessStats run_preprocess(const PreprocessConfig& cfg, std::ostream& log) {
   // Rename every pair only after the whole input succeeded; undo earlier pairs if a later one fails.
   size_t finalized = 0;
   try {
-    for (; finalized < K; ++finalized) writers[finalized]->finalize();
+    for (; finalized < writers.size(); ++finalized) writers[finalized]->finalize();
   } catch (...) {
     for (size_t k = 0; k < finalized; ++k) {
       std::remove((stats.outputs[k] + ".bin").c_str());
@@ -364,6 +417,9 @@ PreprocessStats run_preprocess(const PreprocessConfig& cfg, std::ostream& log) {
   for (size_t k = 0; k < K; ++k)
     log << "Wrote " << stats.outputs[k] << ".bin/.idx: " << stats.documents << " documents, " << sequences[k]
         << " sequences, " << stats.tokens[k] << " tokens (" << dtype_label(dtype) << ")\n";
+  if (cfg.sft)
+    log << "Wrote " << stats.outputs[1] << ".bin/.idx: the loss mask (uint8), " << loss_tokens << " of "
+        << stats.tokens[0] << " tokens in the loss" << (cfg.answer_only_loss ? " (answer only)" : "") << "\n";
   return stats;
 }
 

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "loom/core/check.h"
+#include "loom/data/sft_dataset.h"
 #include "loom/train/timers.h"
 #include "train/deepspeed_config.h"
 
@@ -273,6 +274,18 @@ const std::vector<Flag>& flags() {
        [](C& c, S) { c.data.reset_position_ids = true; }},
       {"--reset-attention-mask", "", "documents in one sequence do not attend to each other",
        [](C& c, S) { c.data.reset_attention_mask = true; }},
+      {"--sft", "", "supervised fine-tuning: --data-path is `loom preprocess --sft` output (answer-only loss, "
+       "packed samples)",
+       [](C& c, S) { c.data.sft = true; }},
+      {"--sft-packing", "", "--sft: pack samples into sequences, first-fit decreasing (the default)",
+       [](C& c, S) { c.data.sft_packing = true; }},
+      {"--no-sft-packing", "", "--sft: one sample per sequence, padded", [](C& c, S) { c.data.sft_packing = false; }},
+      {"--sft-overlong", "truncate|skip|error", "--sft: a sample longer than --seq-length + 1 tokens (default truncate; "
+       "counted in the log)",
+       [](C& c, S v) {
+         parse_sft_overlong(v);
+         c.data.sft_overlong = v;
+       }},
       {"--eod-mask-loss", "", "no loss on end-of-document tokens", [](C& c, S) { c.data.eod_mask_loss = true; }},
       // parallelism (docs/parallelism.md)
       {"--tensor-model-parallel-size", "N", "default 1",

@@ -115,6 +115,12 @@ void TrainConfig::validate(int world_size) const {
   if (!data.mock_data && data.tokenizer.type.empty())
     user_error("--tokenizer-type is required with --data-path (e.g. GPT2BPETokenizer with --vocab-file and "
                "--merge-file)");
+  if (data.sft && (data.mock_data || !data.train_data_path.empty()))
+    user_error("--sft reads one --data-path prefix written by `loom preprocess --sft` (not --mock-data or "
+               "--train-data-path)");
+  if (data.sft && (data.reset_position_ids || data.reset_attention_mask || data.eod_mask_loss))
+    user_error("--sft: the SFT dataset gives each sample its own positions, attention and answer-only loss; drop "
+               "--reset-position-ids, --reset-attention-mask and --eod-mask-loss");
   if (data.mock_data && (data.reset_position_ids || data.reset_attention_mask || data.eod_mask_loss))
     user_error("--reset-position-ids, --reset-attention-mask and --eod-mask-loss need documents: use --data-path "
                "(mock data has no end-of-document token)");

@@ -13,7 +13,7 @@ float StepRunner::micro_batch_dloss(const Batch& b, double loss_scale) const {
   // Megatron's per-micro-batch loss is the mean over its unmasked tokens, averaged over micro-batches;
   // the FP16 loss scale multiplies the gradient seed.
   double mask_sum = double(run_.B * run_.T);
-  if (run_.batch_opts.eod_mask_loss) {
+  if (run_.batch_opts.eod_mask_loss || run_.batch_opts.dataset_extras) {
     mask_sum = 0;
     const float* mp = b.loss_mask.data<float>();
     for (int64_t i = 0; i < run_.B * run_.T; ++i) mask_sum += mp[i];

@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "loom/data/mock_dataset.h"
+#include "loom/data/sft_dataset.h"
 #include "loom/pipeline/schedule.h"
 #include "train/deepspeed_config.h"
 #include "train/training_run.h"
@@ -142,9 +143,9 @@ LoaderConfig TrainingRun::loader_config(int64_t consumed_samples) const {
 GPTBatch TrainingRun::model_batch(const Batch& b) const {
 
   GPTBatch gb{b.tokens, b.labels, {}, {}, {}};
-  if (batch_opts.eod_mask_loss) gb.loss_mask = b.loss_mask;
-  if (batch_opts.reset_position_ids) gb.position_ids = b.position_ids;
-  if (batch_opts.reset_attention_mask) gb.segment_ids = b.segment_ids;
+  if (batch_opts.eod_mask_loss || batch_opts.dataset_extras) gb.loss_mask = b.loss_mask;
+  if (batch_opts.reset_position_ids || batch_opts.dataset_extras) gb.position_ids = b.position_ids;
+  if (batch_opts.reset_attention_mask || batch_opts.dataset_extras) gb.segment_ids = b.segment_ids;
   if (ctx->device().is_cpu()) return gb;
   // One micro-batch in flight at a time on the device (one pipeline stage: forward then backward of each
   // micro-batch, GPU runs being single-process for now): reuse the staging tensors.
@@ -264,7 +265,20 @@ void setup_data(TrainingRun& run, std::ostream& log) {
     dcfg.seq_length = run.T;
     dcfg.seed = cfg.seed;
     dcfg.data_cache_path = cfg.data.data_cache_path;
-    if (cfg.data.train_data_path.empty()) {
+    if (cfg.data.sft) {
+      SftConfig scfg;
+      scfg.seq_length = run.T;
+      scfg.packing = cfg.data.sft_packing;
+      scfg.overlong = parse_sft_overlong(cfg.data.sft_overlong);
+      scfg.seed = uint32_t(cfg.seed);
+      scfg.pad_id = std::max(tokenizer->eod(), 0);
+      auto ds = build_sft_datasets(cfg.data.data_path, {train_samples, valid_samples, test_samples}, cfg.data.split, scfg);
+      run.train_ds = ds[0];
+      run.valid_ds = ds[1];
+      run.test_ds = ds[2];
+      if (!run.train_ds) user_error("--split '", cfg.data.split, "' gives the training split no SFT samples");
+      run.batch_opts.dataset_extras = true;
+    } else if (cfg.data.train_data_path.empty()) {
       dcfg.split = cfg.data.split;
       auto ds = build_gpt_datasets(cfg.data.data_path, {train_samples, valid_samples, test_samples}, dcfg);
       run.train_ds = ds[0];

@@ -286,3 +286,48 @@ TEST_F(Preprocess, Gpt2Tokenizer) {
 }
 
 }  // namespace
+
+namespace {
+
+// --sft: prompt then answer as one sample, the answer mask beside it (uint8), NeMo's default keys.
+TEST_F(Preprocess, SftSamplesAndAnswerMask) {
+  write_input(
+      "{\"input\": \"1 2 3\", \"output\": \"4 5\"}\n"
+      "{\"input\": \"\", \"output\": \"6\", \"extra\": 1}\n");
+  const CliResult r = loom("--sft --input in.jsonl --output-prefix s --append-eod --workers 2" + kNull);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("s_sft_document_loss_mask.bin/.idx: the loss mask (uint8), 5 of 8 tokens in the loss (answer only)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(read_docs("s_sft_document"), (std::vector<Doc>{{{1, 2, 3, 4, 5, kEod}}, {{6, kEod}}}));
+  EXPECT_EQ(read_docs("s_sft_document_loss_mask", loom::IndexDType::kU8),
+            (std::vector<Doc>{{{0, 0, 0, 1, 1, 1}}, {{1, 1}}}));
+  // --answer-only-loss false: every token; --json-keys names other fields.
+  write_input("{\"q\": \"7 8\", \"a\": \"9\"}\n", "qa.jsonl");
+  ASSERT_EQ(loom("--sft --input qa.jsonl --output-prefix q --json-keys q a --answer-only-loss false" + kNull).code, 0);
+  EXPECT_EQ(read_docs("q_sft_document_loss_mask", loom::IndexDType::kU8), (std::vector<Doc>{{{1, 1, 1}}}));
+}
+
+TEST_F(Preprocess, SftBadLinesNameTheLine) {
+  // Errors found while reading come after the "Opening" line: exit 2, one stderr line, no output files.
+  auto expect_error = [&](const CliResult& r, const std::string& needle) {
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
+  };
+  write_input("{\"input\": \"1\", \"output\": \"2\"}\n{\"input\": \"1\", \"output\": \"\"}\n");
+  expect_error(loom("--sft --input in.jsonl --output-prefix s" + kNull),
+               "in.jsonl:2: key 'output' has no tokens (an SFT sample needs an answer)");
+  EXPECT_TRUE(outputs().empty());
+  write_input("{\"input\": \"1\", \"output\": [\"2\"]}\n", "list.jsonl");
+  expect_error(loom("--sft --input list.jsonl --output-prefix s" + kNull), "key 'output' is a JSON array, expected a string");
+  expect_one_line_error(loom("--sft --input in.jsonl --output-prefix s --json-keys a b c" + kNull),
+                        "--sft takes --json-keys PROMPT ANSWER");
+  expect_one_line_error(loom("--input in.jsonl --output-prefix s --answer-only-loss true" + kNull),
+                        "--answer-only-loss applies to --sft data");
+  const CliResult skipped = loom("--sft --input in.jsonl --output-prefix s --skip-bad-lines" + kNull);
+  ASSERT_EQ(skipped.code, 0) << skipped.err;
+  EXPECT_EQ(read_docs("s_sft_document").size(), 1u);
+}
+
+}  // namespace

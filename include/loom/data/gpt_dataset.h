@@ -66,6 +66,14 @@ class SampleDataset {
   virtual int64_t seq_length() const = 0;
   virtual void sample(int64_t index, int32_t* out) const = 0;  // writes seq_length + 1 tokens
   virtual std::string description() const = 0;
+  // Datasets that know more than their tokens (SFT: the answer-only loss mask and packed documents) fill
+  // each of the seq_length input positions' loss_mask (of the label at that position), position id
+  // and segment id, and return true; the others return false and the loader derives them from the
+  // tokens (BatchOptions).
+  virtual bool extras(int64_t /*index*/, float* /*loss_mask*/, int32_t* /*position_ids*/,
+                      int32_t* /*segment_ids*/) const {
+    return false;
+  }
 };
 
 class GPTDataset final : public SampleDataset {

@@ -25,6 +25,7 @@ struct BatchOptions {
   bool eod_mask_loss = false;         // --eod-mask-loss: loss_mask = 0 where the input token is EOD
   int32_t eod = -1;                   // the tokenizer's end-of-document id (-1: none)
   int64_t vocab_size = 0;             // every token id must lie in [0, vocab_size) (0: not checked)
+  bool dataset_extras = false;        // the dataset gives loss mask, positions and segments (SFT): use them
 };
 
 struct Batch {

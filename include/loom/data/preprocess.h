@@ -28,6 +28,13 @@ struct PreprocessConfig {
   // is not a string / list of strings, or that the tokenizer rejects; by default such a line is an
   // error naming the input file and the line number.
   bool skip_bad_lines = false;
+  // --sft: supervised fine-tuning samples. json_keys are the prompt and the answer (strings); each line
+  // becomes one sequence, prompt tokens then answer tokens (then EOD with --append-eod), in
+  // <output-prefix>_sft_document, and its loss mask (uint8: 1 for answer tokens and the EOD, 0 for the
+  // prompt; all 1 without answer_only_loss) in <output-prefix>_sft_document_loss_mask. A line with no
+  // answer tokens is bad (it would train nothing).
+  bool sft = false;
+  bool answer_only_loss = true;  // --answer-only-loss
 
   void validate() const;  // UserError naming the flag
 };

@@ -29,6 +29,11 @@ struct DataConfig {
   bool reset_position_ids = false;    // --reset-position-ids: positions restart after each EOD
   bool reset_attention_mask = false;  // --reset-attention-mask: no attention across documents
   bool eod_mask_loss = false;         // --eod-mask-loss: no loss on EOD tokens
+  // --sft: --data-path is a `loom preprocess --sft` dataset (loom/data/sft_dataset.h): answer-only loss,
+  // samples packed (--sft-packing, the default) or padded (--no-sft-packing), --sft-overlong policy.
+  bool sft = false;
+  bool sft_packing = true;
+  std::string sft_overlong = "truncate";
 };
 
 struct BatchConfig {
