@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "loom/data/mock_dataset.h"
+#include "loom/data/npy_packed_dataset.h"
 #include "loom/data/sft_dataset.h"
 #include "loom/pipeline/schedule.h"
 #include "train/deepspeed_config.h"
@@ -13,6 +14,9 @@
 namespace loom {
 
 namespace {
+
+// One path naming a .npy file: NeMo's packed SFT records.
+bool is_npy(const std::vector<std::string>& paths) { return paths.size() == 1 && paths[0].ends_with(".npy"); }
 
 // The node-local rank from the launcher (OpenMPI, SLURM, torchrun-style), else the global rank.
 int local_rank(int global_rank) {
@@ -285,6 +289,18 @@ void setup_data(TrainingRun& run, std::ostream& log) {
       run.valid_ds = ds[1];
       run.test_ds = ds[2];
       if (!run.train_ds) user_error("--split '", cfg.data.split, "' gives the training split no documents");
+    } else if (is_npy(cfg.data.train_data_path)) {
+      // NeMo's packed SFT records (.npy), e.g. the MLPerf Llama-2 70B LoRA data: each path used whole.
+      const int32_t pad = std::max(tokenizer->eod(), 0);
+      auto npy = [&](const std::vector<std::string>& p, int64_t n, const char* flag) -> std::shared_ptr<const SampleDataset> {
+        if (p.empty() || n <= 0) return nullptr;
+        if (!is_npy(p)) user_error(flag, ": with a .npy --train-data-path, give one .npy file here too");
+        return std::make_shared<NpyPackedDataset>(p[0], run.T, n, uint32_t(cfg.seed), pad);
+      };
+      run.train_ds = npy(cfg.data.train_data_path, train_samples, "--train-data-path");
+      run.valid_ds = npy(cfg.eval.valid_data_path, valid_samples, "--valid-data-path");
+      run.test_ds = npy(cfg.eval.test_data_path, test_samples, "--test-data-path");
+      run.batch_opts.dataset_extras = true;
     } else {
       // --train-data-path / --valid-data-path / --test-data-path: each used whole for its purpose.
       dcfg.split = "1,0,0";

@@ -2,6 +2,7 @@
 // padded runs train and evaluate over answer tokens, resume bit-exactly, the answer mask changes what is
 // learned, and the SFT-specific errors name their flag or sample.
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 
 #include "e2e_util.h"
@@ -84,6 +85,48 @@ TEST_F(SftTrain, SftErrorsNameTheFlag) {
   // A GPT dataset (no loss mask beside it) is not SFT data.
   const std::string err = train_error(cat(args(3, "x"), {}));
   EXPECT_NE(err.find("x_sft_document"), std::string::npos) << err;
+}
+
+// NeMo's packed records (.npy, the MLPerf Llama-2 70B LoRA layout) as --train-data-path/--valid-data-path.
+TEST_F(SftTrain, NpyPackedRecordsTrainAndResume) {
+  const std::string gen = dir_ / "gen.py";
+  std::ofstream(gen) << "import numpy as np\n"
+                        "rng = np.random.RandomState(0)\n"
+                        "def recs(n):\n"
+                        "    out = []\n"
+                        "    for _ in range(n):\n"
+                        "        lens = [int(x) for x in rng.randint(3, 9, size=3)]\n"
+                        "        ids = [int(x) for x in rng.randint(0, 100, size=sum(lens))]\n"
+                        "        mask = [int(x) for x in (rng.rand(sum(lens)) > 0.4)]\n"
+                        "        starts = [0, lens[0], lens[0] + lens[1]]\n"
+                        "        out.append({'input_ids': ids, 'loss_mask': mask, 'seq_start_id': starts})\n"
+                        "    return np.array(out, dtype=object)\n"
+                        "np.save('" << (dir_ / "train.npy") << "', recs(12))\n"
+                        "np.save('" << (dir_ / "validation.npy") << "', recs(4))\n";
+  ASSERT_EQ(std::system(("/usr/bin/python3 " + gen).c_str()), 0);
+  const Args npy = {"--train-data-path", dir_ / "train.npy", "--valid-data-path", dir_ / "validation.npy",
+                    "--tokenizer-type", "NullTokenizer", "--vocab-size", "100", "--num-layers", "2", "--hidden-size",
+                    "32", "--num-attention-heads", "4", "--seq-length", "24", "--micro-batch-size", "2",
+                    "--global-batch-size", "4", "--lr", "3e-3", "--lr-decay-style", "constant", "--log-interval", "1",
+                    "--eval-interval", "3", "--eval-iters", "1", "--seed", "3"};
+  std::string log;
+  const TrainResult full = train(cat(npy, {"--train-iters", "6"}), &log);
+  ASSERT_EQ(full.losses.size(), 6u);
+  EXPECT_NE(log.find("data: train packed SFT records "), std::string::npos) << log;
+  EXPECT_NE(log.find("12 records of up to 25 tokens"), std::string::npos) << log;
+  EXPECT_EQ(full.valid_losses.size(), 2u);
+  const std::string ck = dir_ / "npyck";
+  train(cat(npy, {"--train-iters", "6", "--save", ck, "--exit-interval", "3"}));
+  const TrainResult resumed = train(cat(npy, {"--train-iters", "6", "--load", ck}));
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(resumed.losses[i], full.losses[3 + i]);
+  // A record longer than --seq-length + 1 names the file and the record.
+  Args shorter = cat(npy, {"--train-iters", "2"});
+  for (size_t i = 0; i + 1 < shorter.size(); ++i)
+    if (shorter[i] == "--seq-length") shorter[i + 1] = "8";
+  EXPECT_NE(train_error(shorter).find("train.npy: record "), std::string::npos);
+  Args mixed = cat(npy, {"--train-iters", "2"});
+  mixed[3] = dir_ / "alltrue_sft_document";
+  EXPECT_NE(train_error(mixed).find("--valid-data-path: with a .npy --train-data-path"), std::string::npos);
 }
 
 }  // namespace
