@@ -53,6 +53,9 @@ const std::vector<Flag>& flags() {
          else if (v[0] == "false" || v[0] == "False" || v[0] == "0") c.answer_only_loss = false;
          else user_error("--answer-only-loss takes true or false, got '", v[0], "'");
        }},
+      {{"--chat-template", Arity::kOne, "llama2|llama3|chatml", "--sft: each line's \"messages\" conversation rendered "
+        "with this template; the assistant turns are the answer"},
+       [](C& c, V v) { c.chat_template = v[0]; }},
       {{"--dataset-impl", Arity::kOne, "mmap", "accepted for old Megatron scripts; only mmap exists"},
        [](C&, V v) {
          if (v[0] != "mmap") user_error("--dataset-impl: only 'mmap' is supported, got '", v[0], "'");
@@ -77,7 +80,10 @@ PreprocessConfig parse_preprocess_args(const std::vector<std::string>& args) {
   PreprocessConfig cfg;
   const std::vector<std::string> named = apply_flags(flags(), args, cfg, unsupported(), "Megatron's preprocess_data.py");
   const bool keys_given = std::find(named.begin(), named.end(), "--json-keys") != named.end();
-  if (cfg.sft && !keys_given) cfg.json_keys = {"input", "output"};  // NeMo's SFT fields
+  if (cfg.sft && !keys_given) {
+    if (cfg.chat_template.empty()) cfg.json_keys = {"input", "output"};  // NeMo's SFT fields
+    else cfg.json_keys = {"messages"};
+  }
   if (!cfg.sft && std::find(named.begin(), named.end(), "--answer-only-loss") != named.end())
     user_error("--answer-only-loss applies to --sft data");
   cfg.validate();

@@ -17,11 +17,13 @@
 #include <exception>
 #include <iomanip>
 #include <mutex>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
 
 #include "loom/core/check.h"
+#include "data/chat_template.h"
 #include "loom/data/indexed_dataset.h"
 
 namespace loom {
@@ -52,7 +54,8 @@ struct Chunk {
 // Parses and tokenizes every line of a chunk.
 class LineEncoder {
  public:
-  LineEncoder(const PreprocessConfig& cfg, const Tokenizer& tok) : cfg_(cfg), tok_(tok) {}
+  LineEncoder(const PreprocessConfig& cfg, const Tokenizer& tok, const ChatTemplate* chat)
+      : cfg_(cfg), tok_(tok), chat_(chat) {}
 
   void encode_chunk(Chunk& c) const {
     const size_t K = cfg_.sft ? 1 : cfg_.json_keys.size();  // --sft: one output
@@ -91,7 +94,19 @@ class LineEncoder {
     nlohmann::json doc;
     if (std::string err = parse_object(line, doc); !err.empty()) return err;
     const size_t start = c.tokens.size();
-    for (size_t k = 0; k < 2; ++k) {
+    if (chat_) {
+      const std::string& key = cfg_.json_keys[0];
+      if (!doc.contains(key)) return "missing key '" + key + "' (a chat conversation)";
+      std::string err;
+      try {
+        err = chat_->render(doc[key], c.tokens, c.mask);
+      } catch (const UserError& e) {
+        err = e.what();
+      }
+      if (!err.empty()) return "key '" + key + "': " + err;
+      if (!cfg_.answer_only_loss) std::fill(c.mask.begin() + long(start), c.mask.end(), 1);
+    }
+    for (size_t k = 0; k < (chat_ ? 0u : 2u); ++k) {
       const std::string& key = cfg_.json_keys[k];
       const auto it = doc.find(key);
       if (it == doc.end()) return "missing key '" + key + "' (from --json-keys)";
@@ -159,6 +174,7 @@ class LineEncoder {
 
   const PreprocessConfig& cfg_;
   const Tokenizer& tok_;
+  const ChatTemplate* chat_;
 };
 
 // Worker threads taking chunks from a queue; the destructor stops and joins them.
@@ -296,8 +312,12 @@ void PreprocessConfig::validate() const {
     if (!seen.insert(k).second) user_error("--json-keys: key '", k, "' given twice");
   }
   if (workers < 1 || workers > 1024) user_error("--workers must be in [1, 1024], got ", workers);
-  if (sft && json_keys.size() != 2)
+  if (!chat_template.empty() && !sft) user_error("--chat-template renders --sft conversations: add --sft");
+  if (sft && chat_template.empty() && json_keys.size() != 2)
     user_error("--sft takes --json-keys PROMPT ANSWER (two keys, default input output), got ", json_keys.size());
+  if (sft && !chat_template.empty() && json_keys.size() != 1)
+    user_error("--sft --chat-template takes one --json-keys key (the messages list, default messages), got ",
+               json_keys.size());
   if (log_interval < 1) user_error("--log-interval must be >= 1, got ", log_interval);
 }
 
@@ -376,7 +396,9 @@ PreprocessStats run_preprocess(const PreprocessConfig& cfg, std::ostream& log) {
   };
 
   {
-    const LineEncoder encoder(cfg, *tok);
+    const std::optional<ChatTemplate> chat =
+        cfg.chat_template.empty() ? std::nullopt : std::optional<ChatTemplate>(std::in_place, cfg.chat_template, *tok);
+    const LineEncoder encoder(cfg, *tok, chat ? &*chat : nullptr);
     std::deque<std::unique_ptr<Chunk>> inflight;  // declared before the pool: the pool joins first
     WorkerPool pool(cfg.workers, encoder);
     const size_t max_inflight = 2 * size_t(cfg.workers) + 2;

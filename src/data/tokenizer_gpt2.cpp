@@ -190,6 +190,7 @@ class Gpt2BpeTokenizer final : public Tokenizer {
   std::string name() const override { return "GPT2BPETokenizer"; }
   int64_t vocab_size() const override { return int64_t(token_bytes_.size()); }
   int32_t eod() const override { return eod_; }
+  int32_t special_token(std::string_view text) const override { return text == "<|endoftext|>" ? eod_ : -1; }
 
   void encode(std::string_view text, std::vector<int32_t>& out) const override {
     thread_local bpe::MergeScratch scratch;

@@ -200,6 +200,15 @@ class SentencePieceTokenizer final : public Tokenizer {
   std::string name() const override { return name_; }
   int64_t vocab_size() const override { return vocab_; }
   int32_t eod() const override { return eod_; }
+  // The model's control pieces (<s>, </s>), its user-defined "<...>" pieces (<|im_start|>, ...) and the
+  // added specials.
+  int32_t special_token(std::string_view text) const override {
+    const std::string t(text);
+    if (const int32_t id = find_special(t); id >= 0) return id;
+    const int32_t id = model_piece_id(t);
+    if (id < 0 || sp_.IsUnknown(id) || sp_.IsUnused(id) || sp_.IsByte(id)) return -1;
+    return sp_.IsControl(id) || (t.size() > 2 && t.front() == '<' && t.back() == '>') ? id : -1;
+  }
 
   void encode(std::string_view text, std::vector<int32_t>& out) const override {
     if (kind_ == SpKind::kLlama2) {

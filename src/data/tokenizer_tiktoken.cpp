@@ -92,6 +92,19 @@ class TikTokenizer final : public Tokenizer {
   std::string name() const override { return "TikTokenizer"; }
   int64_t vocab_size() const override { return num_special_ + int64_t(token_bytes_.size()); }
   int32_t eod() const override { return kEodSpecial; }
+  // Megatron's named specials and <SPECIAL_k> for the other reserved ids.
+  int32_t special_token(std::string_view text) const override {
+    for (int32_t id = 0; id < kNumNamedSpecials; ++id)
+      if (text == kNamedSpecials[id]) return id;
+    if (text.starts_with("<SPECIAL_") && text.ends_with(">")) {
+      const std::string n(text.substr(9, text.size() - 10));
+      if (!n.empty() && n.size() < 10 && n.find_first_not_of("0123456789") == std::string::npos) {
+        const int64_t id = std::stoll(n);
+        if (id >= kNumNamedSpecials && id < num_special_) return int32_t(id);
+      }
+    }
+    return -1;
+  }
 
   void encode(std::string_view text, std::vector<int32_t>& out) const override {
     thread_local bpe::MergeScratch scratch;

@@ -8,6 +8,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "e2e_util.h"
@@ -328,6 +329,76 @@ TEST_F(Preprocess, SftBadLinesNameTheLine) {
   const CliResult skipped = loom("--sft --input in.jsonl --output-prefix s --skip-bad-lines" + kNull);
   ASSERT_EQ(skipped.code, 0) << skipped.err;
   EXPECT_EQ(read_docs("s_sft_document").size(), 1u);
+}
+
+}  // namespace
+
+namespace {
+
+// --sft --chat-template with a SentencePiece model trained here (spm_train) whose control symbols are the
+// templates' special tokens: the rendered ids are the template's, piece by piece, and the mask covers
+// the assistant's content and its end-of-turn token only. Without the tokens, an error naming them.
+TEST_F(Preprocess, SftChatTemplates) {
+  if (std::system("command -v spm_train >/dev/null 2>&1") != 0) GTEST_SKIP() << "spm_train not installed";
+  std::ofstream(dir_ / "text.txt") << "the quick brown fox jumps over the lazy dog\nhello world how are you\n"
+                                      "I am fine thank you and you\nwhat is the answer to the question\n";
+  ASSERT_EQ(std::system(("cd " + dir_.str() + " && spm_train --input=text.txt --model_prefix=m --vocab_size=60 "
+                         "--model_type=bpe --minloglevel=2 "
+                         "'--control_symbols=<|im_start|>,<|im_end|>,<|begin_of_text|>,<|start_header_id|>,"
+                         "<|end_header_id|>,<|eot_id|>' >spm.log 2>&1")
+                            .c_str()),
+            0);
+  loom::TokenizerConfig tc;
+  tc.type = "Llama2Tokenizer";
+  tc.tokenizer_model = dir_ / "m.model";
+  const auto tok = loom::make_tokenizer(tc);
+  write_input(R"({"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"},)"
+              R"( {"role": "assistant", "content": "world"}]})" "\n");
+  const std::string spm = " --tokenizer-type Llama2Tokenizer --tokenizer-model m.model";
+  auto enc = [&](const std::string& s) { return tok->encode(s); };
+  for (const std::string name : {"chatml", "llama3", "llama2"}) {
+    SCOPED_TRACE(name);
+    const CliResult r = loom("--sft --chat-template " + name + " --input in.jsonl --output-prefix " + name + spm);
+    ASSERT_EQ(r.code, 0) << r.err;
+    std::vector<int32_t> want, mask;
+    auto text = [&](const std::string& s, int m) {
+      for (int32_t id : enc(s)) want.push_back(id), mask.push_back(m);
+    };
+    auto sp = [&](const char* t, int m) { want.push_back(tok->special_token(t)), mask.push_back(m); };
+    if (name == "chatml") {
+      for (auto [role, content, m] : {std::tuple{"system", "be brief", 0}, {"user", "hello", 0}, {"assistant", "world", 1}}) {
+        sp("<|im_start|>", 0), text(std::string(role) + "\n", 0), text(content, m), sp("<|im_end|>", m), text("\n", 0);
+      }
+    } else if (name == "llama3") {
+      sp("<|begin_of_text|>", 0);
+      for (auto [role, content, m] : {std::tuple{"system", "be brief", 0}, {"user", "hello", 0}, {"assistant", "world", 1}}) {
+        sp("<|start_header_id|>", 0), text(role, 0), sp("<|end_header_id|>", 0), text("\n\n", 0), text(content, m),
+            sp("<|eot_id|>", m);
+      }
+    } else {
+      sp("<s>", 0), text("[INST] <<SYS>>\nbe brief\n<</SYS>>\n\nhello [/INST]", 0), text(" world ", 1), sp("</s>", 1);
+    }
+    const auto docs = read_docs(name + "_sft_document");
+    ASSERT_EQ(docs.size(), 1u);
+    EXPECT_EQ(docs[0][0], want);
+    EXPECT_EQ(read_docs(name + "_sft_document_loss_mask", loom::IndexDType::kU8)[0][0], mask);
+  }
+  // Roles out of order, no answer: bad lines naming the reason.
+  write_input(R"({"messages": [{"role": "assistant", "content": "x"}]})" "\n", "bad.jsonl");
+  const CliResult bad = loom("--sft --chat-template chatml --input bad.jsonl --output-prefix b" + spm);
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("bad.jsonl:1: key 'messages': message 0: expected a user message"), std::string::npos) << bad.err;
+  write_input(R"({"messages": [{"role": "user", "content": "x"}]})" "\n", "noanswer.jsonl");
+  EXPECT_NE(loom("--sft --chat-template chatml --input noanswer.jsonl --output-prefix b" + spm)
+                .err.find("must end with an assistant message"),
+            std::string::npos);
+  // GPT-2's vocabulary has none of ChatML's tokens.
+  const CliResult none = loom("--sft --chat-template chatml --input in.jsonl --output-prefix g" + kNull);
+  EXPECT_EQ(none.code, 2);
+  EXPECT_NE(none.err.find("--chat-template chatml needs the special tokens <|im_start|> <|im_end|> in the tokenizer"),
+            std::string::npos)
+      << none.err;
+  expect_one_line_error(loom("--chat-template chatml --input in.jsonl --output-prefix g" + kNull), "add --sft");
 }
 
 }  // namespace

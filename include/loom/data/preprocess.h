@@ -35,6 +35,10 @@ struct PreprocessConfig {
   // answer tokens is bad (it would train nothing).
   bool sft = false;
   bool answer_only_loss = true;  // --answer-only-loss
+  // --chat-template llama2|llama3|chatml (with --sft): each line's "messages" (or the one --json-keys key)
+  // is a conversation rendered with the template (src/data/chat_template.h); the assistant's turns are
+  // the answer.
+  std::string chat_template;
 
   void validate() const;  // UserError naming the flag
 };

@@ -28,6 +28,9 @@ class Tokenizer {
   virtual std::string decode(std::span<const int32_t> ids) const = 0;
   // End-of-document id appended by `loom preprocess --append-eod` (e.g. <|endoftext|>); -1 if none.
   virtual int32_t eod() const = 0;
+  // The id of a special (control) token by its text ("<s>", "<|im_start|>", ...), which encode() never
+  // produces from text; -1 when the vocabulary has no such token. Chat templates are built from these.
+  virtual int32_t special_token(std::string_view /*text*/) const { return -1; }
 };
 
 struct TokenizerConfig {
