@@ -3,14 +3,21 @@
 // and the per-position loss mask, positions and segments of a packed sequence.
 #include "loom/data/sft_dataset.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
 #include <sstream>
 
+#include "data/index_cache.h"
 #include "loom/core/check.h"
 
 namespace loom {
+
+namespace fs = std::filesystem;
 
 SftOverlong parse_sft_overlong(const std::string& s) {
   if (s == "truncate") return SftOverlong::kTruncate;
@@ -76,6 +83,53 @@ SftDataset::SftDataset(std::shared_ptr<const IndexedDataset> tokens, std::shared
   for (int64_t i = 0; i < tokens_->num_sequences(); ++i)
     if (tl[size_t(i)] != ml[size_t(i)])
       user_error(mp, ": sample ", i, " has ", ml[size_t(i)], " mask entries for ", tl[size_t(i)], " tokens in ", tp);
+  // Everything the packing depends on; its hash names the cache files.
+  nlohmann::ordered_json d;
+  d["class"] = "SftDataset";
+  d["dataset_path"] = tp;
+  d["loss_mask_path"] = mp;
+  d["document_range"] = {doc_begin, doc_end};
+  d["num_documents"] = tokens_->num_sequences();
+  std::vector<int32_t> range(tl.begin() + doc_begin, tl.begin() + doc_end);
+  d["sequence_lengths_fnv1a64"] = hex64(fnv1a64(range.data(), range.size() * sizeof(int32_t)));
+  d["sequence_length"] = cfg_.seq_length;
+  d["packing"] = cfg_.packing ? "first_fit_decreasing" : "none";
+  d["overlong"] = cfg_.overlong == SftOverlong::kTruncate ? "truncate" : cfg_.overlong == SftOverlong::kSkip ? "skip" : "error";
+  d["loom_index_format"] = 1;
+  description_ = d.dump(4);
+  std::string base;
+  if (cfg_.use_cache) {
+    const bool explicit_dir = !cfg_.data_cache_path.empty();
+    const std::string dir = explicit_dir ? cfg_.data_cache_path : tp + "/cache/SftDataset_indices";
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (!ec && fs::is_directory(dir, ec) && ::access(dir.c_str(), W_OK) == 0)
+      cache_dir_ = dir;
+    else if (explicit_dir)
+      user_error("--data-cache-path '", dir, "' cannot be created or written", ec ? ": " + ec.message() : "");
+    if (!cache_dir_.empty())
+      base = cache_dir_ + "/" + hex64(fnv1a64(description_.data(), description_.size())) + "-SftDataset-" + split_name_;
+  }
+  // The description holds the overlong policy; a packing that failed (--sft-overlong error) wrote no cache.
+  if (!base.empty() && load_cache(base, doc_begin, doc_end)) {
+    loaded_from_cache_ = true;
+  } else {
+    pack(doc_begin, doc_end);
+    if (!base.empty()) {
+      try {
+        save_cache(base);
+      } catch (const UserError&) {
+        if (!cfg_.data_cache_path.empty()) throw;
+        cache_dir_.clear();
+      }
+    }
+  }
+  num_samples_ = num_samples.value_or(stats_.sequences);
+}
+
+void SftDataset::pack(int64_t doc_begin, int64_t doc_end) {
+  const std::string& tp = tokens_->prefix();
+  const auto tl = tokens_->sequence_lengths();
   const int64_t cap = cfg_.seq_length + 1;
   for (int64_t d = doc_begin; d < doc_end; ++d) {
     int64_t len = tl[size_t(d)];
@@ -129,7 +183,64 @@ SftDataset::SftDataset(std::shared_ptr<const IndexedDataset> tokens, std::shared
     seq_start_.push_back(int64_t(bin_docs_.size()));
   }
   stats_.sequences = int64_t(bins.size());
-  num_samples_ = num_samples.value_or(stats_.sequences);
+}
+
+bool SftDataset::load_cache(const std::string& base, int64_t doc_begin, int64_t doc_end) {
+  const std::optional<std::string> desc = read_file_if_present(base + "-description.txt");
+  if (!desc || *desc != description_) return false;
+  std::vector<int64_t> st;
+  if (!read_npy(base + "-stats.npy", npy_header("<i8", shape_1d(6)), 6, st)) return false;
+  const size_t n = size_t(st[0]), bins = size_t(st[1]);
+  std::vector<int64_t> docs, lengths, starts, bin_docs;
+  if (!read_npy(base + "-docs.npy", npy_header("<i8", shape_1d(n)), n, docs) ||
+      !read_npy(base + "-lengths.npy", npy_header("<i8", shape_1d(n)), n, lengths) ||
+      !read_npy(base + "-seq_start.npy", npy_header("<i8", shape_1d(bins + 1)), bins + 1, starts) ||
+      !read_npy(base + "-bin_docs.npy", npy_header("<i8", shape_1d(n)), n, bin_docs))
+    return false;
+  // Kept documents increasing in the range, lengths that fit, sequences that tile a permutation.
+  const auto tl = tokens_->sequence_lengths();
+  const int64_t cap = cfg_.seq_length + 1;
+  for (size_t k = 0; k < n; ++k) {
+    if (docs[k] < doc_begin || docs[k] >= doc_end || (k > 0 && docs[k] <= docs[k - 1])) return false;
+    if (lengths[k] < 2 || lengths[k] > cap || lengths[k] > tl[size_t(docs[k])]) return false;
+  }
+  if (n == 0 || bins == 0 || starts[0] != 0 || starts[bins] != int64_t(n)) return false;
+  std::vector<bool> seen(n, false);
+  for (size_t b = 0; b < bins; ++b) {
+    if (starts[b + 1] <= starts[b]) return false;
+    int64_t used = 0;
+    for (int64_t i = starts[b]; i < starts[b + 1]; ++i) {
+      const int64_t k = bin_docs[size_t(i)];
+      if (k < 0 || k >= int64_t(n) || seen[size_t(k)]) return false;
+      seen[size_t(k)] = true;
+      used += lengths[size_t(k)];
+    }
+    if (used > cap) return false;
+  }
+  docs_ = std::move(docs);
+  lengths_ = std::move(lengths);
+  seq_start_ = std::move(starts);
+  bin_docs_ = std::move(bin_docs);
+  stats_.samples = st[2];
+  stats_.truncated = st[3];
+  stats_.skipped = st[4];
+  stats_.loss_tokens = st[5];
+  stats_.sequences = int64_t(bins);
+  stats_.tokens = std::accumulate(lengths_.begin(), lengths_.end(), int64_t(0));
+  return true;
+}
+
+void SftDataset::save_cache(const std::string& base) const {
+  const std::vector<int64_t> st = {int64_t(docs_.size()), stats_.sequences, stats_.samples, stats_.truncated,
+                                   stats_.skipped, stats_.loss_tokens};
+  const auto put = [&](const char* name, const std::vector<int64_t>& v) {
+    return write_atomic(base + name, npy_header("<i8", shape_1d(v.size())), v.data(), v.size() * sizeof(int64_t));
+  };
+  // The description goes last: its presence marks a complete set.
+  const bool ok = put("-stats.npy", st) && put("-docs.npy", docs_) && put("-lengths.npy", lengths_) &&
+                  put("-seq_start.npy", seq_start_) && put("-bin_docs.npy", bin_docs_) &&
+                  write_atomic(base + "-description.txt", description_, nullptr, 0);
+  if (!ok) user_error("--data-cache-path: cannot write the SFT packing files ", base, "-*: ", std::strerror(errno));
 }
 
 int64_t SftDataset::sequence_of(int64_t index) const {

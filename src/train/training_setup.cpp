@@ -276,6 +276,7 @@ void setup_data(TrainingRun& run, std::ostream& log) {
       scfg.overlong = parse_sft_overlong(cfg.data.sft_overlong);
       scfg.seed = uint32_t(cfg.seed);
       scfg.pad_id = std::max(tokenizer->eod(), 0);
+      scfg.data_cache_path = cfg.data.data_cache_path;
       auto ds = build_sft_datasets(cfg.data.data_path, {train_samples, valid_samples, test_samples}, cfg.data.split, scfg);
       run.train_ds = ds[0];
       run.valid_ds = ds[1];

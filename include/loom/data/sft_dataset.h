@@ -34,6 +34,10 @@ struct SftConfig {
   SftOverlong overlong = SftOverlong::kTruncate;
   uint32_t seed = 1234;
   int32_t pad_id = 0;         // the tokenizer's EOD, or 0
+  // The packing is cached like the GPT indices: --data-cache-path, else <prefix>/cache/SftDataset_indices
+  // (skipped when that cannot be written); files <hash>-SftDataset-<split>-*.npy plus a description.
+  std::string data_cache_path;
+  bool use_cache = true;
 };
 
 struct SftStats {
@@ -64,6 +68,8 @@ class SftDataset final : public SampleDataset {
   const SftStats& stats() const { return stats_; }
   // The samples of packed sequence `seq` of an epoch (document ids), in order.
   std::vector<int64_t> sequence_documents(int64_t seq) const;
+  bool loaded_from_cache() const { return loaded_from_cache_; }
+  const std::string& cache_dir() const { return cache_dir_; }  // empty when caching is off
 
  private:
   int64_t sequence_of(int64_t index) const;  // the epoch's sequence behind sample `index`
@@ -80,6 +86,11 @@ class SftDataset final : public SampleDataset {
   std::vector<int64_t> bin_docs_;   // indices into docs_
   int64_t num_samples_ = 0;
   SftStats stats_;
+  std::string description_, cache_dir_;
+  bool loaded_from_cache_ = false;
+  void pack(int64_t doc_begin, int64_t doc_end);
+  bool load_cache(const std::string& base, int64_t doc_begin, int64_t doc_end);
+  void save_cache(const std::string& base) const;
 };
 
 // The train / validation / test SftDatasets of one prefix (its documents split by --split as Megatron

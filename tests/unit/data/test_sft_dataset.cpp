@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <numeric>
 #include <set>
 #include <string>
@@ -177,6 +179,38 @@ TEST(SftDataset, EpochsReshuffleDeterministicallyAndSplitsAreDisjoint) {
   EXPECT_NE(error_of([&] { build_sft_datasets({"1", f.prefix(), "1", f.prefix()}, {1, 0, 0}, "1", config(11)); })
                 .find("--sft takes one --data-path prefix"),
             std::string::npos);
+}
+
+// The packing is cached like the GPT indices: a second dataset of the same split loads it (same
+// sequences), a corrupted file is rebuilt, and another --seq-length is another cache entry.
+TEST(SftDataset, PackingIsCachedAndValidatedOnLoad) {
+  std::vector<Sample> s;
+  for (int k = 0; k < 25; ++k) s.push_back({1 + k % 4, 2 + (k * 5) % 9});
+  SftFiles f(s);
+  const SftDataset first(f.tokens(), f.mask(), 0, 25, std::nullopt, config(20), "train");
+  EXPECT_FALSE(first.loaded_from_cache());
+  ASSERT_FALSE(first.cache_dir().empty());
+  const SftDataset second(f.tokens(), f.mask(), 0, 25, std::nullopt, config(20), "train");
+  EXPECT_TRUE(second.loaded_from_cache());
+  ASSERT_EQ(second.stats().sequences, first.stats().sequences);
+  EXPECT_EQ(second.stats().loss_tokens, first.stats().loss_tokens);
+  for (int64_t q = 0; q < first.stats().sequences; ++q) EXPECT_EQ(second.sequence_documents(q), first.sequence_documents(q));
+  // Corrupt every cached bin list: the load is refused and the packing rebuilt (and rewritten).
+  for (const auto& e : fs::directory_iterator(first.cache_dir()))
+    if (e.path().string().ends_with("-bin_docs.npy")) {
+      std::string bytes;
+      {
+        std::ifstream in(e.path(), std::ios::binary);
+        bytes.assign(std::istreambuf_iterator<char>(in), {});
+      }
+      bytes[bytes.size() - 8] = 0x7f;  // an index out of range
+      std::ofstream(e.path(), std::ios::binary) << bytes;
+    }
+  const SftDataset third(f.tokens(), f.mask(), 0, 25, std::nullopt, config(20), "train");
+  EXPECT_FALSE(third.loaded_from_cache());
+  EXPECT_EQ(third.sequence_documents(0), first.sequence_documents(0));
+  EXPECT_TRUE(SftDataset(f.tokens(), f.mask(), 0, 25, std::nullopt, config(20), "train").loaded_from_cache());
+  EXPECT_FALSE(SftDataset(f.tokens(), f.mask(), 0, 25, std::nullopt, config(24), "train").loaded_from_cache());
 }
 
 TEST(SftDataset, AMaskThatDoesNotMatchTheTokensIsAnError) {
