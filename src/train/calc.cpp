@@ -132,6 +132,10 @@ CalcInput make_calc_input(const TrainConfig& cfg, const CalcOptions& opts) {
 
   // Precision and recomputation: the same rules as `loom train`.
   in.precision = cfg.precision;
+  if (cfg.optim.optimizer == OptimizerKind::kSGD) {
+    in.optimizer_state_bytes = cfg.optim.sgd_momentum != 0.0f ? 4 : 0;
+    in.optimizer_state_what = cfg.optim.sgd_momentum != 0.0f ? "SGD momentum buffer" : "no SGD state (momentum 0)";
+  }
   if (in.precision.bf16 && in.precision.fp16) user_error("--bf16 and --fp16 are mutually exclusive");
   if (in.precision.fp8_recipe())  // validates the --fp8-* flags as `loom train` does
     in.notes.push_back("--fp8-format: throughput uses the GPU's dense FP8 peak; memory excludes the FP8 weight "
@@ -264,7 +268,7 @@ CalcReport compute_calc(const CalcInput& in) {
     case ShardingStrategy::kNone:
       r.weight_per_param = {master_and_copy, 0};
       r.grad_per_param = {grad_size, 0};
-      r.optimizer_per_param = {8, 0};
+      r.optimizer_per_param = {in.optimizer_state_bytes, 0};
       break;
     case ShardingStrategy::kOptim:
     case ShardingStrategy::kOptimGrads:
@@ -272,12 +276,12 @@ CalcReport compute_calc(const CalcInput& in) {
       // of those same weights in place, 16-bit runs keep a separate FP32 master shard.
       r.weight_per_param = {cb, b16 ? 4 : 0};
       r.grad_per_param = in.sharding == ShardingStrategy::kOptim ? StateBytesPerParam{4, 0} : StateBytesPerParam{0, 4};
-      r.optimizer_per_param = {0, 8};
+      r.optimizer_per_param = {0, in.optimizer_state_bytes};
       break;
     case ShardingStrategy::kOptimGradsParams:
       r.weight_per_param = {0, master_and_copy};
       r.grad_per_param = {0, 4};
-      r.optimizer_per_param = {0, 8};
+      r.optimizer_per_param = {0, in.optimizer_state_bytes};
       break;
   }
   const int64_t P1 = r.params_first_stage, Plast = r.params_last_stage;
@@ -353,7 +357,7 @@ CalcReport compute_calc(const CalcInput& in) {
     CalcReport::LoomPlan lp;
     lp.parameter_bytes = plan.parameter_bytes();
     lp.activation_bytes = plan.activation_bytes();
-    lp.optimizer_bytes = 8 * r.params;
+    lp.optimizer_bytes = int64_t(in.optimizer_state_bytes) * r.params;
     if (mo.grad_dtype != DType::kF32) lp.main_grad_bytes = 4 * r.params;
     r.loom_plan = lp;
   }

@@ -189,19 +189,19 @@ std::string format_calc_report(const CalcReport& r) {
       weights_what = b16 ? "FP32 master + 16-bit copy" : "FP32";
       grads_what = std::string(grads_f32 ? "FP32" : "FP16") + " main grads" +
                    (grads_f32 && in.precision.grad_dtype() != DType::kF32 ? " (always FP32 with more than one rank)" : "");
-      optimizer_what = "Adam m and v in FP32 (no ZeRO sharding)";
+      optimizer_what = in.optimizer_state_what + " in FP32 (no ZeRO sharding)";
       break;
     case ShardingStrategy::kOptim:
     case ShardingStrategy::kOptimGrads:
       weights_what = b16 ? "16-bit copy + FP32 master shard" : "FP32 weights, the masters (the rank steps its 1/d range)";
       grads_what = sh == ShardingStrategy::kOptim ? "FP32 main grads, reduce-scattered after backward"
                                               : "FP32 main-grad shard";
-      optimizer_what = "Adam m and v shards in FP32";
+      optimizer_what = in.optimizer_state_what + " shards in FP32";
       break;
     case ShardingStrategy::kOptimGradsParams:
       weights_what = b16 ? "FP32 master shard + 16-bit copy shard" : "FP32 weight shard (the masters)";
       grads_what = "FP32 main-grad shard";
-      optimizer_what = "Adam m and v shards in FP32";
+      optimizer_what = in.optimizer_state_what + " shards in FP32";
       break;
   }
   os << "  weights:                " << bytes_line(r.weight_bytes) << "  " << per_param_text(r.weight_per_param)

@@ -60,6 +60,10 @@ struct CalcInput {
   std::optional<double> gpu_tflops;  // achieved TFLOP/s per GPU, counting every executed FLOP
   ShardingStrategy sharding = ShardingStrategy::kNone;  // resolved as the trainer resolves it
   int64_t ddp_bucket_size = 0;    // --ddp-bucket-size in elements; 0: max(40,000,000, 1,000,000 * d)
+  // Optimizer state per parameter in FP32 bytes: 8 for Adam (m, v), 4 for SGD with momentum, 0 without;
+  // its description in the report.
+  int optimizer_state_bytes = 8;
+  std::string optimizer_state_what = "Adam m and v";
   std::vector<std::string> notes;    // assumptions made while resolving (defaults filled in), printed first
 
   int64_t data_parallel_size() const {

@@ -1,5 +1,5 @@
 // `loom calc` predicts what `loom train` allocates: the run's peak allocator bytes (the log's "max
-// allocated") equal calc's Loom plan (model plan + Adam state + FP32 main-grad copy) plus the data
+// allocated") equal calc's Loom plan (model plan + optimizer state + FP32 main-grad copy) plus the data
 // loader's batch buffers, for every precision and recomputation mode.
 #include <gtest/gtest.h>
 
@@ -52,3 +52,7 @@ TEST(CalcVsRun, Bf16FullUniform) {
 TEST(CalcVsRun, Fp32FullBlock) {
   expect_prediction_holds("--recompute-granularity full --recompute-method block --recompute-num-layers 2");
 }
+
+// --optimizer sgd: calc counts the momentum buffer (4 bytes per parameter), or nothing without momentum.
+TEST(CalcVsRun, SgdMomentum) { expect_prediction_holds("--optimizer sgd --sgd-momentum 0.9"); }
+TEST(CalcVsRun, SgdPlain) { expect_prediction_holds("--optimizer sgd --sgd-momentum 0"); }
