@@ -3,6 +3,7 @@
 // allowlist, and REDUCE/BUILD only build the three NumPy data types.
 #include "data/npy_pickle.h"
 
+#include <charconv>
 #include <cstring>
 #include <set>
 #include <unordered_map>
@@ -26,6 +27,17 @@ ValuePtr make(Kind k) {
   auto v = std::make_shared<Value>();
   v->kind = k;
   return v;
+}
+
+// Shapes are bounded so that element counts and byte sizes never overflow: no dimension above 2^40 and
+// no more than 2^40 elements in all (far beyond any file that can be read).
+constexpr int64_t kMaxElements = int64_t(1) << 40;
+bool add_dim(Array& a, int64_t d) {
+  if (d < 0 || d > kMaxElements) return false;
+  const int64_t before = a.numel();
+  if (d != 0 && before > kMaxElements / d) return false;
+  a.shape.push_back(d);
+  return true;
 }
 
 const char* kind_name(Kind k) {
@@ -274,10 +286,9 @@ class Unpickler {
       auto v = mk(Kind::kArray);
       v->array = std::make_shared<Array>();
       Array& arr = *v->array;
-      for (const ValuePtr& d : a[2]->items) {
-        if (d->kind != Kind::kInt || d->i < 0) fail(at, "_frombuffer shape entries must be integers >= 0");
-        arr.shape.push_back(d->i);
-      }
+      for (const ValuePtr& d : a[2]->items)
+        if (d->kind != Kind::kInt || !add_dim(arr, d->i))
+          fail(at, "_frombuffer shape entries must be integers in [0, 2^40] (at most 2^40 elements)");
       arr.dtype = a[1]->s;
       const int64_t n = int_itemsize(arr.dtype);
       if (n == 0 || int64_t(a[0]->s.size()) != n * arr.numel())
@@ -330,10 +341,9 @@ class Unpickler {
     if (s.size() != 5 || s[1]->kind != Kind::kTuple || s[2]->kind != Kind::kDtype || s[3]->kind != Kind::kBool)
       fail(at, "ndarray state must be (version, shape, dtype, is_fortran, data)");
     Array& arr = *obj.array;
-    for (const ValuePtr& d : s[1]->items) {
-      if (d->kind != Kind::kInt || d->i < 0) fail(at, "ndarray shape entries must be integers >= 0");
-      arr.shape.push_back(d->i);
-    }
+    for (const ValuePtr& d : s[1]->items)
+      if (d->kind != Kind::kInt || !add_dim(arr, d->i))
+        fail(at, "ndarray shape entries must be integers in [0, 2^40] (at most 2^40 elements)");
     arr.dtype = s[2]->s;
     if (s[3]->b && arr.shape.size() > 1) fail(at, "Fortran-ordered arrays are not read");
     if (arr.dtype == "O") {
@@ -427,8 +437,15 @@ Array load_npy(const std::string& path) {
   const std::string shape = header_field(path, h, "shape") + ",";
   for (size_t p = 0; p < shape.size();) {
     const size_t c = shape.find(',', p);
-    const std::string tok = shape.substr(p, c - p);
-    if (tok.find_first_not_of(' ') != std::string::npos) arr.shape.push_back(std::atoll(tok.c_str()));
+    std::string tok = shape.substr(p, c - p);
+    tok.erase(0, tok.find_first_not_of(' '));
+    tok.erase(tok.find_last_not_of(' ') + 1);
+    if (!tok.empty()) {
+      int64_t dim = -1;
+      const auto r = std::from_chars(tok.data(), tok.data() + tok.size(), dim);
+      if (r.ec != std::errc() || r.ptr != tok.data() + tok.size() || !add_dim(arr, dim))
+        user_error(path, ": .npy header shape '", shape.substr(0, shape.size() - 1), "' (integers, at most 2^40 elements)");
+    }
     p = c + 1;
   }
   const size_t data = off + hlen;

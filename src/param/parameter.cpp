@@ -11,14 +11,24 @@ namespace loom {
 namespace {
 bool is_compute_dtype(DType dt) { return dt == DType::kF32 || dt == DType::kBF16 || dt == DType::kF16; }
 
-// N(0, std²) values of local elements [begin, end) of p (row-major over its local shape), written to
+// N(0, std²) (or kUniform's U(-b, b)) values of local elements [begin, end) of p (row-major over its local shape), written to
 // v[0, end - begin). The global tensor is viewed as (outer, D, inner) around the partition dim D; each
 // shard range is a (outer, size, inner) box whose rows of `size · inner` elements are contiguous both
 // locally and in the global flat index, so every row is one Philox run at its global offset.
+// The Philox run of n values at stream offset `offset`: N(0, std²), or U(-b, b) for kUniform.
+void fill_run(const Parameter& p, float* v, int64_t n, uint64_t seed, uint64_t stream, uint64_t offset) {
+  if (p.init == InitKind::kUniform) {
+    philox_fill_uniform(v, n, seed, stream, offset);
+    for (int64_t i = 0; i < n; ++i) v[i] = (2.0f * v[i] - 1.0f) * p.init_std;
+  } else {
+    philox_fill_normal(v, n, seed, stream, offset, 0.0f, p.init_std);
+  }
+}
+
 void init_normal(const Parameter& p, float* v, uint64_t seed, int64_t begin, int64_t end) {
   const uint64_t stream = hash_stream(p.name);
   if (p.shard.empty()) {
-    philox_fill_normal(v, end - begin, seed, stream, uint64_t(begin), 0.0f, p.init_std);
+    fill_run(p, v, end - begin, seed, stream, uint64_t(begin));
     return;
   }
   const Shape& g = p.global_shape;
@@ -34,7 +44,7 @@ void init_normal(const Parameter& p, float* v, uint64_t seed, int64_t begin, int
       const int64_t lo = std::max(row_begin, begin), hi = std::min(row_end, end);
       if (lo >= hi) continue;
       const uint64_t global = uint64_t((o * g[d] + r.start) * inner + (lo - row_begin));
-      philox_fill_normal(v + (lo - begin), hi - lo, seed, stream, global, 0.0f, p.init_std);
+      fill_run(p, v + (lo - begin), hi - lo, seed, stream, global);
     }
     local_start += r.size;
   }
@@ -127,7 +137,8 @@ void ParameterSet::initialize_range(uint64_t seed, int64_t begin, int64_t end, f
     if (lo >= hi) continue;
     float* v = out + (lo - begin);
     switch (p.init) {
-      case InitKind::kNormal: init_normal(p, v, seed, lo - p.offset, hi - p.offset); break;
+      case InitKind::kNormal:
+      case InitKind::kUniform: init_normal(p, v, seed, lo - p.offset, hi - p.offset); break;
       case InitKind::kZeros: std::fill(v, v + (hi - lo), 0.0f); break;
       case InitKind::kOnes: std::fill(v, v + (hi - lo), 1.0f); break;
     }

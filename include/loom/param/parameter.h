@@ -21,7 +21,9 @@
 
 namespace loom {
 
-enum class InitKind { kNormal, kZeros, kOnes };
+// kNormal: N(0, init_std²); kUniform: U(-init_std, init_std) (init_std is the bound: PyTorch's
+// kaiming_uniform_(a=sqrt(5)) of LoRA's A is U(-1/sqrt(fan_in), 1/sqrt(fan_in))).
+enum class InitKind { kNormal, kZeros, kOnes, kUniform };
 
 // A run of indices [start, start + size) of the global tensor along its partition dim.
 struct ShardRange {
@@ -33,7 +35,7 @@ struct Parameter {
   std::string name;            // Megatron-style, e.g. decoder.layers.3.self_attention.linear_qkv.weight
   Shape shape;
   InitKind init = InitKind::kNormal;
-  float init_std = 0.02f;      // for kNormal
+  float init_std = 0.02f;      // kNormal: the std; kUniform: the bound
   bool no_weight_decay = false;  // biases and norm parameters
   int partition_dim = -1;      // dim split across tensor-parallel ranks (-1: replicated)
   // The full (unsharded) tensor's shape; equals `shape` when this rank holds all of it.
