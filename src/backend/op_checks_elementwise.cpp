@@ -74,12 +74,14 @@ void check_dropout(Device dev, const char* op, TensorView out, const char* out_n
 
 // ---- optimizer and buffer utilities -----------------------------------------------------------------------
 
-void expect_adamw_f32(Device dev, TensorView t, const char* name, int64_t n) {
-  LOOM_CHECK(t.defined() && t.dtype() == DType::kF32, "[adamw_update] expected f32 ", name,
-             " (adamw_update takes f32 master weights, gradients and state only), got ",
+// An optimizer update's operand: f32 (master weights, gradients, state), on dev, n elements. `state` names
+// the op's state in the message ("state", "momentum").
+void expect_optimizer_f32(Device dev, TensorView t, const char* op, const char* name, const char* state, int64_t n) {
+  LOOM_CHECK(t.defined() && t.dtype() == DType::kF32, "[", op, "] expected f32 ", name, " (", op,
+             " takes f32 master weights, gradients and ", state, " only), got ",
              t.defined() ? t.desc() : std::string("nothing"));
-  on_device(dev, t, "adamw_update", name);
-  expect_numel(t, n, "adamw_update", name);
+  on_device(dev, t, op, name);
+  expect_numel(t, n, op, name);
 }
 
 // x, given and on dev, in one of the float dtypes (compute dtypes and fp8).
@@ -211,10 +213,10 @@ void OpTable::cross_entropy_forward_backward(TensorView losses, TensorView logit
 void OpTable::adamw_update(TensorView param, TensorView grad, TensorView m, TensorView v,
                            const AdamWParams& p) const {
   const int64_t n = param.numel();
-  expect_adamw_f32(device(), param, "param", n);
-  expect_adamw_f32(device(), grad, "grad", n);
-  expect_adamw_f32(device(), m, "exp_avg", n);
-  expect_adamw_f32(device(), v, "exp_avg_sq", n);
+  expect_optimizer_f32(device(), param, "adamw_update", "param", "state", n);
+  expect_optimizer_f32(device(), grad, "adamw_update", "grad", "state", n);
+  expect_optimizer_f32(device(), m, "adamw_update", "exp_avg", "state", n);
+  expect_optimizer_f32(device(), v, "adamw_update", "exp_avg_sq", "state", n);
   // Step 0 would divide by a zero bias correction.
   LOOM_CHECK(p.step >= 1, "[adamw_update] step is 1-based, got ", p.step);
   do_adamw_update(param, grad, m, v, p);
@@ -223,11 +225,7 @@ void OpTable::adamw_update(TensorView param, TensorView grad, TensorView m, Tens
 void OpTable::sgd_update(TensorView param, TensorView grad, TensorView momentum_buf, const SgdParams& p) const {
   const int64_t n = param.numel();
   auto expect_f32 = [&](TensorView t, const char* name) {
-    LOOM_CHECK(t.defined() && t.dtype() == DType::kF32, "[sgd_update] expected f32 ", name,
-               " (sgd_update takes f32 master weights, gradients and momentum only), got ",
-               t.defined() ? t.desc() : std::string("nothing"));
-    on_device(device(), t, "sgd_update", name);
-    expect_numel(t, n, "sgd_update", name);
+    expect_optimizer_f32(device(), t, "sgd_update", name, "momentum", n);
   };
   expect_f32(param, "param");
   expect_f32(grad, "grad");

@@ -125,6 +125,16 @@ SftDataset::SftDataset(std::shared_ptr<const IndexedDataset> tokens, std::shared
     }
   }
   num_samples_ = num_samples.value_or(stats_.sequences);
+  // The sample order: each epoch a permutation of the sequences from (seed, epoch), as many epochs as
+  // the run draws.
+  const int64_t S = stats_.sequences;
+  std::vector<int64_t> perm(static_cast<size_t>(S));
+  for (int64_t epoch = 0; int64_t(order_.size()) < num_samples_; ++epoch) {
+    std::iota(perm.begin(), perm.end(), int64_t(0));
+    shuffle(perm, (uint64_t(cfg_.seed) << 32) ^ uint64_t(epoch) ^ 0x5f7a1c3ull);
+    order_.insert(order_.end(), perm.begin(), perm.end());
+  }
+  order_.resize(size_t(num_samples_));
 }
 
 void SftDataset::pack(int64_t doc_begin, int64_t doc_end) {
@@ -245,33 +255,17 @@ void SftDataset::save_cache(const std::string& base) const {
 
 int64_t SftDataset::sequence_of(int64_t index) const {
   LOOM_CHECK(index >= 0 && index < num_samples_, "[SftDataset] sample ", index, " outside [0, ", num_samples_, ")");
-  const int64_t S = stats_.sequences, epoch = index / S, pos = index % S;
-  // The epoch's permutation is rebuilt on demand (a pure function of seed and epoch); batches of one
-  // epoch reuse the last one built.
-  thread_local std::vector<int64_t> perm;
-  thread_local const SftDataset* owner = nullptr;
-  thread_local int64_t perm_epoch = -1;
-  if (owner != this || perm_epoch != epoch) {
-    perm.resize(size_t(S));
-    std::iota(perm.begin(), perm.end(), int64_t(0));
-    shuffle(perm, (uint64_t(cfg_.seed) << 32) ^ uint64_t(epoch) ^ 0x5f7a1c3ull);
-    owner = this;
-    perm_epoch = epoch;
-  }
-  return perm[size_t(pos)];
+  return order_[size_t(index)];
 }
 
-void SftDataset::materialize(int64_t seq, std::vector<int32_t>& tok, std::vector<uint8_t>& answer,
-                             std::vector<int32_t>& owner) const {
+void SftDataset::layout(int64_t seq, std::vector<uint8_t>& answer, std::vector<int32_t>& owner) const {
   const int64_t cap = cfg_.seq_length + 1;
-  tok.assign(size_t(cap), cfg_.pad_id);
   answer.assign(size_t(cap), 0);
   owner.assign(size_t(cap), -1);
   std::vector<int32_t> m;
   int64_t at = 0;
   for (int64_t i = seq_start_[size_t(seq)]; i < seq_start_[size_t(seq) + 1]; ++i) {
     const int64_t k = bin_docs_[size_t(i)], len = lengths_[size_t(k)];
-    tokens_->read(docs_[size_t(k)], 0, len, tok.data() + at);
     m.resize(size_t(len));
     mask_->read(docs_[size_t(k)], 0, len, m.data());
     for (int64_t j = 0; j < len; ++j) {
@@ -283,16 +277,20 @@ void SftDataset::materialize(int64_t seq, std::vector<int32_t>& tok, std::vector
 }
 
 void SftDataset::sample(int64_t index, int32_t* out) const {
-  std::vector<int32_t> tok, owner;
-  std::vector<uint8_t> answer;
-  materialize(sequence_of(index), tok, answer, owner);
-  std::copy(tok.begin(), tok.end(), out);
+  const int64_t seq = sequence_of(index);
+  std::fill(out, out + cfg_.seq_length + 1, cfg_.pad_id);
+  int64_t at = 0;
+  for (int64_t i = seq_start_[size_t(seq)]; i < seq_start_[size_t(seq) + 1]; ++i) {
+    const int64_t k = bin_docs_[size_t(i)], len = lengths_[size_t(k)];
+    tokens_->read(docs_[size_t(k)], 0, len, out + at);
+    at += len;
+  }
 }
 
 bool SftDataset::extras(int64_t index, float* loss_mask, int32_t* position_ids, int32_t* segment_ids) const {
-  std::vector<int32_t> tok, owner;
+  std::vector<int32_t> owner;
   std::vector<uint8_t> answer;
-  materialize(sequence_of(index), tok, answer, owner);
+  layout(sequence_of(index), answer, owner);
   const int64_t T = cfg_.seq_length;
   int32_t seg = 0, pos = 0;
   for (int64_t j = 0; j < T; ++j) {

@@ -173,27 +173,39 @@ void OptimizerParamScheduler::recompute() {
   wd_ = wd_at(num_steps_);
 }
 
+// Megatron's get_lr. With --lr-warmup-tokens / --lr-decay-tokens (Megatron-DeepSpeed) a phase runs on the
+// token clock (tokens = num_steps x tokens_per_sample) instead of the sample clock, with the same
+// formulas: the warmup when it is given in tokens (inverse-square-root then counts tokens too), the decay
+// when it is given in tokens (from the warmup's end in tokens: given, or lr_warmup_steps x
+// tokens_per_sample, Megatron-DeepSpeed's "sample-wise warmup + token-wise decay").
 double OptimizerParamScheduler::lr_at(int64_t n) const {
   LOOM_CHECK(n >= 0, "[OptimizerParamScheduler] num_steps must be >= 0, got ", n);
   const SchedulerConfig& c = cfg_;
   if (c.deepspeed.enabled()) return c.deepspeed.lr(n / c.deepspeed.samples_per_step);
-  if (c.lr_warmup_tokens || c.lr_decay_tokens) return lr_at_tokens(n);
-  if (c.lr_warmup_steps > 0 && n <= c.lr_warmup_steps)
-    return c.init_lr + (c.max_lr - c.init_lr) * double(n) / double(c.lr_warmup_steps);
+  const int64_t tokens = n * c.tokens_per_sample;
+  // Warmup: (position, length) on its clock.
+  const bool warm_tokens = c.lr_warmup_tokens.has_value();
+  const int64_t wx = warm_tokens ? tokens : n, wl = warm_tokens ? *c.lr_warmup_tokens : c.lr_warmup_steps;
+  if (wl > 0 && wx <= wl) return c.init_lr + (c.max_lr - c.init_lr) * double(wx) / double(wl);
   if (c.lr_decay_style == LRDecayStyle::kConstant) return c.max_lr;
-  if (n > c.lr_decay_steps) return c.min_lr;
+  // Decay: position, warmup end and decay end on its clock.
+  const bool decay_tokens = c.lr_decay_tokens.has_value();
+  const int64_t x = decay_tokens ? tokens : n;
+  const int64_t w = decay_tokens ? c.lr_warmup_tokens.value_or(c.lr_warmup_steps * c.tokens_per_sample) : c.lr_warmup_steps;
+  const int64_t d = decay_tokens ? *c.lr_decay_tokens : c.lr_decay_steps;
+  if (x > d) return c.min_lr;
   if (c.lr_decay_style == LRDecayStyle::kInverseSquareRoot) {
-    const double warmup = double(std::max<int64_t>(c.lr_warmup_steps, 1));
-    const double steps = double(std::max<int64_t>(n, 1));
+    const double warmup = double(std::max<int64_t>(wl, 1));
+    const double steps = double(std::max<int64_t>(wx, 1));
     return std::max(c.min_lr, c.max_lr * std::pow(warmup, 0.5) / std::pow(steps, 0.5));
   }
-  const double ratio = double(n - c.lr_warmup_steps) / double(c.lr_decay_steps - c.lr_warmup_steps);
+  const double ratio = double(x - w) / double(d - w);
   LOOM_CHECK(ratio >= 0.0 && ratio <= 1.0, "[OptimizerParamScheduler] decay ratio ", ratio);
   double coeff = 0.0;
   switch (c.lr_decay_style) {
     case LRDecayStyle::kLinear: coeff = 1.0 - ratio; break;
     case LRDecayStyle::kCosine: coeff = 0.5 * (std::cos(M_PI * ratio) + 1.0); break;
-    case LRDecayStyle::kWSD: {
+    case LRDecayStyle::kWSD: {  // samples only (validate refuses WSD with the token flags)
       const int64_t anneal_start = c.lr_decay_steps - c.wsd_decay_steps;
       if (n <= anneal_start) {
         coeff = 1.0;
@@ -211,33 +223,6 @@ double OptimizerParamScheduler::lr_at(int64_t n) const {
     case LRDecayStyle::kConstant:
     case LRDecayStyle::kInverseSquareRoot: LOOM_FAIL("handled above");
   }
-  return c.min_lr + coeff * (c.max_lr - c.min_lr);
-}
-
-// Megatron-DeepSpeed's get_lr with lr_warmup_tokens / lr_decay_tokens, in its operation order.
-double OptimizerParamScheduler::lr_at_tokens(int64_t n) const {
-  const SchedulerConfig& c = cfg_;
-  const int64_t tokens = n * c.tokens_per_sample;
-  // Warmup by samples with a token decay ends at the tokens consumed by then.
-  const int64_t warmup_tokens = c.lr_warmup_tokens.value_or(c.lr_warmup_steps * c.tokens_per_sample);
-  if (c.lr_warmup_tokens) {
-    if (warmup_tokens > 0 && tokens <= warmup_tokens)
-      return c.init_lr + (c.max_lr - c.init_lr) * double(tokens) / double(warmup_tokens);
-  } else if (c.lr_warmup_steps > 0 && n <= c.lr_warmup_steps) {
-    return c.init_lr + (c.max_lr - c.init_lr) * double(n) / double(c.lr_warmup_steps);
-  }
-  if (c.lr_decay_style == LRDecayStyle::kConstant) return c.max_lr;
-  if (c.lr_decay_tokens ? tokens > *c.lr_decay_tokens : n > c.lr_decay_steps) return c.min_lr;
-  if (c.lr_decay_style == LRDecayStyle::kInverseSquareRoot) {
-    const double w = c.lr_warmup_tokens ? double(std::max<int64_t>(warmup_tokens, 1))
-                                        : double(std::max<int64_t>(c.lr_warmup_steps, 1));
-    const double x = c.lr_warmup_tokens ? double(std::max<int64_t>(tokens, 1)) : double(std::max<int64_t>(n, 1));
-    return std::max(c.min_lr, c.max_lr * std::pow(w, 0.5) / std::pow(x, 0.5));
-  }
-  const double ratio = c.lr_decay_tokens ? double(tokens - warmup_tokens) / double(*c.lr_decay_tokens - warmup_tokens)
-                                         : double(n - c.lr_warmup_steps) / double(c.lr_decay_steps - c.lr_warmup_steps);
-  LOOM_CHECK(ratio >= 0.0 && ratio <= 1.0, "[OptimizerParamScheduler] token decay ratio ", ratio);
-  const double coeff = c.lr_decay_style == LRDecayStyle::kLinear ? 1.0 - ratio : 0.5 * (std::cos(M_PI * ratio) + 1.0);
   return c.min_lr + coeff * (c.max_lr - c.min_lr);
 }
 

@@ -118,8 +118,7 @@ void TrainConfig::validate(int world_size) const {
   if (data.sft && (data.mock_data || !data.train_data_path.empty()))
     user_error("--sft reads one --data-path prefix written by `loom preprocess --sft` (not --mock-data or "
                "--train-data-path)");
-  const bool npy = data.train_data_path.size() == 1 && data.train_data_path[0].ends_with(".npy");
-  if (npy && (data.reset_position_ids || data.reset_attention_mask || data.eod_mask_loss))
+  if (data.npy_records() && (data.reset_position_ids || data.reset_attention_mask || data.eod_mask_loss))
     user_error("--train-data-path ", data.train_data_path[0], ": packed SFT records give each sample its own "
                "positions, attention and loss mask; drop --reset-position-ids, --reset-attention-mask and --eod-mask-loss");
   if (data.sft && (data.reset_position_ids || data.reset_attention_mask || data.eod_mask_loss))

@@ -15,9 +15,6 @@ namespace loom {
 
 namespace {
 
-// One path naming a .npy file: NeMo's packed SFT records.
-bool is_npy(const std::vector<std::string>& paths) { return paths.size() == 1 && paths[0].ends_with(".npy"); }
-
 // The node-local rank from the launcher (OpenMPI, SLURM, torchrun-style), else the global rank.
 int local_rank(int global_rank) {
   for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID", "LOCAL_RANK"})
@@ -290,12 +287,12 @@ void setup_data(TrainingRun& run, std::ostream& log) {
       run.valid_ds = ds[1];
       run.test_ds = ds[2];
       if (!run.train_ds) user_error("--split '", cfg.data.split, "' gives the training split no documents");
-    } else if (is_npy(cfg.data.train_data_path)) {
+    } else if (cfg.data.npy_records()) {
       // NeMo's packed SFT records (.npy), e.g. the MLPerf Llama-2 70B LoRA data: each path used whole.
       const int32_t pad = std::max(tokenizer->eod(), 0);
       auto npy = [&](const std::vector<std::string>& p, int64_t n, const char* flag) -> std::shared_ptr<const SampleDataset> {
         if (p.empty() || n <= 0) return nullptr;
-        if (!is_npy(p)) user_error(flag, ": with a .npy --train-data-path, give one .npy file here too");
+        if (p.size() != 1 || !p[0].ends_with(".npy")) user_error(flag, ": with a .npy --train-data-path, give one .npy file here too");
         return std::make_shared<NpyPackedDataset>(p[0], run.T, n, uint32_t(cfg.seed), pad);
       };
       run.train_ds = npy(cfg.data.train_data_path, train_samples, "--train-data-path");

@@ -73,9 +73,8 @@ class SftDataset final : public SampleDataset {
 
  private:
   int64_t sequence_of(int64_t index) const;  // the epoch's sequence behind sample `index`
-  // The sequence's T + 1 tokens, answer flags and sample ids (-1: padding).
-  void materialize(int64_t seq, std::vector<int32_t>& tok, std::vector<uint8_t>& answer,
-                   std::vector<int32_t>& owner) const;
+  // The sequence's T + 1 answer flags and sample ids (-1: padding), from the loss mask only.
+  void layout(int64_t seq, std::vector<uint8_t>& answer, std::vector<int32_t>& owner) const;
 
   std::shared_ptr<const IndexedDataset> tokens_, mask_;
   SftConfig cfg_;
@@ -84,6 +83,7 @@ class SftDataset final : public SampleDataset {
   std::vector<int64_t> lengths_;    // their lengths after truncation
   std::vector<int64_t> seq_start_;  // sequence s holds bin_docs_[seq_start_[s] .. seq_start_[s + 1])
   std::vector<int64_t> bin_docs_;   // indices into docs_
+  std::vector<int64_t> order_;      // sample index -> sequence (per-epoch shuffles)
   int64_t num_samples_ = 0;
   SftStats stats_;
   std::string description_, cache_dir_;

@@ -136,7 +136,6 @@ class OptimizerParamScheduler {
 
  private:
   void recompute();
-  double lr_at_tokens(int64_t num_steps) const;
   SchedulerConfig cfg_;
   int64_t num_steps_ = 0;
   double lr_ = 0.0;

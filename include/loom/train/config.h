@@ -33,6 +33,8 @@ struct DataConfig {
   // samples packed (--sft-packing, the default) or padded (--no-sft-packing), --sft-overlong policy.
   bool sft = false;
   bool sft_packing = true;
+  // --train-data-path names one .npy file: NeMo's packed SFT records (loom/data/npy_packed_dataset.h).
+  bool npy_records() const { return train_data_path.size() == 1 && train_data_path[0].ends_with(".npy"); }
   std::string sft_overlong = "truncate";
 };
 
