@@ -12,19 +12,26 @@ GPTModel::GPTModel(const GPTConfig& cfg, const DeviceContext& ctx, const ModelOp
     : cfg_(cfg), opts_(opts), ctx_(ctx) {
   cfg_.validate();
   opts_.validate(cfg_);
-  Declared d = declare_parameters(params_, cfg_, opts_);
+  Declared d = declare_parameters(params_, lora_params_, cfg_, opts_);
   embedding_ = std::move(d.embedding);
   layers_ = std::move(d.layers);
   final_ln_ = std::move(d.final_ln);
   output_layer_ = std::move(d.output_layer);
   tied_copy_ = d.tied_copy;
-  params_.allocate(ctx, opts_.compute_dtype, opts_.grad_dtype, opts_.with_grads, opts_.param_storage);
+  if (opts_.lora) {
+    // The frozen base: whole on every rank, no gradients; the adapters take the run's storage strategy.
+    params_.allocate(ctx, opts_.compute_dtype, opts_.grad_dtype, /*with_grads=*/false, ParamStorage::kFull);
+    lora_params_.allocate(ctx, opts_.compute_dtype, opts_.grad_dtype, opts_.with_grads, opts_.param_storage);
+  } else {
+    params_.allocate(ctx, opts_.compute_dtype, opts_.grad_dtype, opts_.with_grads, opts_.param_storage);
+  }
+  const ParameterSet& ts = trainable();
   for (const auto& [name, range] : d.units) {
     ParamUnit u;
     u.name = name;
     if (range.second > range.first) {
-      const Parameter& first = params_.all()[range.first];
-      const Parameter& last = params_.all()[range.second - 1];
+      const Parameter& first = ts.all()[range.first];
+      const Parameter& last = ts.all()[range.second - 1];
       u.offset = first.offset;
       u.numel = last.offset + last.shape.numel() - first.offset;
     }
@@ -74,6 +81,16 @@ GPTModel::GPTModel(const GPTConfig& cfg, const DeviceContext& ctx, const ModelOp
 }
 
 GPTModel::~GPTModel() = default;
+
+void GPTModel::initialize(uint64_t seed) {
+  params_.initialize(seed);
+  if (opts_.lora && lora_params_.storage() != ParamStorage::kExternal) lora_params_.initialize(seed);
+}
+
+void GPTModel::sync_compute() const {
+  params_.sync_compute(ctx_);
+  if (opts_.lora && lora_params_.storage() == ParamStorage::kFull) lora_params_.sync_compute(ctx_);
+}
 
 // ---- FP8 -------------------------------------------------------------------------------------------
 
@@ -329,6 +346,10 @@ TransformerLayerContext GPTModel::layer_context(TensorView segment_ids) const {
   c.positions = cp_positions_;
   c.recompute_attention = opts_.recompute_granularity == RecomputeGranularity::kSelective;
   c.hidden_dropout = [this](uint64_t site) { return hidden_dropout_epilogue(site); };
+  c.lora_dropout = [this](uint64_t site) {
+    if (!fwd_.training || !opts_.lora || opts_.lora->config.dropout <= 0.0f) return DropoutMask{};
+    return DropoutMask{opts_.lora->config.dropout, fwd_.dropout_seed, dropout_stream(site, fwd_.micro_batch_index), 0};
+  };
   // The attention core over this rank's tokens: the CP ring over the whole sequence when CP > 1.
   c.attend = [this, segment_ids](const TransformerLayer& L, LayerActs& a, bool recompute) {
     const DropoutMask drop = recompute ? a.attn_saved.dropout : attention_mask(L.attn_dropout_site);
@@ -416,6 +437,7 @@ void GPTModel::embedding_forward(const GPTBatch& batch) {
 
 // Enters with dres_ = d(x0_).
 void GPTModel::embedding_backward(const GPTBatch& batch) {
+  if (opts_.lora) return;  // a frozen embedding: nothing to compute (its input is the tokens)
   const ModelParallel& mp = opts_.parallel;
   const DropoutMask drop = hidden_mask(embedding_dropout_site());
   if (mp.tp_size() == 1) {

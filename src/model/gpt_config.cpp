@@ -180,6 +180,8 @@ RecomputeMethod parse_recompute_method(std::string_view s) {
 }
 
 void ModelOptions::validate(const GPTConfig& cfg) const {
+  if (lora && lora->targets.empty())
+    user_error("--lora-rank is set but --lora-target-modules names no linear layer to adapt");
   if (compute_dtype != DType::kF32 && compute_dtype != DType::kBF16 && compute_dtype != DType::kF16)
     user_error("the compute dtype must be f32, bf16 (--bf16) or f16 (--fp16), got ", dtype_name(compute_dtype));
   if (fp8) {

@@ -148,17 +148,19 @@ std::vector<GPTModel::BufferSlot> GPTModel::activation_layout(const GPTConfig& c
   return out;
 }
 
-GPTModel::Declared GPTModel::declare_parameters(ParameterSet& ps, const GPTConfig& cfg, const ModelOptions& opts) {
+GPTModel::Declared GPTModel::declare_parameters(ParameterSet& ps, ParameterSet& lora_ps, const GPTConfig& cfg,
+                                                const ModelOptions& opts) {
   const ModelParallel& mp = opts.parallel;
   const int tp = mp.tp_size(), r = mp.tp_rank();
   const int64_t nl = mp.layer_count(cfg.num_layers);
   const ShardRange vocab = even_shard(cfg.padded_vocab_size, tp, r);
   const TpRegion region{mp.tp, mp.sequence_parallel};
   Declared d;
+  const ParameterSet& trained = opts.lora ? lora_ps : ps;  // what the units address
   auto unit = [&](std::string name, auto&& build) {
-    const size_t begin = ps.all().size();
+    const size_t begin = trained.all().size();
     build();
-    d.units.push_back({std::move(name), {begin, ps.all().size()}});
+    d.units.push_back({std::move(name), {begin, trained.all().size()}});
   };
   if (mp.pre_process) {
     unit("embedding", [&] {
@@ -174,7 +176,9 @@ GPTModel::Declared GPTModel::declare_parameters(ParameterSet& ps, const GPTConfi
   for (int64_t l = 0; l < nl; ++l) {
     const int64_t g = mp.first_layer + l;
     unit("decoder.layers." + std::to_string(g),
-         [&] { d.layers.push_back(std::make_unique<Layer>(ps, cfg, g, region)); });
+         [&] {
+           d.layers.push_back(std::make_unique<Layer>(ps, cfg, g, region, &lora_ps, opts.lora ? &*opts.lora : nullptr));
+         });
   }
   if (mp.post_process) {
     unit("head", [&] {
@@ -220,18 +224,23 @@ GPTMemoryPlan GPTModel::memory_plan(const GPTConfig& cfg, const ModelOptions& op
                " tokens (--micro-batch-size x --seq-length / CP) must be divisible by --tensor-model-parallel-size ",
                mp.tp_size());
   GPTMemoryPlan plan;
-  ParameterSet declared;  // the local parameters, declared but never allocated
-  declare_parameters(declared, cfg, opts);
-  const int64_t n = declared.numel();
+  ParameterSet declared, declared_lora;  // the local parameters, declared but never allocated
+  declare_parameters(declared, declared_lora, cfg, opts);
   // What ParameterSet::allocate creates for the storage mode (sharded modes: the optimizer's shards and
-  // bucket buffers are not the model's).
-  const ParamStorage st = opts.param_storage;
+  // bucket buffers are not the model's). With LoRA the frozen base is whole without gradients and the
+  // adapters take the storage mode.
   const bool b16 = opts.compute_dtype != DType::kF32;
-  if (st != ParamStorage::kExternal) {
-    if (st == ParamStorage::kFull || !b16) plan.parameters.push_back({"params.values", {n}, DType::kF32});
-    if (b16) plan.parameters.push_back({"params.compute", {n}, opts.compute_dtype});
-    if (opts.with_grads && st != ParamStorage::kShardedMasterGrads)
-      plan.parameters.push_back({"params.grads", {n}, opts.grad_dtype});
+  auto plan_set = [&](const std::string& prefix, int64_t n, ParamStorage st, bool grads) {
+    if (st == ParamStorage::kExternal) return;
+    if (st == ParamStorage::kFull || !b16) plan.parameters.push_back({prefix + ".values", {n}, DType::kF32});
+    if (b16) plan.parameters.push_back({prefix + ".compute", {n}, opts.compute_dtype});
+    if (grads && st != ParamStorage::kShardedMasterGrads) plan.parameters.push_back({prefix + ".grads", {n}, opts.grad_dtype});
+  };
+  if (opts.lora) {
+    plan_set("params", declared.numel(), ParamStorage::kFull, false);
+    plan_set("lora", declared_lora.numel(), opts.param_storage, opts.with_grads);
+  } else {
+    plan_set("params", declared.numel(), opts.param_storage, opts.with_grads);
   }
   if (cfg.position_embedding_type == PositionEmbeddingType::kRope) {
     const Shape table{cfg.max_position_embeddings, cfg.rotary_dim() / 2};

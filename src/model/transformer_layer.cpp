@@ -18,17 +18,19 @@ void TransformerLayer::forward(const TransformerLayerContext& c, TensorView out,
                                TensorView x) const {
   const DeviceContext& ctx = c.ctx;
   ln1.forward(ctx, s.ln1, s.ln1_saved, x);
-  qkv.forward(ctx, s.qkv, s.ln1, c.sp_gathered);
+  qkv.forward(ctx, s.qkv, s.ln1, c.sp_gathered, lora_mask(c, qkv_lora_site));
   if (qk_norm) qk_norm->forward(ctx, s.qkv, s.qk_saved, c.qk_a);
   if (c.rope) c.rope->forward(ctx, s.qkv, attn.params(), c.positions);  // in place: attention reads rotated q, k
   c.attend(*this, s, /*recompute=*/false);
   // Bias-dropout-add: the bias is part of the linear output, dropout follows, then the residual add.
-  const TensorView attn_out = proj.forward(ctx, c.branch, s.att, epilogue(c, proj_dropout_site), c.dln);
+  const TensorView attn_out = proj.forward(ctx, c.branch, s.att, epilogue(c, proj_dropout_site), c.dln,
+                                              lora_mask(c, proj_lora_site));
   ln2.forward_residual(ctx, s.residual2, s.ln2, s.ln2_saved, x, attn_out);
-  fc1.forward(ctx, s.fc, s.ln2, c.sp_gathered);
+  fc1.forward(ctx, s.fc, s.ln2, c.sp_gathered, lora_mask(c, fc1_lora_site));
   mlp_activation(ctx, c.act, s.fc);
   // Under SP fc2's full rows go to the branch scratch and reduce-scatter into `out`; else straight there.
-  fc2.forward(ctx, fc2.sequence_parallel() ? c.branch : out, c.act, epilogue(c, mlp_dropout_site), out);
+  fc2.forward(ctx, fc2.sequence_parallel() ? c.branch : out, c.act, epilogue(c, mlp_dropout_site), out,
+              lora_mask(c, fc2_lora_site));
   ctx.ops().residual_forward(out, out, s.residual2);
 }
 
@@ -37,7 +39,8 @@ void TransformerLayer::backward(const TransformerLayerContext& c, TransformerLay
   const OpTable& ops = ctx.ops();
   // MLP branch: dres is d(out) = d(residual2) through the skip connection.
   mlp_activation(ctx, c.act, s.fc);  // recompute instead of saving B·T·F per layer
-  fc2.backward(ctx, c.dfc, c.dres, c.act, epilogue(c, mlp_dropout_site), c.branch);  // dfc = d(act)
+  // dfc = d(act)
+  fc2.backward(ctx, c.dfc, c.dres, c.act, epilogue(c, mlp_dropout_site), c.branch, lora_mask(c, fc2_lora_site));
   TensorView dfc1 = c.dfc;
   if (activation_ == MlpActivation::kGeLU) {
     ops.gelu_backward(c.dfc, s.fc, c.dfc);
@@ -51,15 +54,15 @@ void TransformerLayer::backward(const TransformerLayerContext& c, TransformerLay
     ops.glu_backward(s.fc.reshape({N, 2 * F}), s.fc.reshape({N, 2 * F}), c.dfc.reshape({N, F}), kind);
     dfc1 = s.fc;
   }
-  fc1.backward(ctx, c.dln, dfc1, s.ln2, c.sp_gathered, c.sp_grad);
+  fc1.backward(ctx, c.dln, dfc1, s.ln2, c.sp_gathered, c.sp_grad, lora_mask(c, fc1_lora_site));
   ln2.backward(ctx, c.dres, c.dln, s.residual2, s.ln2_saved);
   // Attention branch: dres is now d(residual2) = d(x) through the skip connection.
   if (c.recompute_attention) c.attend(*this, s, /*recompute=*/true);
-  proj.backward(ctx, c.datt, c.dres, s.att, epilogue(c, proj_dropout_site), c.branch);
+  proj.backward(ctx, c.datt, c.dres, s.att, epilogue(c, proj_dropout_site), c.branch, lora_mask(c, proj_lora_site));
   c.attend_backward(*this, s);
   if (c.rope) c.rope->backward(ctx, c.dqkv, attn.params(), c.positions);
   if (qk_norm) qk_norm->backward(ctx, c.dqkv, s.qk_saved, c.qk_a, c.qk_b);
-  qkv.backward(ctx, c.dln, c.dqkv, s.ln1, c.sp_gathered, c.sp_grad);
+  qkv.backward(ctx, c.dln, c.dqkv, s.ln1, c.sp_gathered, c.sp_grad, lora_mask(c, qkv_lora_site));
   ln1.backward(ctx, c.dres, c.dln, x, s.ln1_saved);
 }
 

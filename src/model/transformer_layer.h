@@ -67,6 +67,8 @@ struct TransformerLayerContext {
   bool recompute_attention = false;  // --recompute-granularity selective
   // The hidden dropout of a bias-dropout-add at a dropout site (null: none, as in generation).
   std::function<RowEpilogue(uint64_t site)> hidden_dropout{};
+  // The LoRA dropout mask of a linear's adapters (null or inactive: none, as in evaluation).
+  std::function<DropoutMask(uint64_t site)> lora_dropout{};
 };
 
 class TransformerLayer {
@@ -83,7 +85,10 @@ class TransformerLayer {
   RowParallelLinear fc2;
   AttentionCore attn;
   uint64_t attn_dropout_site, proj_dropout_site, mlp_dropout_site;
-  TransformerLayer(ParameterSet& ps, const GPTConfig& c, int64_t i, const TpRegion& region)
+  uint64_t qkv_lora_site, proj_lora_site, fc1_lora_site, fc2_lora_site;  // LoRA dropout
+  // lora: the adapters, declared into `lora_ps` after the layer's own parameters (null: none).
+  TransformerLayer(ParameterSet& ps, const GPTConfig& c, int64_t i, const TpRegion& region,
+                   ParameterSet* lora_ps = nullptr, const LoraOptions* lora = nullptr)
       : ln1(ps, prefix(i) + "input_layernorm", c.hidden_size, c.layernorm_epsilon, c.normalization),
         ln2(ps, prefix(i) + "pre_mlp_layernorm", c.hidden_size, c.layernorm_epsilon, c.normalization),
         qkv(ps, prefix(i) + "self_attention.linear_qkv", c.hidden_size, c.qkv_size(), c.qkv_bias(),
@@ -103,6 +108,10 @@ class TransformerLayer {
         attn_dropout_site(hash_stream(prefix(i) + "self_attention.core_attention.attention_dropout")),
         proj_dropout_site(hash_stream(prefix(i) + "self_attention.hidden_dropout")),
         mlp_dropout_site(hash_stream(prefix(i) + "mlp.hidden_dropout")),
+        qkv_lora_site(hash_stream(prefix(i) + "self_attention.linear_qkv.lora_dropout")),
+        proj_lora_site(hash_stream(prefix(i) + "self_attention.linear_proj.lora_dropout")),
+        fc1_lora_site(hash_stream(prefix(i) + "mlp.linear_fc1.lora_dropout")),
+        fc2_lora_site(hash_stream(prefix(i) + "mlp.linear_fc2.lora_dropout")),
         activation_(c.activation),
         ffn_local_(c.ffn_hidden_size() / region.size()) {
     // Gradients that are partial sums over the TP group (completed there before the optimizer, see
@@ -113,6 +122,7 @@ class TransformerLayer {
         for (Parameter* p : n->parameters()) p->sequence_parallel = true;
     if (qk_norm && region.size() > 1)
       for (Parameter* p : qk_norm->parameters()) p->sequence_parallel = true;
+    if (lora != nullptr) add_lora(*lora_ps, c, i, region, *lora);
   }
   static std::string prefix(int64_t i) { return "decoder.layers." + std::to_string(i) + "."; }
   // Megatron's output_layer_init_method: std / sqrt(2 · num_layers) for projections into the residual
@@ -135,8 +145,13 @@ class TransformerLayer {
   void mlp_activation(const DeviceContext& ctx, TensorView act, TensorView fc) const;
 
  private:
+  // The adapters of `lora`'s targets (transformer_layer_lora.cpp): placement on the fused layouts and TP.
+  void add_lora(ParameterSet& ps, const GPTConfig& c, int64_t i, const TpRegion& region, const LoraOptions& lora);
   RowEpilogue epilogue(const TransformerLayerContext& c, uint64_t site) const {
     return c.hidden_dropout ? c.hidden_dropout(site) : RowEpilogue{};
+  }
+  static DropoutMask lora_mask(const TransformerLayerContext& c, uint64_t site) {
+    return c.lora_dropout ? c.lora_dropout(site) : DropoutMask{};
   }
   MlpActivation activation_;
   int64_t ffn_local_;  // this rank's FFN width (F / TP)

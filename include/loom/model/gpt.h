@@ -45,6 +45,7 @@
 
 #include "loom/dist/communicator.h"
 #include "loom/fp8/fp8.h"
+#include "loom/nn/lora.h"
 #include "loom/nn/modules.h"
 #include "loom/parallel/parallel_linear.h"
 
@@ -176,6 +177,24 @@ struct ModelParallel {
   int cp_rank() const { return cp ? cp->rank() : 0; }
 };
 
+// --lora-target-modules: the linears that carry LoRA adapters. Whole layers by Megatron's names
+// (linear_qkv, linear_proj, linear_fc1, linear_fc2); Hugging Face PEFT's names adapt the matching slice of
+// Loom's fused layers (q_proj, k_proj, v_proj of linear_qkv; gate_proj, up_proj of a gated linear_fc1) with
+// adapters named decoder.layers.N.self_attention.q_proj.lora_{A,B}.weight, mlp.gate_proj...; o_proj and
+// down_proj are linear_proj and linear_fc2 (and up_proj is linear_fc1 in a model without a gated MLP).
+enum class LoraTarget { kQkv, kProj, kFc1, kFc2, kQ, kK, kV, kGate, kUp };
+const char* lora_target_name(LoraTarget t);  // the canonical spelling: linear_qkv, ..., q_proj, ...
+// Accepts the Megatron and PEFT names above and NeMo's (attention_qkv, attention_dense, mlp_fc1, mlp_fc2,
+// and the groups attention = qkv + proj, mlp = fc1 + fc2, all); returns the canonical targets in enum
+// order. UserError naming --lora-target-modules for an unknown name, one the model does not have
+// (gate_proj without a gated MLP) or two that adapt the same output (linear_qkv with q_proj).
+std::vector<LoraTarget> parse_lora_targets(const std::vector<std::string>& names, const GPTConfig& cfg);
+
+struct LoraOptions {
+  LoraConfig config;                // rank, alpha, dropout
+  std::vector<LoraTarget> targets;  // canonical (parse_lora_targets), non-empty
+};
+
 // How the model is built (fixed for its lifetime).
 struct ModelOptions {
   DType compute_dtype = DType::kF32;  // kBF16 for --bf16, kF16 for --fp16: parameter copy and activations
@@ -199,6 +218,9 @@ struct ModelOptions {
   // FP8 GEMMs (--fp8-format ...): every linear layer (qkv, proj, fc1, fc2) and the output layer run under
   // this delayed-scaling recipe (loom/nn/fp8_gemm.h); needs bf16 or f16 compute. Unset: no FP8.
   std::optional<Fp8Recipe> fp8;
+  // LoRA fine-tuning: adapters on the target linears form the trainable set; every base parameter is
+  // frozen (no gradient buffer, no weight-gradient GEMM; only input gradients flow through it).
+  std::optional<LoraOptions> lora;
   void validate(const GPTConfig& cfg) const;  // throws UserError naming the Megatron flags
 };
 
@@ -256,13 +278,20 @@ class GPTModel {
 
   const GPTConfig& config() const { return cfg_; }
   const ModelOptions& options() const { return opts_; }
+  // Every parameter of the model (with LoRA: the frozen base, without gradients).
   ParameterSet& params() { return params_; }
   const ParameterSet& params() const { return params_; }
-  // Initialises the master weights and syncs the compute copy.
-  void initialize(uint64_t seed) { params_.initialize(seed); }
-  // Refreshes the compute copy from the master weights; call after every write to params().values()
-  // (optimizer step, checkpoint load). A no-op for f32 compute.
-  void sync_compute() const { params_.sync_compute(ctx_); }
+  // What the optimizer trains: params(), or with LoRA the adapters (their own set, storage and gradients).
+  // units() and the hooks address this set.
+  ParameterSet& trainable() { return opts_.lora ? lora_params_ : params_; }
+  const ParameterSet& trainable() const { return opts_.lora ? lora_params_ : params_; }
+  bool lora() const { return opts_.lora.has_value(); }
+  // Initialises the master weights (base and adapters, unless their storage is external) and syncs the
+  // compute copies.
+  void initialize(uint64_t seed);
+  // Refreshes the compute copies from the master weights; call after every write to params().values()
+  // or trainable().values() (optimizer step, checkpoint load). A no-op for f32 compute.
+  void sync_compute() const;
 
   // Forward over a micro-batch. Returns the mean loss over its tokens (over the unmasked tokens when a
   // loss mask is given: sum(loss · mask) / sum(mask), as Megatron). dloss_scale != 0 prepares
@@ -334,7 +363,10 @@ class GPTModel {
   struct BufferSlot;
   struct Declared;
   struct SlotState;
-  static Declared declare_parameters(ParameterSet& ps, const GPTConfig& cfg, const ModelOptions& opts);
+  // Declares the base parameters into `ps` and the LoRA adapters into `lora_ps`; the units address the
+  // trainable set (lora_ps with LoRA).
+  static Declared declare_parameters(ParameterSet& ps, ParameterSet& lora_ps, const GPTConfig& cfg,
+                                     const ModelOptions& opts);
   static std::vector<LayerRole> layer_roles(const GPTConfig& cfg, const ModelOptions& opts);
   static std::vector<BufferSlot> activation_layout(const GPTConfig& cfg, const ModelOptions& opts, int64_t B,
                                                    int64_t T, GPTModel* model);
@@ -373,6 +405,7 @@ class GPTModel {
   ParamHooks* hooks_ = nullptr;
   std::unique_ptr<Fp8State> fp8_;
   ParameterSet params_;
+  ParameterSet lora_params_;               // the adapters (ModelOptions::lora), else empty
   std::unique_ptr<Embedding> embedding_;   // pre_process only
   std::vector<std::unique_ptr<Layer>> layers_;  // the local layers [first_layer, first_layer + num_layers)
   std::unique_ptr<Norm> final_ln_;         // post_process only

@@ -13,6 +13,17 @@
 // model finds its FP8 sites by walking its layers' linears, never by index arithmetic. A column-parallel
 // output layer may borrow the tied word embedding as its weight (Megatron's
 // skip_weight_param_allocation).
+//
+// LoRA: a layer may carry adapters (loom/nn/lora.h, declared into the trainable parameter set while the
+// layer's own weights stay frozen). They run after the base GEMM on the same input: column-parallel, on
+// the (gathered) input with A whole and B split like the weight, their input gradient joining the base's
+// partial sum before its all-reduce / reduce-scatter; row-parallel, on this rank's input columns with A
+// split like the weight, h all-reduced over the group and h·B^T added once (by TP rank 0, like the bias)
+// before the reduction. Their activations are recomputed in backward (h is N x rank), so they add no saved
+// state and recomputation needs nothing from them. `lora_dropout` is the dropout mask of the call (adapter k
+// draws stream lora_stream(mask.stream, k)); with TP the masks of row-parallel adapters are drawn per rank
+// over its own columns, and with CP per rank over its own tokens (the same rate and expectation as one
+// process, not the same bits).
 #pragma once
 #include <functional>
 #include <memory>
@@ -22,6 +33,7 @@
 
 #include "loom/dist/communicator.h"
 #include "loom/nn/fp8_gemm.h"
+#include "loom/nn/lora.h"
 #include "loom/nn/modules.h"
 
 namespace loom {
@@ -55,9 +67,16 @@ struct RowEpilogue {
   std::function<void(TensorView out, TensorView inp)> forward, backward;
 };
 
-// What both parallel linears share: the optional FP8 GEMM they own.
+// The dropout stream of a layer's k-th adapter.
+uint64_t lora_stream(uint64_t stream, size_t k);
+
+// What both parallel linears share: the optional FP8 GEMM and the LoRA adapters they own.
 class Fp8GemmOwner {
  public:
+  // A LoRA adapter on this layer, its parameters declared into `ps` (the trainable set).
+  LoraAdapter& add_lora(ParameterSet& ps, const std::string& prefix, const LoraPlacement& place,
+                        const LoraConfig& cfg);
+  const std::vector<std::unique_ptr<LoraAdapter>>& lora() const { return lora_; }
   // FP8 (delayed scaling): this layer's GEMM quantises its input and weight with slots of `fwd`, its
   // output gradient with a slot of `bwd`; the weight cache (for `weight_shape`) is allocated here.
   void enable_fp8(const DeviceContext& ctx, const Shape& weight_shape, const Fp8ScalingGroup* fwd, int input_slot,
@@ -66,6 +85,7 @@ class Fp8GemmOwner {
 
  protected:
   std::optional<Fp8Gemm> fp8_;
+  std::vector<std::unique_ptr<LoraAdapter>> lora_;
 };
 
 class ColumnParallelLinear : public Fp8GemmOwner {
@@ -78,11 +98,12 @@ class ColumnParallelLinear : public Fp8GemmOwner {
   ColumnParallelLinear(const std::string& prefix, Parameter& borrowed_weight, const TpRegion& region);
 
   // out (N, out_local) = input · W^T + b; `input` in the residual layout, `gathered` (N, in) scratch for SP.
-  void forward(const DeviceContext& ctx, TensorView out, TensorView input, TensorView gathered) const;
+  void forward(const DeviceContext& ctx, TensorView out, TensorView input, TensorView gathered,
+               const DropoutMask& lora_dropout = {}) const;
   // dinput (residual layout) overwritten with the full input gradient; dW, db accumulate. `input` as in
   // forward (re-gathered under SP into `gathered`); `dgathered` (N, in) scratch for SP.
   void backward(const DeviceContext& ctx, TensorView dinput, TensorView dout, TensorView input, TensorView gathered,
-                TensorView dgathered) const;
+                TensorView dgathered, const DropoutMask& lora_dropout = {}) const;
 
   Parameter& weight() const { return *weight_; }
   Parameter* bias() const { return bias_; }
@@ -105,11 +126,11 @@ class RowParallelLinear : public Fp8GemmOwner {
   // Y = reduce(input · W^T (+ b on rank 0)), the epilogue on the full rows. `full` (N, out) receives the
   // GEMM output; returns the result in the residual layout: `full` itself, or (SP) `shard`.
   TensorView forward(const DeviceContext& ctx, TensorView full, TensorView input, const RowEpilogue& epilogue,
-                     TensorView shard) const;
+                     TensorView shard, const DropoutMask& lora_dropout = {}) const;
   // dinput (N, in_local) overwritten; dW, db accumulate. `dout` in the residual layout; `full` (N, out)
   // scratch (the epilogue's backward and the SP all-gather write it).
   void backward(const DeviceContext& ctx, TensorView dinput, TensorView dout, TensorView input,
-                const RowEpilogue& epilogue, TensorView full) const;
+                const RowEpilogue& epilogue, TensorView full, const DropoutMask& lora_dropout = {}) const;
 
   Parameter& weight() const { return linear_.weight(); }
   Parameter* bias() const { return linear_.bias(); }
