@@ -26,14 +26,17 @@ GPTModel::GPTModel(const GPTConfig& cfg, const DeviceContext& ctx, const ModelOp
     params_.allocate(ctx, opts_.compute_dtype, opts_.grad_dtype, opts_.with_grads, opts_.param_storage);
   }
   const ParameterSet& ts = trainable();
+  int64_t covered = 0;  // an empty unit (LoRA: the embedding, the head) sits where the previous one ended
   for (const auto& [name, range] : d.units) {
     ParamUnit u;
     u.name = name;
+    u.offset = covered;
     if (range.second > range.first) {
       const Parameter& first = ts.all()[range.first];
       const Parameter& last = ts.all()[range.second - 1];
       u.offset = first.offset;
       u.numel = last.offset + last.shape.numel() - first.offset;
+      covered = u.offset + u.numel;
     }
     if (name == "embedding") embedding_unit_ = int(units_.size());
     if (name == "head") head_unit_ = int(units_.size());

@@ -252,6 +252,30 @@ const std::vector<Flag>& flags() {
       {"--no-load-rng", "", "do not load the RNG state", [](C& c, S) { c.checkpoint.no_load_rng = true; }},
       {"--finetune", "", "load weights only and start at iteration 0 (no optimizer, scheduler or RNG state)",
        [](C& c, S) { c.checkpoint.finetune = true; }},
+      {"--pretrained-checkpoint", "DIR", "the model to fine-tune (Loom or Hugging Face directory) when --load holds no "
+       "checkpoint; with LoRA the frozen base", [](C& c, S v) { c.checkpoint.pretrained_checkpoint = v; }},
+      // LoRA
+      {"--lora-rank", "R", "LoRA fine-tuning: adapters of rank R on --lora-target-modules, the base frozen",
+       [](C& c, S v) { c.lora.rank = parse_int("--lora-rank", v); }},
+      {"--lora-alpha", "A", "LoRA scale numerator: updates are scaled by A / rank (default 32)",
+       [](C& c, S v) {
+         c.lora.alpha = float(parse_float("--lora-alpha", v));
+         c.lora.alpha_given = true;
+       }},
+      {"--lora-dropout", "P", "dropout on each LoRA adapter's input (default 0)",
+       [](C& c, S v) {
+         c.lora.dropout = float(parse_float("--lora-dropout", v));
+         c.lora.dropout_given = true;
+       }},
+      {"--lora-target-modules", "NAME...", "linears to adapt: linear_qkv linear_proj linear_fc1 linear_fc2 (default all "
+       "four), PEFT's q_proj k_proj v_proj o_proj gate_proj up_proj down_proj, NeMo's attention mlp all; commas work too",
+       [](C& c, S v) {
+         for (size_t b = 0; b <= v.size();) {
+           const size_t e = std::min(v.find(',', b), v.size());
+           if (e > b) c.lora.target_modules.push_back(v.substr(b, e - b));
+           b = e + 1;
+         }
+       }},
       // exit conditions
       {"--exit-interval", "N", "stop (after saving) when the iteration is a multiple of N",
        [](C& c, S v) { c.exit.exit_interval = parse_int("--exit-interval", v); }},

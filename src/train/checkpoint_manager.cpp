@@ -188,6 +188,12 @@ std::string CheckpointManager::metadata_json() const {
     j["rng"] = {{"generator", "philox4x32-10"}, {"dropout_seed", run_.progress.dropout_seed}, {"micro_batches", run_.progress.micro_batches_done}};
   if (const std::optional<Fp8Recipe> r = cfg.precision.fp8_recipe())
     j["fp8"] = {{"format", fp8_format_name(r->format)}, {"amax_history_len", r->amax_history_len}};
+  if (const std::optional<LoraOptions>& lo = run_.chunks.front()->options().lora) {
+    json targets = json::array();
+    for (LoraTarget t : lo->targets) targets.push_back(lora_target_name(t));
+    j["lora"] = {{"rank", lo->config.rank}, {"alpha", lo->config.alpha}, {"dropout", lo->config.dropout},
+                 {"target_modules", targets}, {"base", lora_base_}};
+  }
   return j.dump(2) + "\n";
 }
 
@@ -219,7 +225,7 @@ void CheckpointManager::save() {
   }
   if (!from_masters)
     for (const auto& m : run_.chunks)
-      for (const Parameter& p : m->params().all()) {
+      for (const Parameter& p : m->trainable().all()) {  // LoRA: the adapters only
         if (!saves_model_piece(*run_.ps, p)) continue;
         TensorPiece t = param_box(p, p.name);
         t.data = p.value;
@@ -250,9 +256,10 @@ void CheckpointManager::save() {
 
 void CheckpointManager::load_pieces(const ShardedCheckpoint& ck, bool load_optim) {
   std::vector<TensorPiece> targets;
-  // Weights: every parameter value this rank has (ZeRO-3: none), and the master shards.
+  // Weights: every trained parameter value this rank has (ZeRO-3: none; LoRA: the adapters), and the
+  // master shards.
   for (const auto& m : run_.chunks)
-    for (const Parameter& p : m->params().all()) {
+    for (const Parameter& p : m->trainable().all()) {
       if (!p.value.defined()) continue;
       TensorPiece t = param_box(p, p.name);
       t.data = p.value;
@@ -276,7 +283,7 @@ void CheckpointManager::load_pieces(const ShardedCheckpoint& ck, bool load_optim
       if (ck.contains(m->fp8_state_name(s))) m->fp8_set_state(s, ck.read_full(m->fp8_state_name(s), DType::kF32));
   run_.dopt->sync_params_from_masters();
   for (const auto& m : run_.chunks)
-    if (m->params().storage() == ParamStorage::kFull) m->sync_compute();
+    if (m->trainable().storage() == ParamStorage::kFull) m->sync_compute();
 }
 
 // The optimizer state in a checkpoint is only meaningful to the same optimizer: Adam's moments are no
@@ -301,42 +308,116 @@ void CheckpointManager::check_optimizer_matches(const json& saved, const std::st
 }
 
 void CheckpointManager::check_load_flags(const TrainConfig& cfg) {
-  if (!cfg.checkpoint.load.empty() && is_hf_model_dir(cfg.checkpoint.load) && !cfg.checkpoint.finetune)
+  if (!cfg.checkpoint.load.empty() && is_hf_model_dir(cfg.checkpoint.load) && !cfg.checkpoint.finetune &&
+      !cfg.lora.enabled())
     user_error("--load ", cfg.checkpoint.load, " is a Hugging Face model directory (config.json), which holds "
-               "weights only; add --finetune to start from them at iteration 0");
+               "weights only; add --finetune to start from them at iteration 0 (or --lora-rank to adapt it)");
+}
+
+void CheckpointManager::load_hf_weights(const std::string& dir) {
+  const TrainConfig& cfg = run_.cfg;
+  if (run_.chunks.size() != 1 || run_.distributed)
+    user_error(dir, ": Hugging Face weights load into a single process; convert them first (loom convert --from hf:",
+               dir, " --to loom:OUT), then pass OUT, which loads into any parallel layout");
+  log_ << " loading Hugging Face model from " << dir << "\n";
+  const GPTConfig hf = read_model_config(dir, cfg.data.make_vocab_size_divisible_by * run_.ps->tp_size());
+  check_model_config(model_config_json(hf), cfg.model, dir + "/config.json", /*finetune=*/true);
+  HfImportOptions opts;
+  opts.rotary_interleaved = cfg.model.rotary_interleaved;
+  opts.log = &log_;
+  opts.ctx = run_.ctx.get();
+  GPTModel& model = *run_.chunks.front();
+  load_model_weights(dir, model.params(), opts);
+  if (model.lora())
+    model.sync_compute();
+  else
+    run_.dopt->sync_params_from_masters();
+}
+
+std::string CheckpointManager::load_model_only(const std::string& path, const char* flag) {
+  const TrainConfig& cfg = run_.cfg;
+  const bool lora = run_.chunks.front()->lora();
+  const std::string abs = std::filesystem::absolute(path).lexically_normal().string();
+  if (is_hf_model_dir(path)) {
+    load_hf_weights(path);
+  } else {
+    const std::optional<LatestCheckpoint> latest = read_latest_checkpoint(path);
+    if (!latest)
+      user_error(flag, " ", path, " holds no checkpoint (no ", checkpoint_tracker_path(path),
+                 ") and is no Hugging Face model directory (no config.json)");
+    const std::string meta_path = latest->dir + "/metadata.json";
+    const ShardedCheckpoint ck = ShardedCheckpoint::open(latest->dir);
+    json meta;
+    try {
+      meta = json::parse(ck.metadata_json());
+    } catch (const json::exception& e) {
+      user_error("checkpoint metadata ", meta_path, " is not valid JSON: ", e.what());
+    }
+    if (get_field<std::string>(meta, "format", meta_path) != kFormat)
+      user_error(meta_path, " is not a Loom checkpoint (format ", meta["format"].dump(), ")");
+    if (meta.contains("lora"))
+      user_error(flag, " ", path, " is a LoRA checkpoint (adapters only), not a full model: give the model it adapts, "
+                 "or merge the adapters into it first (loom convert --merge-lora)");
+    check_model_config(get_field<json>(meta, "model_config", meta_path), cfg.model, meta_path, /*finetune=*/true);
+    log_ << " loading model weights from " << path << " (iteration " << latest->iteration << ")\n";
+    if (!lora) {
+      load_pieces(ck, /*load_optim=*/false);
+    } else {
+      // The frozen base: every chunk's whole parameters (any saved layout reshards into this one).
+      std::vector<TensorPiece> targets;
+      for (const auto& m : run_.chunks)
+        for (const Parameter& p : m->params().all()) {
+          TensorPiece t = param_box(p, p.name);
+          t.data = p.value;
+          targets.push_back(std::move(t));
+        }
+      std::vector<Tensor> host;
+      std::vector<TensorView> device;
+      const std::vector<size_t> staged = stage_on_host(*run_.ctx, targets, host, device, /*fill=*/false);
+      ck.read(targets);
+      for (size_t k = 0; k < staged.size(); ++k) run_.ctx->copy(device[k], targets[staged[k]].data);
+      for (const auto& m : run_.chunks) m->sync_compute();
+    }
+  }
+  log_ << " > " << (lora ? "LoRA base (frozen)" : "fine-tuning from the weights of") << " " << abs << "\n";
+  return abs;
 }
 
 void CheckpointManager::load() {
   const TrainConfig& cfg = run_.cfg;
-  if (cfg.checkpoint.load.empty()) return;
+  const bool lora = run_.chunks.front()->lora();
+  const std::string& pretrained = cfg.checkpoint.pretrained_checkpoint;
+  const char* fresh = lora ? "; the LoRA adapters start fresh at iteration 0\n" : "; starting at iteration 0\n";
+  if (cfg.checkpoint.load.empty()) {
+    if (!pretrained.empty()) {
+      lora_base_ = load_model_only(pretrained, "--pretrained-checkpoint");
+      log_ << " > --pretrained-checkpoint: weights only" << fresh;
+    } else if (lora) {
+      log_ << " > WARNING: LoRA without --load or --pretrained-checkpoint: the frozen base is randomly initialised\n";
+    }
+    return;
+  }
   check_load_flags(cfg);
-  if (is_hf_model_dir(cfg.checkpoint.load)) {  // a Hugging Face model directory (--finetune): weights only
-    const std::string& dir = cfg.checkpoint.load;
-    if (run_.chunks.size() != 1 || run_.distributed)
-      user_error("--load ", dir, ": Hugging Face weights load into a single process; run `loom train --finetune` "
-                 "with one process and --save, then launch the distributed run with --load on that checkpoint");
-    log_ << " loading Hugging Face model from " << dir << "\n";
-    const GPTConfig hf = read_model_config(dir, cfg.data.make_vocab_size_divisible_by * run_.ps->tp_size());
-    check_model_config(model_config_json(hf), cfg.model, dir + "/config.json", /*finetune=*/true);
-    HfImportOptions opts;
-    opts.rotary_interleaved = cfg.model.rotary_interleaved;
-    opts.log = &log_;
-    opts.ctx = run_.ctx.get();
-    GPTModel& model = *run_.chunks.front();
-    load_model_weights(dir, model.params(), opts);
-    run_.dopt->sync_params_from_masters();
-    log_ << " > --finetune: loaded the weights only; starting at iteration 0\n"
-         << "  successfully loaded Hugging Face model from " << dir << " at iteration 0\n";
+  if (is_hf_model_dir(cfg.checkpoint.load)) {  // weights only: --finetune, or the base of a LoRA run
+    lora_base_ = load_model_only(cfg.checkpoint.load, "--load");
+    log_ << " > " << (lora ? "LoRA" : "--finetune") << ": loaded the weights only" << fresh
+         << "  successfully loaded Hugging Face model from " << cfg.checkpoint.load << " at iteration 0\n";
     return;
   }
   const std::optional<LatestCheckpoint> latest = read_latest_checkpoint(cfg.checkpoint.load);
   if (!latest) {
     log_ << " > WARNING: could not find the metadata file " << checkpoint_tracker_path(cfg.checkpoint.load)
-         << "\n    will not load any checkpoints and will start from random\n";
+         << "\n    will not load any checkpoints";
+    if (!pretrained.empty()) {
+      log_ << "; loading --pretrained-checkpoint instead\n";
+      lora_base_ = load_model_only(pretrained, "--pretrained-checkpoint");
+      log_ << " > --pretrained-checkpoint: weights only" << fresh;
+    } else {
+      log_ << " and will start from random\n";
+    }
     return;
   }
   const std::string dir = latest->dir;
-  log_ << " loading checkpoint from " << cfg.checkpoint.load << " at iteration " << latest->iteration << "\n";
   const std::string meta_path = dir + "/metadata.json";
   // One reader of the checkpoint (any layout, either format): its metadata and every shard's index, read
   // before anything is changed.
@@ -352,6 +433,37 @@ void CheckpointManager::load() {
   const int version = get_field<int>(meta, "format_version", meta_path);
   if (version > kFormatVersion)
     user_error(meta_path, " has format_version ", version, "; this Loom reads up to ", kFormatVersion);
+  if (lora && !meta.contains("lora")) {  // a full model: the base to adapt
+    lora_base_ = load_model_only(cfg.checkpoint.load, "--load");
+    log_ << " > LoRA: loaded the base weights only" << fresh << "  successfully loaded checkpoint from "
+         << cfg.checkpoint.load << " at iteration 0\n";
+    return;
+  }
+  if (!lora && meta.contains("lora"))
+    user_error("checkpoint ", dir, " holds LoRA adapters (rank ", meta["lora"].value("rank", json()).dump(),
+               ") and no base model: resume it with the same --lora-rank, --lora-alpha and --lora-target-modules, "
+               "or merge the adapters into their base (loom convert --merge-lora) and --load that");
+  if (lora) {
+    const json& saved = meta["lora"];
+    const LoraOptions& lo = *run_.chunks.front()->options().lora;
+    json targets = json::array();
+    for (LoraTarget t : lo.targets) targets.push_back(lora_target_name(t));
+    if (get_field<int64_t>(saved, "rank", meta_path) != lo.config.rank)
+      user_error("checkpoint ", dir, " holds LoRA adapters of rank ", saved["rank"].dump(), "; this run has --lora-rank ",
+                 lo.config.rank, ": use the same rank");
+    if (get_field<json>(saved, "target_modules", meta_path) != targets)
+      user_error("checkpoint ", dir, " holds LoRA adapters on ", saved["target_modules"].dump(), "; this run has "
+                 "--lora-target-modules ", targets.dump(), ": use the same modules");
+    if (get_field<double>(saved, "alpha", meta_path) != double(lo.config.alpha))
+      user_error("checkpoint ", dir, " was trained with --lora-alpha ", saved["alpha"].dump(), "; this run has ",
+                 lo.config.alpha, ": the scale of the adapters must stay the same");
+    const std::string base = pretrained.empty() ? get_field<std::string>(saved, "base", meta_path) : pretrained;
+    if (base.empty())
+      user_error("checkpoint ", dir, " was trained on a randomly initialised base (no \"base\" in its lora block); "
+                 "pass the base model with --pretrained-checkpoint");
+    lora_base_ = load_model_only(base, pretrained.empty() ? "the LoRA checkpoint's base" : "--pretrained-checkpoint");
+  }
+  log_ << " loading checkpoint from " << cfg.checkpoint.load << " at iteration " << latest->iteration << "\n";
   check_model_config(get_field<json>(meta, "model_config", meta_path), cfg.model, meta_path, cfg.checkpoint.finetune);
   if (run_.models().front()->fp8() != meta.contains("fp8"))
     log_ << " > note: checkpoint " << dir << (meta.contains("fp8") ? " holds FP8 scaling state, which this run (no "

@@ -8,6 +8,11 @@
 //                                        and the FP8 scaling state, each with its place in the global tensor
 // Any checkpoint loads into any layout (resharding), the single-file format of Loom 0.1.0 included, and a
 // Hugging Face model directory loads with --finetune (weights only, one process).
+// LoRA runs save the adapters only (their masters, optimizer state and the run's progress) with a "lora"
+// block in metadata.json (rank, alpha, dropout, targets, and "base": the model they adapt). The frozen base
+// comes from --pretrained-checkpoint, else from the LoRA checkpoint's "base", else from --load itself when
+// that holds a full model (a Loom checkpoint of any layout, or a Hugging Face directory): then the adapters
+// start fresh at iteration 0.
 // Resume is bit-exact: the master weights, Adam moments and step, the scheduler's sample count, the loss
 // scaler, the data position (consumed samples: the loader is a pure function of it) and the dropout RNG
 // (Philox keyed by seed and micro-batch counter) are all restored, and the compute copy of the weights is
@@ -39,13 +44,17 @@ class CheckpointManager {
  private:
   std::string metadata_json() const;
   void load_pieces(const ShardedCheckpoint& ck, bool load_optim);
+  // Weights only of a full model (Loom checkpoint directory or Hugging Face directory) into every chunk's
+  // params(): the base of a LoRA run, or --pretrained-checkpoint. Returns the directory it read.
+  std::string load_model_only(const std::string& path, const char* flag);
+  void load_hf_weights(const std::string& dir);
   void check_optimizer_matches(const nlohmann::json& saved, const std::string& meta_path, const std::string& dir) const;
-  void load_hf(const std::string& dir);
   // FP8 scaling state of this rank's model chunks as named host tensors (`holder` keeps them alive).
   NamedTensors fp8_state_tensors(std::vector<Tensor>& holder) const;
 
   TrainingRun& run_;
   std::ostream& log_;
+  std::string lora_base_;  // the directory the frozen base of a LoRA run came from (saved as lora.base)
 };
 
 }  // namespace loom

@@ -48,6 +48,9 @@ ModelOptions model_options(const TrainConfig& cfg) {
   if (!cfg.recompute.method.empty()) o.recompute_method = parse_recompute_method(cfg.recompute.method);
   o.recompute_num_layers = cfg.recompute.num_layers.value_or(0);
   o.fp8 = cfg.precision.fp8_recipe();
+  if (cfg.lora.enabled())
+    o.lora = LoraOptions{{cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout},
+                         parse_lora_targets(cfg.lora.targets_or_default(), cfg.model)};
   return o;
 }
 
@@ -84,7 +87,7 @@ void build_model_chunks(TrainingRun& run, const ModelOptions& base, std::ostream
     mo.activation_slots = pipeline_activation_slots(PP, V, run.nmb);
     mo.param_storage = param_storage_for(sharding);
     run.chunks.push_back(std::make_unique<GPTModel>(cfg.model, *run.ctx, mo));
-    sets.push_back(&run.chunks.back()->params());
+    sets.push_back(&run.chunks.back()->trainable());
     units.push_back(run.chunks.back()->units());
   }
   DDPConfig ddp;
@@ -94,6 +97,10 @@ void build_model_chunks(TrainingRun& run, const ModelOptions& base, std::ostream
   ddp.overlap_param_gather = cfg.dist.overlap_param_gather;
   run.dopt = std::make_unique<DistributedOptimizer>(*run.ctx, sets, units, *run.ps, ddp, cfg.optim.optimizer_config());
   run.dopt->initialize(cfg.seed);
+  // The frozen base of a LoRA run is the model's own (the optimizer holds the adapters only): initialised
+  // here, replaced by --load / --pretrained-checkpoint.
+  for (const auto& m : run.chunks)
+    if (m->lora()) m->params().initialize(cfg.seed);
   for (size_t c = 0; c < run.chunks.size(); ++c) run.chunks[c]->set_hooks(run.dopt->hooks(int(c)));
 
   int64_t local = 0;
@@ -102,6 +109,16 @@ void build_model_chunks(TrainingRun& run, const ModelOptions& base, std::ostream
   // total over the model-parallel group.
   log << " > number of parameters on (tensor, pipeline) model parallel rank (" << run.ps->tp_rank() << ", "
        << run.ps->pp_rank() << "): " << local << "\n";
+  if (const std::optional<LoraOptions>& lo = run.chunks.front()->options().lora) {
+    int64_t trained = 0;
+    for (const auto& m : run.chunks) trained += m->trainable().numel();
+    std::string targets;
+    for (LoraTarget t : lo->targets) targets += std::string(targets.empty() ? "" : " ") + lora_target_name(t);
+    log << " > LoRA: rank " << lo->config.rank << ", alpha " << lo->config.alpha << " (scale "
+        << lo->config.scale() << "), dropout " << lo->config.dropout << " on " << targets << ": " << trained
+        << " trainable adapter parameters on this rank (" << 100.0 * double(trained) / double(std::max<int64_t>(local, 1))
+        << "% of the frozen base's " << local << ")\n";
+  }
   const DistributedOptimizer::Memory mem = run.dopt->memory();
   log << " > data-parallel sharding: " << sharding_strategy_name(sharding) << " over " << run.ps->dp_cp().size()
        << " ranks; memory per rank (MB): parameters " << double(mem.params) / 1048576.0 << ", gradients "

@@ -146,6 +146,23 @@ struct CheckpointConfig {
   bool no_load_optim = false;          // --no-load-optim
   bool no_load_rng = false;            // --no-load-rng
   bool finetune = false;               // --finetune: load weights only, start at iteration 0
+  // --pretrained-checkpoint DIR (Megatron's): the model to fine-tune (a Loom checkpoint directory or a
+  // Hugging Face model directory), loaded weights only when --load holds no checkpoint of this run. With
+  // LoRA it is the frozen base (a LoRA checkpoint otherwise names the base it was trained on).
+  std::string pretrained_checkpoint;
+};
+
+// LoRA fine-tuning (loom/nn/lora.h, ModelOptions::lora): --lora-rank > 0 turns it on.
+struct LoraTrainConfig {
+  int64_t rank = 0;      // --lora-rank (0: no LoRA)
+  float alpha = 32.0f;   // --lora-alpha (the update is scaled by alpha / rank)
+  float dropout = 0.0f;  // --lora-dropout (on each adapter's input)
+  // --lora-target-modules (Megatron, NeMo or PEFT names, see parse_lora_targets); empty: Megatron-Bridge's
+  // default linear_qkv linear_proj linear_fc1 linear_fc2.
+  std::vector<std::string> target_modules;
+  bool alpha_given = false, dropout_given = false;
+  bool enabled() const { return rank > 0; }
+  std::vector<std::string> targets_or_default() const;
 };
 
 struct ExitConfig {
@@ -216,6 +233,7 @@ struct TrainConfig {
   RecomputeConfig recompute;
   EvalConfig eval;
   CheckpointConfig checkpoint;
+  LoraTrainConfig lora;
   ExitConfig exit;
   DeepSpeedConfig deepspeed;
   uint64_t seed = 1234;  // --seed

@@ -117,6 +117,31 @@ void check_matrix(const char* model, const std::string& name) {
 }
 
 TEST(DistTrain, GptLayoutsMatchSingleProcess) { check_matrix(kGpt, "GPT"); }
+
+// LoRA (issue 17): the frozen random base with adapters on whole layers and on the fused layers' PEFT
+// slices, under every kind of layout (the adapters' TP placement, their units under PP and ZeRO-3, CP).
+TEST(DistTrain, LoraLayoutsMatchSingleProcess) {
+  const std::string lora = std::string(kLlama) + " --lr 3e-2 --lora-rank 4 --lora-alpha 8 ";
+  const char* const targets[] = {"--lora-target-modules q_proj k_proj v_proj o_proj gate_proj up_proj linear_fc2",
+                                 "--lora-target-modules linear_qkv linear_proj linear_fc1 down_proj"};
+  const Layout layouts[] = {
+      {2, ""},
+      {2, "--data-parallel-sharding-strategy optim_grads_params --overlap-grad-reduce --overlap-param-gather"},
+      {2, "--tensor-model-parallel-size 2 --sequence-parallel"},
+      {2, "--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1"},
+      {2, "--context-parallel-size 2"},
+      {8, "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --use-distributed-optimizer"},
+  };
+  for (const char* t : targets) {
+    const std::string model = lora + t;
+    const std::vector<double> ref = train_losses(model.c_str(), "", 1, 8);
+    ASSERT_EQ(ref.size(), 8u);
+    EXPECT_NE(ref.front(), ref.back()) << "the adapters did not train";
+    for (const Layout& l : layouts)
+      expect_close(ref, train_losses(model.c_str(), l.flags, l.np, 8), 1e-5,
+                   std::string(t) + " np " + std::to_string(l.np) + " " + l.flags);
+  }
+}
 TEST(DistTrain, LlamaGqaLayoutsMatchSingleProcess) { check_matrix(kLlama, "Llama"); }
 
 // BF16 under DP2: ZeRO-1 gives the same bits as no sharding (its master shard is cast to bf16 before the
