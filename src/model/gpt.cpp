@@ -19,8 +19,9 @@ GPTModel::GPTModel(const GPTConfig& cfg, const DeviceContext& ctx, const ModelOp
   output_layer_ = std::move(d.output_layer);
   tied_copy_ = d.tied_copy;
   if (opts_.lora) {
-    // The frozen base: whole on every rank, no gradients; the adapters take the run's storage strategy.
-    params_.allocate(ctx, opts_.compute_dtype, opts_.grad_dtype, /*with_grads=*/false, ParamStorage::kFull);
+    // The frozen base: whole on every rank, in the compute dtype only, no gradients; the adapters take the
+    // run's storage strategy.
+    params_.allocate(ctx, opts_.compute_dtype, opts_.grad_dtype, /*with_grads=*/false, ParamStorage::kFrozen);
     lora_params_.allocate(ctx, opts_.compute_dtype, opts_.grad_dtype, opts_.with_grads, opts_.param_storage);
   } else {
     params_.allocate(ctx, opts_.compute_dtype, opts_.grad_dtype, opts_.with_grads, opts_.param_storage);

@@ -232,12 +232,14 @@ GPTMemoryPlan GPTModel::memory_plan(const GPTConfig& cfg, const ModelOptions& op
   const bool b16 = opts.compute_dtype != DType::kF32;
   auto plan_set = [&](const std::string& prefix, int64_t n, ParamStorage st, bool grads) {
     if (st == ParamStorage::kExternal) return;
-    if (st == ParamStorage::kFull || !b16) plan.parameters.push_back({prefix + ".values", {n}, DType::kF32});
+    if (st == ParamStorage::kFull || !b16)  // kFrozen: values only in f32, where they are the compute copy
+      plan.parameters.push_back({prefix + ".values", {n}, DType::kF32});
     if (b16) plan.parameters.push_back({prefix + ".compute", {n}, opts.compute_dtype});
+    if (st == ParamStorage::kFrozen) return;
     if (grads && st != ParamStorage::kShardedMasterGrads) plan.parameters.push_back({prefix + ".grads", {n}, opts.grad_dtype});
   };
   if (opts.lora) {
-    plan_set("params", declared.numel(), ParamStorage::kFull, false);
+    plan_set("params", declared.numel(), ParamStorage::kFrozen, false);
     plan_set("lora", declared_lora.numel(), opts.param_storage, opts.with_grads);
   } else {
     plan_set("params", declared.numel(), opts.param_storage, opts.with_grads);

@@ -105,7 +105,8 @@ void ParameterSet::allocate(const DeviceContext& ctx, DType compute_dtype, DType
   grad_dtype_ = with_grads ? grad_dtype : DType::kF32;
   if (storage == ParamStorage::kExternal) return;  // the owner binds the views
   const bool masters = storage == ParamStorage::kFull || compute_dtype == DType::kF32;
-  with_grads = with_grads && storage != ParamStorage::kShardedMasterGrads;
+  with_grads = with_grads && storage != ParamStorage::kShardedMasterGrads && storage != ParamStorage::kFrozen;
+  if (storage == ParamStorage::kFrozen) grad_dtype_ = DType::kF32;
   compute_ = ctx.empty({numel_}, compute_dtype);
   if (masters) values_ = compute_dtype == DType::kF32 ? compute_ : ctx.empty({numel_}, DType::kF32);
   if (with_grads) grads_ = ctx.zeros({numel_}, grad_dtype);
@@ -117,6 +118,23 @@ void ParameterSet::allocate(const DeviceContext& ctx, DType compute_dtype, DType
 }
 
 void ParameterSet::initialize(uint64_t seed) {
+  if (storage_ == ParamStorage::kFrozen && !values_.defined() && allocated_) {
+    // No f32 values: initialise in host chunks and round each into the compute copy.
+    constexpr int64_t kChunk = int64_t(1) << 24;
+    Tensor host = Tensor::empty({std::min(kChunk, std::max<int64_t>(numel_, 1))}, DType::kF32);
+    Tensor staged = compute_.device().is_cpu() ? Tensor() : ctx_->empty(host.shape(), DType::kF32);
+    for (int64_t b = 0; b < numel_; b += kChunk) {
+      const int64_t n = std::min(kChunk, numel_ - b);
+      initialize_range(seed, b, b + n, host.data<float>());
+      TensorView src = host.view().slice_flat(0, {n});
+      if (staged.defined()) {
+        ctx_->copy(staged.view().slice_flat(0, {n}), src);
+        src = staged.view().slice_flat(0, {n});
+      }
+      ctx_->ops().cast(compute_.view().slice_flat(b, {n}), src);
+    }
+    return;
+  }
   LOOM_CHECK(values_.defined(), "[ParameterSet] initialize() before allocate() (or on external storage: the "
              "owner initialises through initialize_range)");
   if (values_.device().is_cpu()) {
@@ -146,10 +164,29 @@ void ParameterSet::initialize_range(uint64_t seed, int64_t begin, int64_t end, f
 }
 
 void ParameterSet::sync_compute(const DeviceContext& ctx) const {
+  if (storage_ == ParamStorage::kFrozen && !values_.defined()) return;  // the compute copy is the only one
   LOOM_CHECK(values_.defined(), "[ParameterSet] sync_compute() before allocate() (or without f32 master values: "
              "the distributed optimizer writes the compute copy of sharded storage)");
   if (compute_.raw() == values_.raw()) return;  // f32 compute reads the master weights directly
   ctx.ops().cast(compute_, values_);
+}
+
+void ParameterSet::write_value(Parameter& p, TensorView src) const {
+  LOOM_CHECK(allocated_ && storage_ != ParamStorage::kExternal, "[ParameterSet] write_value(", p.name,
+             ") needs allocated storage");
+  LOOM_CHECK(src.dtype() == DType::kF32 && src.shape() == p.shape, "[ParameterSet] write_value(", p.name,
+             ") expects f32 ", p.shape.str(), ", got ", src.desc());
+  if (p.value.defined()) {
+    ctx_->copy(p.value, src);
+    return;
+  }
+  Tensor staged;
+  if (src.device() != p.compute.device()) {
+    staged = ctx_->empty(p.shape, DType::kF32);
+    ctx_->copy(staged, src);
+    src = staged;
+  }
+  ctx_->ops().cast(p.compute, src);
 }
 
 const Parameter* ParameterSet::find(const std::string& name) const {

@@ -1,4 +1,5 @@
 // Checkpoints of a training run (see checkpoint_manager.h).
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -363,20 +364,28 @@ std::string CheckpointManager::load_model_only(const std::string& path, const ch
     if (!lora) {
       load_pieces(ck, /*load_optim=*/false);
     } else {
-      // The frozen base: every chunk's whole parameters (any saved layout reshards into this one).
-      std::vector<TensorPiece> targets;
-      for (const auto& m : run_.chunks)
-        for (const Parameter& p : m->params().all()) {
-          TensorPiece t = param_box(p, p.name);
-          t.data = p.value;
-          targets.push_back(std::move(t));
+      // The frozen base: every chunk's parameters (any saved layout reshards into this one), read in f32
+      // batches of ~256 MiB on the host and written into the model (rounded into its 16-bit copy).
+      for (const auto& m : run_.chunks) {
+        std::deque<Parameter>& ps = m->params().all();
+        for (size_t b = 0; b < ps.size();) {
+          std::vector<TensorPiece> targets;
+          std::vector<Tensor> host;
+          int64_t bytes = 0;
+          size_t e = b;
+          for (; e < ps.size() && (e == b || bytes < (int64_t(256) << 20)); ++e) {
+            host.push_back(Tensor::empty(ps[e].shape, DType::kF32));
+            bytes += host.back().nbytes();
+            TensorPiece t = param_box(ps[e], ps[e].name);
+            t.data = host.back();
+            targets.push_back(std::move(t));
+          }
+          ck.read(targets);
+          for (size_t k = b; k < e; ++k) m->params().write_value(ps[k], host[k - b]);
+          b = e;
         }
-      std::vector<Tensor> host;
-      std::vector<TensorView> device;
-      const std::vector<size_t> staged = stage_on_host(*run_.ctx, targets, host, device, /*fill=*/false);
-      ck.read(targets);
-      for (size_t k = 0; k < staged.size(); ++k) run_.ctx->copy(device[k], targets[staged[k]].data);
-      for (const auto& m : run_.chunks) m->sync_compute();
+        m->sync_compute();
+      }
     }
   }
   log_ << " > " << (lora ? "LoRA base (frozen)" : "fine-tuning from the weights of") << " " << abs << "\n";

@@ -234,11 +234,11 @@ void load_model_weights(const std::string& dir, ParameterSet& params, const HfIm
         user_error(source, " holds '", name, "', which the model does not have: the architectures differ");
   for (Parameter& p : params.all()) {
     const Tensor& src = *by_name.at(p.name);
-    if (p.value.device().is_cpu()) {
+    if (p.value.defined() && p.value.device().is_cpu()) {
       std::memcpy(p.value.raw(), src.raw(), size_t(src.nbytes()));
-    } else {
-      LOOM_CHECK(opts.ctx, "[load_model_weights] parameters on ", p.value.device().str(), " need HfImportOptions::ctx");
-      opts.ctx->copy(p.value, src);
+    } else {  // on a device, or a frozen set without f32 values (rounded into its compute copy)
+      LOOM_CHECK(opts.ctx, "[load_model_weights] parameter ", p.name, " needs HfImportOptions::ctx");
+      params.write_value(p, src);
     }
   }
 }

@@ -96,7 +96,10 @@ struct ParamUnit {
 //                       Parameter::grad to a bucket buffer while the bucket's backward runs;
 //   kExternal           ZeRO-3: only the layout (offsets) exists; Parameter::value/compute/grad stay
 //                       undefined until their owner binds them to gathered buffers around each use.
-enum class ParamStorage { kFull, kShardedMaster, kShardedMasterGrads, kExternal };
+//   kFrozen             a frozen set (the base model of a LoRA run): the compute copy only, no gradients.
+//                       With f32 compute it IS the f32 values; with bf16/f16 there are no f32 values at all
+//                       (2 bytes per parameter): initialize() and write_value() round into the compute copy.
+enum class ParamStorage { kFull, kShardedMaster, kShardedMasterGrads, kExternal, kFrozen };
 
 class ParameterSet {
  public:
@@ -120,8 +123,12 @@ class ParameterSet {
   // The values initialize() gives to flat elements [begin, end) of the layout, written to out[0, end -
   // begin) (host f32). Needs only the layout, so ZeRO-3 (kExternal) initialises its master shard with it.
   void initialize_range(uint64_t seed, int64_t begin, int64_t end, float* out) const;
-  // compute_values() = cast(values()) with round to nearest even; nothing to do when the compute dtype is f32.
+  // compute_values() = cast(values()) with round to nearest even; nothing to do when the compute dtype is f32
+  // or the set has no f32 values (kFrozen in 16 bits).
   void sync_compute(const DeviceContext& ctx) const;
+  // Sets p's value from `src` (f32 (p.shape), host or this set's device): its master value, or without one
+  // (kFrozen in 16 bits) its compute copy, rounded to nearest even. Masters need sync_compute() after.
+  void write_value(Parameter& p, TensorView src) const;
 
   Parameter* find(const std::string& name);  // null when there is no such parameter
   const Parameter* find(const std::string& name) const;
