@@ -192,6 +192,7 @@ PipelineStepResult run_pipeline_schedule(const std::vector<PipelineStage*>& chun
       if (last) {
         result.loss_sum += loss;
         ++result.microbatches;
+        if (cb.after_loss) cb.after_loss(op.microbatch);
       }
       if (dest) {
         Timer t(cb, "forward-send");

@@ -438,6 +438,20 @@ const std::vector<Flag>& flags() {
        [](C& c, S) { c.logging.log_throughput = true; }},
       {"--metrics-jsonl", "FILE", "also write every log line's figures as one JSON object per line",
        [](C& c, S v) { c.logging.metrics_jsonl = v; }},
+      // MLPerf Training (docs/training.md)
+      {"--mlperf-log", "FILE", "MLPerf Training :::MLLOG lines of the run (llama2_70b_lora keys), from rank 0",
+       [](C& c, S v) { c.mlperf.log = v; }},
+      {"--mlperf-submission-division", "closed|open", "the log's submission_division (default closed)",
+       [](C& c, S v) { c.mlperf.division = v; }},
+      {"--mlperf-submission-status", "S", "the log's submission_status: onprem | cloud | preview | research "
+       "(default onprem)",
+       [](C& c, S v) { c.mlperf.status = v; }},
+      {"--mlperf-submission-org", "NAME", "the log's submission_org (default Loom)", [](C& c, S v) { c.mlperf.org = v; }},
+      {"--mlperf-submission-platform", "NAME", "the log's submission_platform (default <ranks>x<device>)",
+       [](C& c, S v) { c.mlperf.platform = v; }},
+      {"--target-eval-loss", "X", "stop at the first evaluation whose MLPerf metric (mean per-sequence validation "
+       "loss) is <= X (llama2_70b_lora: 0.925)",
+       [](C& c, S v) { c.eval.target_eval_loss = parse_float("--target-eval-loss", v); }},
       {"--log-optimizer-states-to-tensorboard", "", "Megatron-DeepSpeed: L2 / L1 / max-abs of the Adam moments and the "
        "weights to TensorBoard (optimizer/...)",
        [](C& c, S) { c.logging.log_optimizer_states_to_tensorboard = true; }},

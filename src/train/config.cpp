@@ -231,6 +231,30 @@ void TrainConfig::validate(int world_size) const {
   if ((!eval.valid_data_path.empty() || !eval.test_data_path.empty()) && data.train_data_path.empty())
     user_error("--valid-data-path and --test-data-path go with --train-data-path (with --data-path, --split "
                "makes the validation and test sets)");
+  if (eval.target_eval_loss) {
+    const double x = *eval.target_eval_loss;
+    if (!(x > 0) || !std::isfinite(x))
+      user_error("--target-eval-loss must be a finite loss > 0 (MLPerf's llama2_70b_lora target is 0.925), got ", x);
+    if (eval.eval_iters == 0)
+      user_error("--target-eval-loss needs evaluation: set --eval-iters > 0 (batches per evaluation) and "
+                 "--eval-interval N (iterations between evaluations)");
+    if (eval.eval_interval > batch.train_iters)
+      user_error("--target-eval-loss: --eval-interval (", eval.eval_interval, ") is larger than --train-iters (",
+                 batch.train_iters, "), so no evaluation would check the target; use an --eval-interval <= ",
+                 batch.train_iters);
+  }
+  // MLPerf logging
+  const MlperfConfig& ml = mlperf;
+  if (ml.log.empty() && (ml.division != "closed" || ml.status != "onprem" || ml.org != "Loom" || !ml.platform.empty()))
+    user_error("--mlperf-submission-* flags describe the --mlperf-log FILE; add --mlperf-log or drop them");
+  if (ml.division != "closed" && ml.division != "open")
+    user_error("--mlperf-submission-division must be closed or open, got '", ml.division, "'");
+  if (ml.status != "onprem" && ml.status != "cloud" && ml.status != "preview" && ml.status != "research")
+    user_error("--mlperf-submission-status must be onprem, cloud, preview or research, got '", ml.status, "'");
+  if (ml.org.empty()) user_error("--mlperf-submission-org must not be empty");
+  if (!ml.log.empty() && ml.division == "closed" && optim.optimizer != OptimizerKind::kAdam)
+    user_error("--mlperf-submission-division closed: llama2_70b_lora's closed rules train with AdamW (the log's "
+               "opt_adamw_* keys); use --optimizer adam, or --mlperf-submission-division open");
   // checkpoints and exit
   if (checkpoint.save_interval && *checkpoint.save_interval < 1)
     user_error("--save-interval must be >= 1, got ", *checkpoint.save_interval);

@@ -1,14 +1,21 @@
 // The trainer: Megatron's pretrain() / train() loop over the parts of a training run (training_run.h):
 // set-up (rank grid, device, data, model and optimizer), checkpoint load, then per iteration the step
-// runner, the training log, periodic evaluation, and the exit conditions in Megatron's order — signal,
-// save interval, duration, exit interval — with the final save and evaluations at the end.
+// runner, the training log, periodic evaluation (and --target-eval-loss), and the exit conditions in
+// Megatron's order — signal, save interval, duration, exit interval — with the final save and evaluations
+// at the end. Global rank 0 writes the --mlperf-log events (loom/train/mlperf_log.h) around all of it.
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <source_location>
 #include <string>
 
+#include "loom/data/npy_packed_dataset.h"
+#include "loom/train/mlperf_log.h"
 #include "loom/train/trainer.h"
 #include "train/checkpoint_manager.h"
 #include "train/evaluator.h"
@@ -69,6 +76,51 @@ class SignalGuard {
   struct sigaction old_term_ {}, old_int_ {};
 };
 
+// A float flag as the decimal it was given as (0.9f would otherwise print as 0.8999999761581421).
+double as_decimal(float f) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, f);
+  return std::strtod(std::string(buf, r.ptr).c_str(), nullptr);
+}
+
+// The run's figures for the MLPerf log's hyperparameter keys.
+MlperfRunInfo mlperf_run_info(const TrainingRun& run) {
+  const TrainConfig& cfg = run.cfg;
+  MlperfRunInfo i;
+  i.global_batch_size = run.gbs;
+  i.gradient_accumulation_steps = run.nmb;
+  i.max_sequence_length = run.T;
+  // MLPerf counts the training set's records (NeMo's packed .npy files hold the MLPerf data); other
+  // datasets are sized to the samples the run draws.
+  const auto* npy = dynamic_cast<const NpyPackedDataset*>(run.train_ds.get());
+  i.train_samples = npy ? npy->records() : run.train_ds->size();
+  i.eval_samples = cfg.eval.eval_iters * run.gbs;
+  i.seed = int64_t(cfg.seed);
+  i.adamw = cfg.optim.optimizer == OptimizerKind::kAdam;
+  i.base_learning_rate = cfg.optim.lr;
+  i.adamw_beta_1 = as_decimal(cfg.optim.adam.beta1);
+  i.adamw_beta_2 = as_decimal(cfg.optim.adam.beta2);
+  i.adamw_epsilon = as_decimal(cfg.optim.adam.eps);
+  i.weight_decay = cfg.optim.weight_decay;
+  i.gradient_clip_norm = cfg.optim.clip_grad;
+  i.warmup_steps = (run.sched->config().lr_warmup_steps + run.gbs - 1) / run.gbs;  // the schedule counts samples
+  i.training_steps = cfg.batch.train_iters;
+  i.warmup_factor = double(i.warmup_steps) / double(i.training_steps);
+  i.decay_schedule = lr_decay_style_name(cfg.optim.lr_decay_style);
+  return i;
+}
+
+// "<ranks>x<device>", e.g. "8xNVIDIA H100 80GB HBM3" or "2xCPU": the default --mlperf-submission-platform.
+std::string default_platform(const TrainingRun& run) {
+  std::string device = "CPU";
+  if (!run.ctx->device().is_cpu()) {
+    const std::string d = run.ctx->description();  // "cuda:0 (NVIDIA H100 80GB HBM3, 132 SMs, ...)"
+    const size_t open = d.find(" (");
+    device = open == std::string::npos ? d : d.substr(open + 2, d.find(',', open) - open - 2);
+  }
+  return std::to_string(run.ps->world_size()) + "x" + device;
+}
+
 }  // namespace
 
 namespace {
@@ -85,7 +137,10 @@ class Trainer {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time_).count() / 60.0;
   }
   // Validation (or test) loss over --eval-iters batches, logged; periodic ones are recorded by iteration.
-  void evaluate_and_print(const std::string& prefix, bool test_set, bool periodic);
+  // NaN values when there is nothing to evaluate.
+  EvalResult evaluate_and_print(const std::string& prefix, bool test_set, bool periodic);
+  // A periodic validation with the MLPerf events around it; true when it reached --target-eval-loss.
+  bool periodic_evaluation();
 
   const TrainConfig& cfg_;
   std::ostream& log_;
@@ -94,28 +149,69 @@ class Trainer {
   TrainingRun run_;
   std::unique_ptr<TrainingLog> tlog_;
   std::unique_ptr<Evaluator> evaluator_;
+  std::unique_ptr<MlperfRunLog> mlperf_;  // global rank 0 with --mlperf-log
   TrainResult result_;
 };
 
-void Trainer::evaluate_and_print(const std::string& prefix, bool test_set, bool periodic) {
+EvalResult Trainer::evaluate_and_print(const std::string& prefix, bool test_set, bool periodic) {
+  const TrainConfig& cfg = run_.cfg;
   const std::shared_ptr<const SampleDataset>& ds = test_set ? run_.test_ds : run_.valid_ds;
-  if (!ds || run_.cfg.eval.eval_iters == 0) return;
-  int64_t test_consumed = 0;  // the test set is read from its start every time
-  const double loss = evaluator_->evaluate(ds, test_set, test_set ? test_consumed : run_.progress.consumed_valid);
-  tlog_->evaluation(prefix, loss, test_set);
-  if (test_set)
-    result_.final_test_loss = loss;
-  else if (periodic)
-    result_.valid_losses.emplace_back(run_.progress.iteration, loss);
-  else
-    result_.final_valid_loss = loss;
+  if (!ds || cfg.eval.eval_iters == 0) return {NAN, NAN, 0};
+  // The test set is read from its start every time; so is the validation set when a target is checked
+  // (MLPerf scores the same set at every evaluation), otherwise it moves on as in Megatron.
+  int64_t from_start = 0;
+  int64_t& consumed = test_set || cfg.eval.target_eval_loss ? from_start : run_.progress.consumed_valid;
+  const EvalResult e = evaluator_->evaluate(ds, test_set, consumed);
+  tlog_->evaluation(prefix, e.lm_loss, test_set);
+  if (!test_set && (cfg.eval.target_eval_loss || !cfg.mlperf.log.empty())) {
+    char metric[32];
+    std::snprintf(metric, sizeof metric, "%.6f", e.sequence_loss);
+    log_ << " > MLPerf validation metric (mean per-sequence loss over " << e.sequences << " sequences): " << metric;
+    if (cfg.eval.target_eval_loss) log_ << " (--target-eval-loss " << *cfg.eval.target_eval_loss << ")";
+    log_ << "\n";
+  }
+  if (test_set) {
+    result_.final_test_loss = e.lm_loss;
+  } else if (periodic) {
+    result_.valid_losses.emplace_back(run_.progress.iteration, e.lm_loss);
+    result_.valid_sequence_losses.emplace_back(run_.progress.iteration, e.sequence_loss);
+  } else {
+    result_.final_valid_loss = e.lm_loss;
+  }
+  return e;
+}
+
+bool Trainer::periodic_evaluation() {
+  const TrainConfig& cfg = run_.cfg;
+  const TrainingProgress& progress = run_.progress;
+  if (!run_.valid_ds || cfg.eval.eval_iters == 0) return false;
+  if (mlperf_) mlperf_->eval_start(progress.consumed_train);
+  const EvalResult e = evaluate_and_print("iteration " + std::to_string(progress.iteration), false, true);
+  const bool reached = cfg.eval.target_eval_loss && e.sequence_loss <= *cfg.eval.target_eval_loss;
+  if (mlperf_) mlperf_->eval_result(progress.consumed_train, e.sequence_loss,
+                                    !reached && progress.iteration < run_.last_iteration);
+  if (reached) {
+    char metric[32];
+    std::snprintf(metric, sizeof metric, "%.6f", e.sequence_loss);
+    log_ << "[" << now_string() << "] target reached at iteration " << progress.iteration
+         << " (consumed samples: " << progress.consumed_train << "): MLPerf validation metric " << metric
+         << " <= --target-eval-loss " << *cfg.eval.target_eval_loss << "; exiting program\n";
+  }
+  return reached;
 }
 
 TrainResult Trainer::run() {
   CheckpointManager::check_load_flags(cfg_);  // cheap checks of --load before any data or model is built
   setup_parallel_and_device(run_, cfg_, std::move(world_), log_);
+  // MLPerf's init interval starts here: the flags are valid, data, model and checkpoint are still to come.
+  if (run_.ps->rank() == 0 && !cfg_.mlperf.log.empty())
+    mlperf_ = std::make_unique<MlperfRunLog>(run_.cfg.mlperf, default_platform(run_), std::function<int64_t()>(),
+                                             std::source_location::current());
   setup_data(run_, log_);
   const ParallelState& ps = *run_.ps;
+  if (cfg_.eval.target_eval_loss && !run_.valid_ds)
+    user_error("--target-eval-loss needs a validation set: a --split with a validation part (e.g. 90,10,0), or "
+               "--valid-data-path with --train-data-path");
   log_ << "using world size: " << ps.world_size() << ", data-parallel size: " << run_.dp
        << ", context-parallel size: " << ps.cp_size() << ", tensor-model-parallel size: " << ps.tp_size()
        << ", pipeline-model-parallel size: " << ps.pp_size() << "\n";
@@ -135,6 +231,7 @@ TrainResult Trainer::run() {
     train_loader = std::make_unique<Loader>(run_.train_ds, run_.loader_config(progress.consumed_train));
 
   SignalGuard signals(cfg.exit.exit_signal_handler);
+  if (mlperf_) mlperf_->init_done(mlperf_run_info(run_), progress.consumed_train);
   log_ << "training ...\n" << std::flush;
   result_.exit_reason = run_.last_iteration < cfg.batch.train_iters ? "train-tokens" : "train-iters";
   bool exiting = false;
@@ -157,9 +254,15 @@ TrainResult Trainer::run() {
     if (progress.iteration % cfg.logging.log_interval == 0 || progress.iteration == run_.last_iteration)
       run_.check_device_inputs();
     tlog_->iteration(s, step_ms);
+    if (mlperf_ && progress.iteration % cfg.logging.log_interval == 0)
+      mlperf_->train_loss(progress.consumed_train, s.loss, s.lr);
 
-    if (progress.iteration % cfg.eval.eval_interval == 0)
-      evaluate_and_print("iteration " + std::to_string(progress.iteration), false, true);
+    if (progress.iteration % cfg.eval.eval_interval == 0 && periodic_evaluation()) {
+      checkpoints.save();
+      result_.exit_reason = "target-eval-loss";
+      exiting = true;
+      break;
+    }
 
     // Megatron's order: signal, save interval, duration, exit interval.
     bool saved = false;
@@ -192,6 +295,8 @@ TrainResult Trainer::run() {
     }
   }
   tlog_->stop_profiler();  // when the run ended inside the profiling window
+  // MLPerf's timed run ends here: success only when the target was reached.
+  if (mlperf_) mlperf_->run_stop(progress.consumed_train, result_.exit_reason == "target-eval-loss");
   result_.final_iteration = progress.iteration;
   result_.final_valid_loss = result_.final_test_loss = NAN;
   if (!exiting) {

@@ -2,9 +2,10 @@
 // builds a TrainingRun in Megatron's order — rank grid and device, data, model and optimizer — and the
 // parts of the trainer work on it:
 //   StepRunner        (step_runner.h)        one iteration: schedule, gradient sync, optimizer step
-//   Evaluator         (evaluator.h)          validation / test loss
+//   Evaluator         (evaluator.h)          validation / test loss, MLPerf's per-sequence metric
 //   TrainingLog       (training_log.h)       Megatron's log lines, TensorBoard, JSONL, timers, profiler
 //   CheckpointManager (checkpoint_manager.h) --save / --load in the one checkpoint format
+//   MlperfRunLog      (loom/train/mlperf_log.h) --mlperf-log's :::MLLOG events (global rank 0)
 // and Trainer::run (trainer.cpp) is the loop that calls them, as Megatron's train().
 // A single process is a world of one: one model chunk, the DistributedOptimizer without sharding, the
 // pipeline schedule with one stage; there is no second code path.

@@ -46,6 +46,9 @@ struct PipelineCallbacks {
   // Called before the backward of micro-batch m on chunk c (optional): data-parallel code learns whether
   // this is the chunk's last micro-batch (then gradients are final and their reduction may start).
   std::function<void(int chunk, int64_t m, bool last)> before_backward;
+  // Called on the last stage right after the forward of micro-batch m on its last chunk (optional), while
+  // that chunk's per-token losses (GPTModel::losses()) are m's: evaluation reads per-sequence losses here.
+  std::function<void(int64_t m)> after_loss;
   // Optional timers hooks: phase names "forward-compute", "backward-compute", "forward-recv",
   // "forward-send", "backward-recv", "backward-send" (send: posting it, and waiting for an earlier send
   // of the same buffer to complete).

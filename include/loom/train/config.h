@@ -115,6 +115,11 @@ struct EvalConfig {
   int64_t eval_iters = 100;      // --eval-iters (batches per evaluation; 0 disables evaluation)
   std::vector<std::string> valid_data_path;  // --valid-data-path (with --train-data-path)
   std::vector<std::string> test_data_path;   // --test-data-path (with --train-data-path)
+  // --target-eval-loss X (MLPerf's convergence target, 0.925 for llama2_70b_lora): training stops at the
+  // first periodic evaluation whose MLPerf metric (the mean over validation sequences of each sequence's
+  // mean masked-token loss, train/evaluator.h) is <= X. Every evaluation then reads the validation set from
+  // its first sample, as MLPerf scores the same set each time. Needs --eval-iters > 0.
+  std::optional<double> target_eval_loss;
 };
 
 // Distributed training beyond the rank grid (ParallelConfig): docs/parallelism.md.
@@ -204,6 +209,16 @@ struct LoggingConfig {
   std::string profile_name;  // --profile-name: the NVTX range spanning the profiled window (default "loom")
 };
 
+// MLPerf Training's :::MLLOG log of the run (loom/train/mlperf_log.h, docs/training.md): written by global
+// rank 0 when `log` is set; the submission fields are the checker's submission_* keys.
+struct MlperfConfig {
+  std::string log;                    // --mlperf-log FILE ("" = none)
+  std::string division = "closed";    // --mlperf-submission-division closed|open
+  std::string status = "onprem";      // --mlperf-submission-status onprem|cloud|preview|research
+  std::string org = "Loom";           // --mlperf-submission-org NAME
+  std::string platform;               // --mlperf-submission-platform NAME (default "<ranks>x<device>")
+};
+
 // Megatron-DeepSpeed's launch flags and its ds_config.json (train/deepspeed_config.cpp,
 // docs/migrating.md). The file is applied when the flags are parsed; the batch values are resolved
 // against the data-parallel size by the set-up, with DeepSpeed's rules.
@@ -236,6 +251,7 @@ struct TrainConfig {
   LoraTrainConfig lora;
   ExitConfig exit;
   DeepSpeedConfig deepspeed;
+  MlperfConfig mlperf;
   uint64_t seed = 1234;  // --seed
   // --device auto|cpu|cuda (Loom's): where the run computes. auto = the GPU when this build has the CUDA
   // backend and one is visible (rank r uses GPU local_rank % visible GPUs), else the CPU.

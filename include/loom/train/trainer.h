@@ -20,11 +20,14 @@ struct TrainResult {
   std::vector<double> loss_scales;  // loss scale used by every iteration (1 without FP16)
   std::vector<double> learning_rates;  // learning rate every iteration trained with
   std::vector<std::pair<int64_t, double>> valid_losses;  // (iteration, loss) of every validation
+  // (iteration, MLPerf's mean per-sequence loss) of every periodic validation (--target-eval-loss checks it)
+  std::vector<std::pair<int64_t, double>> valid_sequence_losses;
   double final_valid_loss = 0, final_test_loss = 0;  // NaN when not evaluated
   int64_t skipped_iterations = 0;   // steps skipped (inf/NaN gradients)
   int64_t nan_iterations = 0;       // skipped steps whose loss was NaN/inf
   int64_t peak_bytes = 0;           // allocator high-water mark
-  std::string exit_reason;          // "train-iters", "train-tokens", "exit-interval", "exit-duration", "signal"
+  // "train-iters", "train-tokens", "exit-interval", "exit-duration", "signal", "target-eval-loss"
+  std::string exit_reason;
 };
 
 // Runs training; log lines go to `log`. Throws UserError for bad input before any heavy allocation.

@@ -1,7 +1,8 @@
 // Pipeline schedules: the per-rank orders against Megatron's (written out by hand), and whole steps of
 // fake stages (y = a·x + b per model chunk, squared-error loss on the last) run by threads over the
 // rendezvous test communicator: losses and every gradient must equal a sequential run exactly, each rank
-// must run its schedule's order, and no slot may be reused while its micro-batch is in flight.
+// must run its schedule's order, no slot may be reused while its micro-batch is in flight, and after_loss
+// follows every forward of the last stage's last chunk.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -218,12 +219,19 @@ void run_simulated(int P, int V, int64_t nmb, bool forward_only) {
   std::vector<PipelineStepResult> results(static_cast<size_t>(P));
   std::vector<std::map<std::string, int>> timer_depth(static_cast<size_t>(P));
   std::vector<std::vector<std::tuple<int, int64_t, bool>>> before(static_cast<size_t>(P));
+  std::vector<std::vector<int64_t>> after_loss(static_cast<size_t>(P));
   test::run_ranks(P, [&](int r) {
     test::ThreadCommunicator comm(world, r);
     std::vector<PipelineStage*> chunks;
     for (auto& st : stages[size_t(r)]) chunks.push_back(st.get());
     PipelineCallbacks cb;
     cb.before_backward = [&, r](int c, int64_t m, bool last) { before[size_t(r)].emplace_back(c, m, last); };
+    cb.after_loss = [&, r](int64_t m) {
+      // Right after micro-batch m's forward on the last chunk: nothing ran on that chunk since.
+      const std::vector<PipelineOp>& log = stages[size_t(r)].back()->log;
+      LOOM_CHECK(!log.empty() && log.back() == (PipelineOp{false, 0, m}), "after_loss(", m, ") not right after its forward");
+      after_loss[size_t(r)].push_back(m);
+    };
     cb.timer = [&, r](const char* phase, bool start) {
       int& d = timer_depth[size_t(r)][phase];
       d += start ? 1 : -1;
@@ -253,6 +261,13 @@ void run_simulated(int P, int V, int64_t nmb, bool forward_only) {
       EXPECT_EQ(st.da, ref.da[size_t(g)]) << "chunk " << g;
       EXPECT_EQ(st.db, ref.db[size_t(g)]) << "chunk " << g;
     }
+    // after_loss: once per micro-batch, in forward order, on the last stage only.
+    std::vector<int64_t> want_after;
+    if (last_stage)
+      for (const PipelineOp& op : stages[size_t(s)].back()->log)
+        if (!op.backward) want_after.push_back(op.microbatch);
+    EXPECT_EQ(after_loss[size_t(s)], want_after) << "stage " << s;
+    EXPECT_EQ(int64_t(after_loss[size_t(s)].size()), last_stage ? nmb : 0);
     for (const auto& [phase, d] : timer_depth[size_t(s)]) EXPECT_EQ(d, 0) << phase;
     if (!forward_only) {
       EXPECT_TRUE(timer_depth[size_t(s)].count("backward-compute"));
