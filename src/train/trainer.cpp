@@ -107,6 +107,7 @@ MlperfRunInfo mlperf_run_info(const TrainingRun& run) {
   i.training_steps = cfg.batch.train_iters;
   i.warmup_factor = double(i.warmup_steps) / double(i.training_steps);
   i.decay_schedule = lr_decay_style_name(cfg.optim.lr_decay_style);
+  if (cfg.lora.enabled()) i.lora = LoraConfig{cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout};
   return i;
 }
 
