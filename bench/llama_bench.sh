@@ -7,6 +7,12 @@
 # Runs (LLAMA_BENCH_RUNS, default "tiny-fp32 tiny-bf16 1b-bf16"):
 #   tiny-fp32, tiny-bf16  configs/llama-tiny.yaml (loom train --config; 2 layers, hidden 64, GQA 4/2, SwiGLU
 #                         176, vocab 512 unpadded, seq 128), micro-batch 4; 2 warm-up + 8 timed iterations
+#   1b-lora-bf16          the same 1b model LoRA-fine-tuned (issue 17): Loom --lora-rank 16 --lora-alpha 32 on
+#                         linear_qkv linear_proj gate_proj up_proj linear_fc2 against pytorch_llama.py
+#                         --lora-rank 16 --base-bf16 (PEFT's LoraLayer on the same five linears, the frozen
+#                         base in bf16, adapters fp32 under autocast); with 1b-bf16 in the same run the
+#                         report adds LoRA vs full fine-tuning (Loom's step time and peak RSS ratios)
+#   tiny-lora-fp32        llama-tiny with the same LoRA adapters (rank 8), fp32
 #   1b-bf16               Llama-3.2-1B's layer shape (hidden 2048, 32 heads, 8 KV heads of 64, SwiGLU 8192,
 #                         vocab 128256, RoPE base 500000 with Llama 3.1 scaling factor 32, tied embeddings,
 #                         RMSNorm eps 1e-5, no biases) with LLAMA_1B_LAYERS layers, micro-batch 1, seq
@@ -52,6 +58,7 @@ from pytorch_llama import flops_per_step  # one FLOP formula for both sides
 
 ITER_RE = re.compile(r"iteration\s+(\d+)\s*/\s*(\d+)\s*\|.*?elapsed time per iteration \(ms\):\s*([0-9.eE+-]+)")
 PARAMS_RE = re.compile(r"number of parameters on .*?:\s*(\d+)")
+LORA_RE = re.compile(r"LoRA: .*?: (\d+) trainable adapter parameters")  # LoRA runs: what trains, as PyTorch counts
 
 def rss_mb(path):
     for line in open(path, errors="replace"):
@@ -66,6 +73,9 @@ def loom(log, timefile, warmup, shape):
         if m:
             times[int(m.group(1))] = float(m.group(3))
         m = PARAMS_RE.search(line)
+        if m and params is None:
+            params = int(m.group(1))
+        m = LORA_RE.search(line)
         if m:
             params = int(m.group(1))
     timed = [ms for it, ms in sorted(times.items()) if it > warmup]
@@ -107,6 +117,13 @@ def report(results, md_path, header):
             out.append("| " + " | ".join([run, r["shape"], "-" if p is None else f"{p / 1e6:,.2f}M", name,
                                           f(r["ms_per_step"]), f(r["tokens_per_s"]), f(r["gflops"]),
                                           f(r["peak_rss_mb"])] + tail) + " |")
+    # LoRA vs full fine-tuning of the same model on Loom (issue 17: step <= 0.7x, peak memory <= 0.45x).
+    for full, lora in (("1b-bf16", "1b-lora-bf16"), ("tiny-fp32", "tiny-lora-fp32")):
+        a = next((r for r in rows if r["run"] == full and r["impl"] == "loom" and not r.get("failed")), None)
+        b = next((r for r in rows if r["run"] == lora and r["impl"] == "loom" and not r.get("failed")), None)
+        if a and b:
+            out.append(f"\nLoom LoRA ({lora}) vs full fine-tuning ({full}): step time "
+                       f"{b['ms_per_step'] / a['ms_per_step']:.2f}x, peak RSS {b['peak_rss_mb'] / a['peak_rss_mb']:.2f}x")
     text = "\n".join("- " + h for h in header.splitlines()) + "\n\n" + "\n".join(out) + "\n"
     print("\n" + text)
     with open(md_path, "w") as fh:
@@ -190,6 +207,8 @@ ONEB_LOOM="--num-layers $L1B --hidden-size 2048 --ffn-hidden-size 8192 --num-att
 ONEB_TORCH="--num-layers $L1B --hidden-size 2048 --ffn-hidden-size 8192 --num-attention-heads 32
   --num-query-groups 8 --rotary-base 500000 --use-rope-scaling --rope-scaling-factor 32 --norm-epsilon 1e-5
   --vocab-size 128256 --seq-length $T1B --micro-batch-size 1 --tie-embeddings --bf16"
+# LoRA on the five linears pytorch_llama.py has (its qkv is fused, gate and up are separate); the rank follows.
+LORA_LOOM="--lora-alpha 32 --lora-target-modules linear_qkv linear_proj gate_proj up_proj linear_fc2 --lora-rank"
 ONEB_SHAPE="{\"B\": 1, \"T\": $T1B, \"L\": $L1B, \"C\": 2048, \"NH\": 32, \"NKV\": 8, \"F\": 8192, \"Vp\": 128256}"
 
 for run in $RUNS; do
@@ -199,13 +218,18 @@ for run in $RUNS; do
     tiny-bf16) run_pair "$run" 2 8 "$TINY_SHAPE" \
       "--config $ROOT/configs/llama-tiny.yaml --micro-batch-size 4 --global-batch-size 4 --bf16" "$TINY_TORCH --bf16" ;;
     1b-bf16) run_pair "$run" 1 "$N1B" "$ONEB_SHAPE" "$ONEB_LOOM" "$ONEB_TORCH" ;;
-    *) echo "[llama-bench] ERROR: unknown run '$run' (tiny-fp32 | tiny-bf16 | 1b-bf16)" >&2; exit 1 ;;
+    1b-lora-bf16) run_pair "$run" 1 "$N1B" "$ONEB_SHAPE" "$ONEB_LOOM $LORA_LOOM 16" "$ONEB_TORCH --lora-rank 16 --base-bf16" ;;
+    tiny-lora-fp32) run_pair "$run" 2 8 "$TINY_SHAPE" \
+      "--config $ROOT/configs/llama-tiny.yaml --micro-batch-size 4 --global-batch-size 4 $LORA_LOOM 8" \
+      "$TINY_TORCH --lora-rank 8" ;;
+    *) echo "[llama-bench] ERROR: unknown run '$run' (tiny-fp32 | tiny-bf16 | tiny-lora-fp32 | 1b-bf16 | 1b-lora-bf16)" >&2
+       exit 1 ;;
   esac
 done
 
 cpu="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
 header="Llama on CPU, random tokens, no dropout, $THREADS threads each, $(date -u '+%Y-%m-%d %H:%M UTC'); load average before the report: $(cut -d' ' -f1-3 /proc/loadavg)
-CPU: ${cpu:-unknown} ($(nproc) cores visible); ms/step = median over the timed iterations
+CPU: ${cpu:-unknown} ($(nproc) cores visible); ms/step = median over the timed iterations; GFLOP/s counts full training's FLOPs (3x forward) for the LoRA runs too (a frozen base skips its weight gradients: compare ms/step)
 PyTorch $("$PYTHON" -c 'import torch; print(torch.__version__)') (fp32 matmuls on OpenBLAS, OPENBLAS_CORETYPE=$BENCH_TORCH_CORETYPE; bf16 = torch.autocast cpu/bfloat16 via oneDNN); Loom $LOOM_BIN
 tiny = configs/llama-tiny.yaml; 1b = Llama-3.2-1B layer shape (meta-llama/Llama-3.2-1B config.json: hidden 2048, 32 heads, 8 KV heads, FFN 8192, vocab 128256, rope_theta 500000, llama3 rope scaling x32, tied embeddings) with $L1B of its 16 layers"
 mkdir -p "$(dirname "$MD_OUT")"

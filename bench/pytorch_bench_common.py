@@ -44,7 +44,7 @@ def train_and_time(model, probe, args, B, T, V, script):
     requested dtype rather than trusting the flag. Returns (median timed ms per step, parameter list).
     """
     model.train()
-    params = list(model.parameters())  # a tied weight appears once
+    params = [p for p in model.parameters() if p.requires_grad]  # a tied weight appears once; LoRA: adapters
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
     opt = torch.optim.AdamW(

@@ -17,6 +17,12 @@
 # 2-D tensors only, clip by global norm 1.0.
 # --bf16 is PyTorch's standard CPU mixed-precision recipe, as in bench/pytorch_gpt2.py: forward and loss
 # under torch.autocast("cpu", bfloat16), backward outside it, parameters, gradients and AdamW state fp32.
+# --lora-rank R: LoRA fine-tuning written the way Hugging Face PEFT's LoraLayer does it (issue 17's
+# comparison): every nn.Linear of the blocks (the fused qkv, proj, gate, up, down) is frozen and gets a
+# lora_A (R x in, Kaiming-uniform) / lora_B (out x R, zero) pair behind nn.Dropout(--lora-dropout), the
+# update scaled by --lora-alpha / R; embeddings, norms and lm_head are frozen too; AdamW sees the adapters
+# only. --base-bf16 stores the frozen base in BF16 (PEFT on a model loaded with torch_dtype=bfloat16),
+# the adapters stay fp32 under autocast.
 # Prints one JSON line on stdout at the end (the keys of pytorch_gpt2.py's plus NKV, HS, F, tied);
 # per-step progress goes to stderr.
 
@@ -159,6 +165,35 @@ class Llama(nn.Module):
         return F.cross_entropy(logits.reshape(-1, self.V), targets.reshape(-1))
 
 
+class LoraLinear(nn.Module):
+    """PEFT's LoraLayer around a frozen nn.Linear: base(x) + lora_B(lora_A(dropout(x))) * alpha / r."""
+
+    def __init__(self, base, r, alpha, dropout):
+        super().__init__()
+        self.base = base
+        self.base.weight.requires_grad_(False)
+        self.lora_A = nn.Linear(base.in_features, r, bias=False)
+        self.lora_B = nn.Linear(r, base.out_features, bias=False)
+        nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5))
+        nn.init.zeros_(self.lora_B.weight)
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.scaling = alpha / r
+
+    def forward(self, x):
+        return self.base(x) + self.lora_B(self.lora_A(self.dropout(x))) * self.scaling
+
+
+def add_lora(model, r, alpha, dropout, base_bf16):
+    for p in model.parameters():
+        p.requires_grad_(False)
+    if base_bf16:
+        model.to(torch.bfloat16)
+    for block in model.blocks:
+        for owner, name in ((block.attn, "qkv"), (block.attn, "proj"), (block.mlp, "gate"), (block.mlp, "up"),
+                            (block.mlp, "down")):
+            setattr(owner, name, LoraLinear(getattr(owner, name), r, alpha, dropout))
+
+
 def flops_per_step(B, T, L, C, NH, NKV, FF, Vp):
     # Shared with bench/llama_bench.sh (Loom side): forward matmul FLOPs times 3 (forward + 2x backward);
     # the attention core is counted causally halved, as bench/pytorch_gpt2.py does.
@@ -189,8 +224,16 @@ def parse_args(argv):
     p.add_argument("--init-method-std", type=float, default=0.02)
     p.add_argument("--tie-embeddings", action="store_true",
                    help="lm_head shares the word embedding (Llama 3.2 1B/3B); default untied")
+    p.add_argument("--lora-rank", type=int, default=0, help="LoRA fine-tuning with adapters of this rank (PEFT-style)")
+    p.add_argument("--lora-alpha", type=float, default=32.0)
+    p.add_argument("--lora-dropout", type=float, default=0.0)
+    p.add_argument("--base-bf16", action="store_true", help="with --lora-rank: keep the frozen base in bf16")
     add_run_args(p)
     a = p.parse_args(argv)
+    if a.lora_rank < 0:
+        p.error(f"--lora-rank must be >= 0, got {a.lora_rank}")
+    if a.base_bf16 and not (a.lora_rank and a.bf16):
+        p.error("--base-bf16 needs --lora-rank and --bf16")
     if a.num_query_groups is None:
         a.num_query_groups = a.num_attention_heads
     check_run_args(p, a)
@@ -217,10 +260,12 @@ def main(argv):
 
     model = Llama(args)
     Vp = model.Vp
+    if args.lora_rank:
+        add_lora(model, args.lora_rank, args.lora_alpha, args.lora_dropout, args.base_bf16)
     probe = model.blocks[0].attn.qkv if L > 0 else model.lm_head
     ms_per_step, params = train_and_time(model, probe, args, B, T, V, "pytorch_llama.py")
     shape = {"B": B, "T": T, "L": L, "C": C, "NH": NH, "NKV": NKV, "HS": C // NH, "F": FF, "V": V, "Vp": Vp,
-             "tied": bool(args.tie_embeddings)}
+             "tied": bool(args.tie_embeddings), "lora_rank": args.lora_rank}
     print_result(shape, args, B, T, ms_per_step, flops_per_step(B, T, L, C, NH, NKV, FF, Vp), params)
 
 

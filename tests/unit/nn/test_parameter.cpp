@@ -112,6 +112,38 @@ TEST(ParameterSet, WithoutGrads) {
   EXPECT_THROW(ps.zero_grads(*ctx), Error);
 }
 
+// A frozen set (a LoRA base): in 16 bits the compute copy is all there is (2 bytes per parameter, no f32
+// values, no gradients); initialize() and write_value() give exactly the rounding a full set's
+// sync_compute() gives. In f32 the values are the compute copy.
+TEST(ParameterSet, FrozenHoldsTheComputeCopyOnly) {
+  auto ctx = make_cpu_context();
+  ParameterSet full, frozen;
+  Linear a(full, "fc", 40, 30, true, 0.5f), b(frozen, "fc", 40, 30, true, 0.5f);
+  full.allocate(*ctx, DType::kBF16, DType::kF32);
+  frozen.allocate(*ctx, DType::kBF16, DType::kF32, /*with_grads=*/true, ParamStorage::kFrozen);
+  EXPECT_FALSE(frozen.values().defined());
+  EXPECT_FALSE(frozen.grads().defined());
+  EXPECT_FALSE(frozen.find("fc.weight")->value.defined());
+  EXPECT_EQ(frozen.compute_values().nbytes(), 2 * frozen.numel());
+  full.initialize(9);
+  frozen.initialize(9);
+  ASSERT_EQ(0, std::memcmp(full.compute_values().raw(), frozen.compute_values().raw(),
+                           size_t(full.compute_values().nbytes())));
+  frozen.sync_compute(*ctx);  // nothing to sync from
+  Tensor src = Tensor::empty({30}, DType::kF32);
+  for (int i = 0; i < 30; ++i) src.data<float>()[i] = 1.0f + float(i) / 3.0f;
+  frozen.write_value(*frozen.find("fc.bias"), src);
+  std::memcpy(full.find("fc.bias")->value.raw(), src.raw(), 30 * sizeof(float));
+  full.sync_compute(*ctx);
+  EXPECT_EQ(0, std::memcmp(full.find("fc.bias")->compute.raw(), frozen.find("fc.bias")->compute.raw(), 60));
+  EXPECT_THROW(frozen.write_value(*frozen.find("fc.bias"), Tensor::empty({29}, DType::kF32)), Error);
+  ParameterSet f32;
+  Linear c(f32, "fc", 4, 3, false, 0.5f);
+  f32.allocate(*ctx, DType::kF32, DType::kF32, true, ParamStorage::kFrozen);
+  EXPECT_EQ(f32.values().raw(), f32.compute_values().raw());
+  EXPECT_FALSE(f32.grads().defined());
+}
+
 // Modules read the compute copy: a bf16 linear layer computes with the rounded weights, not the masters.
 TEST(Modules, LinearReadsComputeCopy) {
   auto ctx = make_cpu_context();
