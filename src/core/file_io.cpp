@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
 #include <cerrno>
 #include <cstring>
 
@@ -141,6 +142,21 @@ bool is_atomic_write_leftover(std::string_view name, std::string_view target_nam
   if (name == plain) return true;
   const std::string prefix = plain + ".";
   return name.size() > prefix.size() && name.compare(0, prefix.size(), prefix) == 0;
+}
+
+std::FILE* open_log_file(const std::string& path, std::string_view what, bool append) {
+  namespace fs = std::filesystem;
+  const fs::path parent = fs::path(path).parent_path();
+  if (!parent.empty()) {
+    std::error_code ec;
+    fs::create_directories(parent, ec);
+    if (ec || !fs::is_directory(parent))
+      user_error(what, " '", path, "': cannot create directory '", parent.string(), "' (",
+                 ec ? ec.message() : "not a directory", ")");
+  }
+  std::FILE* f = std::fopen(path.c_str(), append ? "ab" : "wb");
+  if (!f) user_error(what, " '", path, "': cannot open for writing (", std::strerror(errno), ")");
+  return f;
 }
 
 }  // namespace loom

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "loom/core/check.h"
+#include "loom/core/file_io.h"
 
 namespace loom {
 
@@ -23,17 +24,7 @@ std::string json_number(double v) {
 }
 
 MetricsJsonlWriter::MetricsJsonlWriter(const std::string& path, bool append) : path_(path) {
-  namespace fs = std::filesystem;
-  const fs::path parent = fs::path(path).parent_path();
-  if (!parent.empty()) {
-    std::error_code ec;
-    fs::create_directories(parent, ec);
-    if (ec || !fs::is_directory(parent))
-      user_error("metrics file '", path, "': cannot create directory '", parent.string(), "' (",
-                 ec ? ec.message() : "not a directory", ")");
-  }
-  file_ = std::fopen(path.c_str(), append ? "ab" : "wb");
-  if (!file_) user_error("metrics file '", path, "': cannot open for writing (", std::strerror(errno), ")");
+  file_ = open_log_file(path, "metrics file", append);
 }
 
 MetricsJsonlWriter::~MetricsJsonlWriter() {

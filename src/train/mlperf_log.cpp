@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "loom/core/check.h"
+#include "loom/core/file_io.h"
 #include "loom/train/metrics_jsonl.h"
 
 namespace loom {
@@ -58,17 +59,7 @@ int64_t mllog_now_ms() {
 
 MllogWriter::MllogWriter(const std::string& path, std::function<int64_t()> clock)
     : path_(path), clock_(clock ? std::move(clock) : std::function<int64_t()>(mllog_now_ms)) {
-  namespace fs = std::filesystem;
-  const fs::path parent = fs::path(path).parent_path();
-  if (!parent.empty()) {
-    std::error_code ec;
-    fs::create_directories(parent, ec);
-    if (ec || !fs::is_directory(parent))
-      user_error("--mlperf-log ", path, ": cannot create directory '", parent.string(), "' (",
-                 ec ? ec.message() : "not a directory", ")");
-  }
-  file_ = std::fopen(path.c_str(), "wb");
-  if (!file_) user_error("--mlperf-log ", path, ": cannot open for writing (", std::strerror(errno), ")");
+  file_ = open_log_file(path, "--mlperf-log");
 }
 
 MllogWriter::~MllogWriter() {

@@ -149,3 +149,28 @@ TEST(LoraTrain, RecomputationFp16AndFp8) {
     EXPECT_LT(got.losses.back(), got.losses.front()) << p[p.size() - 2];
   }
 }
+
+// The base may be a Hugging Face directory: the same model exported with `loom convert` gives the same
+// LoRA run (the f32 export is exact), and the LoRA checkpoint names that directory as its base.
+TEST(LoraTrain, HuggingFaceBase) {
+  TempDir tmp("lora_hf");
+  ASSERT_EQ(train(cat(llama(4), {"--save", tmp / "base"})).final_iteration, 4);
+  const CliResult c = run_loom("convert --from loom:" + (tmp / "base") + " --to hf:" + (tmp / "hf"));
+  ASSERT_EQ(c.code, 0) << c.out << c.err;
+  const Args args = cat(cat(llama(6), kLora), {"--exit-interval", "4"});
+  const TrainResult from_loom = train(cat(args, {"--load", tmp / "base"}));
+  std::string log;
+  const TrainResult from_hf = train(cat(args, {"--load", tmp / "hf", "--save", tmp / "lora"}), &log);
+  ASSERT_EQ(from_hf.losses.size(), 4u);
+  EXPECT_EQ(from_hf.losses, from_loom.losses);
+  EXPECT_NE(log.find("loading Hugging Face model from"), std::string::npos) << log;
+  EXPECT_NE(read_file(iter_dir(tmp / "lora", 4) + "/metadata.json").find(fs::absolute(tmp / "hf").lexically_normal().string()),
+            std::string::npos);
+  // --pretrained-checkpoint names the base explicitly and wins over the checkpoint's.
+  const TrainResult resumed = train(cat(cat(llama(6), kLora), {"--load", tmp / "lora", "--pretrained-checkpoint",
+                                                                 tmp / "base"}), &log);
+  EXPECT_EQ(resumed.start_iteration, 4);
+  EXPECT_EQ(resumed.losses.size(), 2u);
+  EXPECT_NE(log.find("LoRA base (frozen) " + fs::absolute(tmp / "base").lexically_normal().string()), std::string::npos)
+      << log;
+}

@@ -7,12 +7,18 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
 
 namespace loom {
+
+// A log file opened for writing ("wb", or "ab" with append), its parent directories created first.
+// UserError "<what> '<path>': cannot create directory '<parent>' (<reason>)" or "...: cannot open for
+// writing (<reason>)". The caller owns the FILE*.
+std::FILE* open_log_file(const std::string& path, std::string_view what, bool append = false);
 
 // The bytes of `path`. UserError "<what> '<path>': cannot open: it does not exist" (or the reason: not a
 // regular file, permissions, a read error, larger than max_bytes when max_bytes >= 0).
