@@ -419,23 +419,7 @@ void write_hf_dir(const std::string& dir_in, const std::string& config_json, con
         (name.rfind("model-", 0) == 0 && name.size() > 12 && name.ends_with(".safetensors")))
       user_error("writing HF model directory '", dir, "': extra file '", name, "' would replace a file Loom writes");
 
-  std::error_code ec;
-  if (fs::exists(fs::symlink_status(dir, ec))) {
-    if (!fs::is_directory(dir, ec) || !fs::is_empty(dir, ec))
-      user_error("HF output directory '", dir, "' already exists and is not an empty directory; remove it or "
-                 "choose another");
-  }
-  const fs::path parent = fs::path(dir).parent_path();
-  if (!parent.empty()) {
-    fs::create_directories(parent, ec);
-    if (ec) user_error("cannot create '", parent.string(), "': ", ec.message());
-  }
-  const std::string staging = dir + ".loom-staging";
-  fs::remove_all(staging, ec);  // left by a crashed write of this same directory
-  if (!fs::create_directory(staging, ec))
-    user_error("cannot create staging directory '", staging, "': ", ec ? ec.message() : "it exists");
-
-  try {
+  write_dir_atomically(dir, "HF output directory", [&](const std::string& staging) {
     const std::vector<NamedTensors> shards = plan_shards(tensors, max_shard_bytes);
     const std::map<std::string, std::string> meta = {{"format", "pt"}};
     if (shards.size() == 1) {
@@ -456,6 +440,30 @@ void write_hf_dir(const std::string& dir_in, const std::string& config_json, con
     }
     write_checkpoint_text(staging, kConfigFile, config_json);
     for (const auto& [name, bytes] : extra_files) write_checkpoint_text(staging, name, bytes);
+  });
+}
+
+void write_dir_atomically(const std::string& dir_in, const std::string& what,
+                          const std::function<void(const std::string& staging)>& fill) {
+  std::string dir = dir_in;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  if (dir.empty()) user_error(what, ": empty directory name");
+  std::error_code ec;
+  if (fs::exists(fs::symlink_status(dir, ec))) {
+    if (!fs::is_directory(dir, ec) || !fs::is_empty(dir, ec))
+      user_error(what, " '", dir, "' already exists and is not an empty directory; remove it or choose another");
+  }
+  const fs::path parent = fs::path(dir).parent_path();
+  if (!parent.empty()) {
+    fs::create_directories(parent, ec);
+    if (ec) user_error("cannot create '", parent.string(), "': ", ec.message());
+  }
+  const std::string staging = dir + ".loom-staging";
+  fs::remove_all(staging, ec);  // left by a crashed write of this same directory
+  if (!fs::create_directory(staging, ec))
+    user_error("cannot create staging directory '", staging, "': ", ec ? ec.message() : "it exists");
+  try {
+    fill(staging);
     fsync_dir(staging);
     // rename(2) replaces an empty directory atomically and fails on a non-empty one, so a directory
     // that appeared since the check above is never clobbered.

@@ -1,5 +1,7 @@
 // Flag parsing for `loom convert`: --from KIND:DIR --to KIND:DIR with KIND hf (a Hugging Face model
-// directory) or loom (a Loom checkpoint), one of each; plus the options of each direction.
+// directory), loom (a Loom checkpoint) or peft (a Hugging Face PEFT adapter directory), plus the options of
+// each direction. The pairs: hf -> loom, loom -> hf, loom (LoRA) -> peft, peft -> loom (LoRA, with --base),
+// and loom (LoRA) --merge-lora -> loom | hf.
 #pragma once
 #include <cstdint>
 #include <ostream>
@@ -10,10 +12,15 @@
 
 namespace loom {
 
+enum class ConvertFormat { kHf, kLoom, kPeft };
+
 struct ConvertConfig {
-  bool hf_to_loom = true;       // --from hf:... --to loom:... (else the reverse)
+  ConvertFormat from = ConvertFormat::kHf, to = ConvertFormat::kLoom;
   std::string from_dir, to_dir;
-  HfToLoomOptions to_loom;      // --make-vocab-size-divisible-by, --rotary-interleaved
+  bool merge_lora = false;      // --merge-lora: a LoRA checkpoint's adapters merged into its base
+  std::string base;             // --base: the base model (peft -> loom, --merge-lora) or its name (-> peft)
+  HfToLoomOptions to_loom;      // --make-vocab-size-divisible-by, --rotary-interleaved (an HF source or base)
+  bool vocab_divisor_given = false;  // --make-vocab-size-divisible-by was given
   HfExportOptions to_hf;        // --dtype, --max-shard-size, --bos-token-id, --eos-token-id
 };
 

@@ -16,8 +16,13 @@ const std::vector<Flag>& flags() {
   static const std::vector<Flag> table = [] {
     std::vector<Flag> t = {
       {{"--load", Arity::kOne, "DIR",
-        "model to generate from: a `loom train --save` dir (or one iter_* dir in it), or a Hugging Face model dir"},
+        "model to generate from: a `loom train --save` dir (or one iter_* dir in it; a LoRA one is merged into its "
+        "base), or a Hugging Face model dir"},
        [](C& c, V v) { c.load = v[0]; }},
+      {{"--pretrained-checkpoint", Arity::kOne, "DIR",
+        "with --load of a LoRA checkpoint: the base model to merge its adapters into (default: the base its "
+        "metadata names)"},
+       [](C& c, V v) { c.pretrained_checkpoint = v[0]; }},
     };
     for (Flag& f : tokenizer_flag_specs<C>([](C& c) -> TokenizerConfig& { return c.tokenizer; })) t.push_back(std::move(f));
     t.insert(t.end(), {

@@ -317,6 +317,76 @@ std::vector<Tensor> loom_to_hf(const HfParamMap& m, TensorView loom) {
   return out;
 }
 
+std::vector<HfLoraMap> hf_lora_layout(const GPTConfig& cfg, const std::vector<LoraTarget>& targets, int64_t rank) {
+  LOOM_CHECK(rank >= 1, "[hf_lora_layout] rank ", rank);
+  if (hf_family_for(cfg) != HfFamily::kLlama)
+    user_error("Hugging Face PEFT adapters map to Llama-family models only (q_proj, k_proj, v_proj, o_proj, "
+               "gate_proj, up_proj, down_proj); this is a GPT-2 model, whose attention is one Conv1D c_attn that "
+               "PEFT adapts whole (fan_in_fan_out), which Loom does not export or import. Merge the adapters "
+               "instead: loom convert --from loom:DIR --merge-lora --to hf:OUT");
+  const std::string hf_prefix = std::string(kPeftPrefix) + hf_default_prefix(HfFamily::kLlama);
+  const HfLayout layout = hf_layout(cfg, hf_prefix);
+  std::map<std::string, const HfParamMap*> by_name;
+  for (const HfParamMap& m : layout.params) by_name[m.loom_name] = &m;
+  const auto strip = [](const std::string& name, const std::string& suffix) {
+    LOOM_CHECK(name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0,
+               "[hf_lora_layout] ", name, " does not end in ", suffix);
+    return name.substr(0, name.size() - suffix.size());
+  };
+  std::vector<HfLoraMap> out;
+  for (int64_t i = 0; i < cfg.num_layers; ++i)
+    for (LoraTarget t : targets) {
+      const LoraSite site = lora_site(cfg, t);
+      const std::string L = layer_name(i);
+      const HfParamMap& w = *by_name.at(L + site.layer + ".weight");
+      LOOM_CHECK(w.loom_shape[1] == site.in, "[hf_lora_layout] ", w.loom_name, " has ", w.loom_shape[1], " columns");
+      // The fused weight's rows that B's rows update, and the HF part (and its row) each comes from.
+      std::vector<int64_t> fused;
+      if (site.rows.empty())
+        for (int64_t r = 0; r < site.out; ++r) fused.push_back(r);
+      for (const ShardRange& rg : site.rows)
+        for (int64_t r = 0; r < rg.size; ++r) fused.push_back(rg.start + r);
+      LOOM_CHECK(int64_t(fused.size()) == site.out, "[hf_lora_layout] ", site.module, ": ", fused.size(), " rows");
+      const std::vector<RowRef> stacked = stacked_rows(w);
+      std::vector<int64_t> used(w.parts.size(), 0), first(w.parts.size(), 0);
+      for (int64_t f : fused) {
+        const int64_t s = w.row_source[size_t(f)];
+        LOOM_CHECK(s >= 0, "[hf_lora_layout] ", w.loom_name, " row ", f, " is padding");
+        ++used[stacked[size_t(s)].part];
+      }
+      HfLoraMap m;
+      m.target = t;
+      m.layer = i;
+      m.loom_a = L + site.module + ".lora_A.weight";
+      m.a_shape = {rank, site.in};
+      m.b.loom_name = L + site.module + ".lora_B.weight";
+      m.b.loom_shape = {site.out, rank};
+      int64_t offset = 0;
+      for (size_t p = 0; p < w.parts.size(); ++p) {
+        if (used[p] == 0) continue;
+        // An adapter covers whole HF modules: PEFT cannot adapt part of one.
+        LOOM_CHECK(used[p] == part_rows(w.parts[p]) && !w.parts[p].transposed, "[hf_lora_layout] ", site.module,
+                   " covers ", used[p], " of the ", part_rows(w.parts[p]), " rows of ", w.parts[p].name);
+        const std::string module = strip(w.parts[p].name, ".weight");
+        m.hf_modules.push_back(module.substr(module.rfind('.') + 1));
+        m.hf_a.push_back(module + ".lora_A.weight");
+        m.b.parts.push_back({module + ".lora_B.weight", {used[p], rank}});
+        first[p] = offset;
+        offset += used[p];
+      }
+      // B's row k: the HF row (part, row) of fused row fused[k], among the used parts' stacked B rows.
+      for (int64_t f : fused) {
+        const RowRef ref = stacked[size_t(w.row_source[size_t(f)])];
+        m.b.row_source.push_back(first[ref.part] + ref.row);
+      }
+      m.b.note = m.hf_a.size() > 1 ? "lora_A repeated, lora_B split" : "";
+      if (w.note.find("interleaved") != std::string::npos && (t == LoraTarget::kQkv || t == LoraTarget::kQ || t == LoraTarget::kK))
+        m.b.note += std::string(m.b.note.empty() ? "" : ", ") + "RoPE rows interleaved";
+      out.push_back(std::move(m));
+    }
+  return out;
+}
+
 std::vector<std::string> hf_mapping_summary(const HfLayout& layout, bool to_hf) {
   std::vector<std::string> order;
   std::map<std::string, int64_t> count;

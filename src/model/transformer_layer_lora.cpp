@@ -8,6 +8,8 @@
 //     two halves.
 //   linear_proj, linear_fc2 (row-parallel): A split like the weight's input columns, B whole.
 // Column-parallel adapters' A gradients are partial sums over the TP group (Parameter::sequence_parallel).
+// lora_site() is the one description of those rows: the layers place adapters with it, and the train
+// layer merges adapters into whole weights (and maps them to PEFT's modules) with it.
 #include <algorithm>
 
 #include "model/transformer_layer.h"
@@ -80,53 +82,69 @@ std::vector<LoraTarget> parse_lora_targets(const std::vector<std::string>& names
   return out;
 }
 
+LoraSite lora_site(const GPTConfig& c, LoraTarget t, int tp) {
+  const int64_t C = c.hidden_size, HS = c.head_dim(), NH = c.num_attention_heads, NKV = c.num_kv_heads();
+  const int64_t F = c.ffn_hidden_size(), qpg = NH / NKV, W = (qpg + 2) * HS;
+  LOOM_CHECK(tp >= 1 && NKV % tp == 0 && F % tp == 0, "[lora_site] TP ", tp, " does not divide ", NKV,
+             " query groups and FFN ", F);
+  const int64_t groups = NKV / tp;
+  // The rows of this rank's query groups that hold part `offset`, `width` of each group.
+  auto group_rows = [&](int64_t offset, int64_t width) {
+    std::vector<ShardRange> rows;
+    for (int64_t g = 0; g < groups; ++g) rows.push_back({g * W + offset, width});
+    return rows;
+  };
+  const std::string qkv = "self_attention.linear_qkv", fc1 = "mlp.linear_fc1";
+  switch (t) {
+    case LoraTarget::kQkv: return {qkv, qkv, C, c.qkv_size(), {}};
+    case LoraTarget::kQ: return {"self_attention.q_proj", qkv, C, NH * HS, group_rows(0, qpg * HS)};
+    case LoraTarget::kK: return {"self_attention.k_proj", qkv, C, NKV * HS, group_rows(qpg * HS, HS)};
+    case LoraTarget::kV: return {"self_attention.v_proj", qkv, C, NKV * HS, group_rows((qpg + 1) * HS, HS)};
+    case LoraTarget::kFc1: return {fc1, fc1, C, (c.gated_mlp() ? 2 : 1) * F, {}};
+    case LoraTarget::kGate:
+    case LoraTarget::kUp: {
+      LOOM_CHECK(c.gated_mlp(), "[lora_site] ", lora_target_name(t), " needs a gated MLP");
+      const bool gate = t == LoraTarget::kGate;
+      return {gate ? "mlp.gate_proj" : "mlp.up_proj", fc1, C, F, {{gate ? 0 : F / tp, F / tp}}};
+    }
+    case LoraTarget::kProj: return {"self_attention.linear_proj", "self_attention.linear_proj", NH * HS, C, {}};
+    case LoraTarget::kFc2: return {"mlp.linear_fc2", "mlp.linear_fc2", F, C, {}};
+  }
+  LOOM_CHECK(false, "[lora_site] unknown LoRA target");
+  return {};
+}
+
 void TransformerLayer::add_lora(ParameterSet& ps, const GPTConfig& c, int64_t i, const TpRegion& region,
                                 const LoraOptions& lora) {
   const int tp = region.size(), r = region.rank();
-  const int64_t C = c.hidden_size, HS = c.head_dim(), NH = c.num_attention_heads, NKV = c.num_kv_heads();
-  const int64_t F = c.ffn_hidden_size(), qpg = NH / NKV, W = (qpg + 2) * HS, groups = NKV / tp;
+  const int64_t C = c.hidden_size;
   const LoraConfig& cfg = lora.config;
   auto split = [&](int64_t n) { return tp == 1 ? std::vector<ShardRange>{} : std::vector<ShardRange>{even_shard(n, tp, r)}; };
-  auto column = [&](ColumnParallelLinear& lin, const std::string& name, int64_t out_global,
-                    std::vector<ShardRange> b_shard, std::vector<ShardRange> columns, int64_t layer_out) {
-    LoraAdapter& a = lin.add_lora(ps, prefix(i) + name, {C, out_global, std::nullopt, std::move(b_shard),
-                                                         std::move(columns), layer_out}, cfg);
+  auto column = [&](ColumnParallelLinear& lin, const LoraSite& s, std::vector<ShardRange> b_shard, int64_t layer_out) {
+    LoraAdapter& a = lin.add_lora(ps, prefix(i) + s.module,
+                                  {C, s.out, std::nullopt, std::move(b_shard), s.rows, layer_out}, cfg);
     a.a().sequence_parallel = tp > 1;  // dA sums every rank's partial dh
   };
-  auto row = [&](RowParallelLinear& lin, const std::string& name, int64_t in_global) {
-    LoraPlacement p = LoraPlacement::whole(in_global, C);
-    if (tp > 1) p.a_shard = even_shard(in_global, tp, r);
-    lin.add_lora(ps, prefix(i) + name, p, cfg);
+  auto row = [&](RowParallelLinear& lin, const LoraSite& s) {
+    LoraPlacement p = LoraPlacement::whole(s.in, C);
+    if (tp > 1) p.a_shard = even_shard(s.in, tp, r);
+    lin.add_lora(ps, prefix(i) + s.module, p, cfg);
   };
-  // The columns of this rank's query groups that hold part `offset`, `width` of each group.
-  auto group_columns = [&](int64_t offset, int64_t width) {
-    std::vector<ShardRange> cols;
-    for (int64_t g = 0; g < groups; ++g) cols.push_back({g * W + offset, width});
-    return cols;
-  };
-  const int64_t qkv_local = c.qkv_size() / tp, fc1_local = (c.gated_mlp() ? 2 : 1) * F / tp;
+  const int64_t qkv_local = c.qkv_size() / tp, fc1_local = (c.gated_mlp() ? 2 : 1) * c.ffn_hidden_size() / tp;
   for (LoraTarget t : lora.targets) {
+    const LoraSite s = lora_site(c, t, tp);
     switch (t) {
       case LoraTarget::kQkv:
-        column(qkv, "self_attention.linear_qkv", c.qkv_size(), split(c.qkv_size()), {}, qkv_local);
-        break;
       case LoraTarget::kQ:
-        column(qkv, "self_attention.q_proj", NH * HS, split(NH * HS), group_columns(0, qpg * HS), qkv_local);
-        break;
       case LoraTarget::kK:
-        column(qkv, "self_attention.k_proj", NKV * HS, split(NKV * HS), group_columns(qpg * HS, HS), qkv_local);
-        break;
-      case LoraTarget::kV:
-        column(qkv, "self_attention.v_proj", NKV * HS, split(NKV * HS), group_columns((qpg + 1) * HS, HS), qkv_local);
-        break;
+      case LoraTarget::kV: column(qkv, s, split(s.out), qkv_local); break;
       case LoraTarget::kFc1:
-        column(fc1, "mlp.linear_fc1", (c.gated_mlp() ? 2 : 1) * F, tp == 1 ? std::vector<ShardRange>{} : fc1_shard(c, tp, r),
-               {}, fc1_local);
+        column(fc1, s, tp == 1 ? std::vector<ShardRange>{} : fc1_shard(c, tp, r), fc1_local);
         break;
-      case LoraTarget::kGate: column(fc1, "mlp.gate_proj", F, split(F), {{0, F / tp}}, fc1_local); break;
-      case LoraTarget::kUp: column(fc1, "mlp.up_proj", F, split(F), {{F / tp, F / tp}}, fc1_local); break;
-      case LoraTarget::kProj: row(proj, "self_attention.linear_proj", NH * HS); break;
-      case LoraTarget::kFc2: row(fc2, "mlp.linear_fc2", F); break;
+      case LoraTarget::kGate:
+      case LoraTarget::kUp: column(fc1, s, split(s.out), fc1_local); break;
+      case LoraTarget::kProj: row(proj, s); break;
+      case LoraTarget::kFc2: row(fc2, s); break;
     }
   }
 }

@@ -15,6 +15,7 @@
 
 #include "loom/core/rng.h"
 #include "loom/model/inference.h"
+#include "loom/train/lora_io.h"
 #include "loom/train/model_io.h"
 
 namespace loom {
@@ -212,15 +213,27 @@ std::vector<std::string> read_prompt_lines(const std::string& path) {
 }  // namespace
 
 std::unique_ptr<GPTModel> load_model_for_inference(const std::string& dir, const DeviceContext& ctx,
-                                                   DType compute_dtype) {
+                                                   DType compute_dtype, const std::string& lora_base,
+                                                   std::ostream* log) {
   check_load_dir(dir);
+  const bool lora = is_lora_checkpoint(dir);
+  if (!lora && !lora_base.empty())
+    user_error("--pretrained-checkpoint ", lora_base, " is the base of a LoRA checkpoint, but --load ", dir,
+               " is a full model; drop it, or --load the LoRA adapters");
   ModelOptions mo;
   mo.compute_dtype = compute_dtype;
   mo.with_grads = false;  // generation never runs backward
   auto model = std::make_unique<GPTModel>(read_model_config(dir), ctx, mo);
-  HfImportOptions io;
-  io.ctx = &ctx;
-  load_model_weights(dir, model->params(), io);
+  if (lora) {
+    // The merge works on the f32 masters on the host, before any device copy.
+    LOOM_CHECK(ctx.device().is_cpu(), "[load_model_for_inference] LoRA merging needs a CPU model, got ",
+               ctx.device().str());
+    load_merged_lora(read_lora_checkpoint(dir), lora_base, "--pretrained-checkpoint", model->params(), log);
+  } else {
+    HfImportOptions io;
+    io.ctx = &ctx;
+    load_model_weights(dir, model->params(), io);
+  }
   model->sync_compute();
   return model;
 }
@@ -262,7 +275,8 @@ void run_generate(const GenerateConfig& cfg, std::ostream& out, std::ostream& lo
 
   const std::unique_ptr<DeviceContext> ctx = make_cpu_context();
   const auto t_load = Clock::now();
-  std::unique_ptr<GPTModel> model = load_model_for_inference(cfg.load, *ctx, cfg.bf16 ? DType::kBF16 : DType::kF32);
+  std::unique_ptr<GPTModel> model =
+      load_model_for_inference(cfg.load, *ctx, cfg.bf16 ? DType::kBF16 : DType::kF32, cfg.pretrained_checkpoint, &log);
   log << "loaded " << cfg.load << " (" << mcfg.num_layers << " layers, hidden " << mcfg.hidden_size << ", "
       << mcfg.num_parameters() << " parameters, " << (cfg.bf16 ? "bf16" : "f32") << ") in " << std::fixed
       << std::setprecision(2) << seconds_since(t_load) << " s\n"

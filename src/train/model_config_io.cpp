@@ -19,15 +19,7 @@ using nlohmann::json;
 
 namespace {
 
-// A float printed with the fewest digits that read back as the same float (1e-06, not 9.99999997e-07).
-double tidy(float x) {
-  char buf[32];
-  for (int digits = 6; digits <= 9; ++digits) {
-    std::snprintf(buf, sizeof buf, "%.*g", digits, double(x));
-    if (std::strtof(buf, nullptr) == x) break;
-  }
-  return std::strtod(buf, nullptr);
-}
+double tidy(float x) { return model_io_detail::tidy_float(x); }
 
 template <typename T>
 T field(const json& j, const char* key, const std::string& file) {
@@ -106,6 +98,15 @@ GPTConfig model_config_from_json(const json& j, const std::string& file) {
 
 // The committed dir of a Loom checkpoint: `dir` itself when it holds metadata.json (an iter_* dir), else
 // the one its tracker names.
+double tidy_float(float x) {
+  char buf[32];
+  for (int digits = 6; digits <= 9; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, double(x));
+    if (std::strtof(buf, nullptr) == x) break;
+  }
+  return std::strtod(buf, nullptr);
+}
+
 std::string loom_checkpoint_dir(const std::string& dir) {
   if (fs::is_regular_file(fs::path(dir) / "metadata.json")) return dir;
   const std::optional<LatestCheckpoint> latest = read_latest_checkpoint(dir);

@@ -26,6 +26,8 @@ using model_io_detail::loom_checkpoint_dir;
 using model_io_detail::model_config_from_json;
 using model_io_detail::read_loom_metadata;
 using model_io_detail::torch_dtype_name;
+using model_io_detail::check_new_loom_root;
+using model_io_detail::write_weights_checkpoint;
 
 namespace {
 
@@ -193,6 +195,55 @@ void export_tensors(const std::map<std::string, TensorView>& loom, const GPTConf
 
 }  // namespace
 
+namespace model_io_detail {
+
+void token_ids_from_metadata(const json& meta, HfExportOptions& opts) {
+  if (!meta.contains("converted_from") || !meta["converted_from"].is_object()) return;
+  const json& src = meta["converted_from"];
+  if (!opts.bos_token_id && src.contains("bos_token_id") && src["bos_token_id"].is_number_integer())
+    opts.bos_token_id = src["bos_token_id"].get<int64_t>();
+  if (opts.eos_token_ids.empty() && src.contains("eos_token_ids") && src["eos_token_ids"].is_array())
+    for (const json& id : src["eos_token_ids"])
+      if (id.is_number_integer()) opts.eos_token_ids.push_back(id.get<int64_t>());
+}
+
+void check_new_loom_root(const std::string& root) {
+  std::error_code ec;
+  if (fs::exists(root, ec) && !(fs::is_directory(root, ec) && fs::is_empty(root, ec)))
+    user_error("--to loom:", root, " already exists and is not an empty directory; choose a new one");
+}
+
+void write_weights_checkpoint(const std::string& root, const GPTConfig& cfg,
+                              const std::vector<std::pair<std::string, TensorView>>& tensors, const json& extra) {
+  check_new_loom_root(root);
+  std::vector<TensorPiece> pieces;  // the sharded format of a world of one: each tensor one whole piece
+  for (const auto& [name, t] : tensors) {
+    TensorPiece piece;
+    piece.name = name;
+    piece.global_shape = t.shape();
+    piece.data = t;
+    pieces.push_back(std::move(piece));
+  }
+  json meta;
+  meta["format"] = kLoomFormat;
+  meta["format_version"] = kLoomFormatVersion;
+  meta["loom_version"] = kLoomVersion;
+  meta["iteration"] = 0;
+  meta["consumed_train_samples"] = 0;
+  meta["consumed_valid_samples"] = 0;
+  meta["consumed_tokens"] = 0;
+  meta["model_config"] = model_config_json(cfg);
+  meta["precision"] = "fp32";
+  for (const auto& [key, value] : extra.items()) {
+    LOOM_CHECK(!meta.contains(key), "[write_weights_checkpoint] metadata key ", key, " given twice");
+    meta[key] = value;
+  }
+  save_sharded_checkpoint(root, 0, pieces, R"({"tp":1,"pp":1,"cp":1,"dp":1,"sharding":"no_shard"})",
+                          meta.dump(), /*rank=*/0, /*world_size=*/1, [] {});
+}
+
+}  // namespace model_io_detail
+
 void load_model_weights(const std::string& dir, ParameterSet& params, const HfImportOptions& opts) {
   LoomTensors values;
   std::string source;
@@ -262,9 +313,7 @@ void export_hf(const ParameterSet& params, const GPTConfig& cfg, const std::stri
 
 void convert_hf_to_loom(const std::string& hf_dir, const std::string& loom_root, const HfToLoomOptions& opts,
                         std::ostream& log) {
-  std::error_code ec;
-  if (fs::exists(loom_root, ec) && !(fs::is_directory(loom_root, ec) && fs::is_empty(loom_root, ec)))
-    user_error("--to loom:", loom_root, " already exists and is not an empty directory; choose a new one");
+  check_new_loom_root(loom_root);
   const HfCheckpoint hf = HfCheckpoint::open(hf_dir);
   GPTConfig cfg = gpt_config_from_hf(hf.config(), opts.make_vocab_size_divisible_by);
   if (opts.rotary_interleaved) {
@@ -277,33 +326,17 @@ void convert_hf_to_loom(const std::string& hf_dir, const std::string& loom_root,
       << ") to a Loom checkpoint in " << loom_root << "\n";
   const LoomTensors values = import_hf(hf, cfg, &log);
   int64_t numel = 0;
-  std::vector<TensorPiece> pieces;  // the sharded format of a world of one: each tensor one whole piece
+  std::vector<std::pair<std::string, TensorView>> tensors;
   for (const auto& [name, t] : values) {
-    TensorPiece piece;
-    piece.name = name;
-    piece.global_shape = t.shape();
-    piece.data = t;
-    pieces.push_back(std::move(piece));
+    tensors.emplace_back(name, t);
     numel += t.numel();
   }
   LOOM_CHECK(numel == cfg.num_parameters(), "[convert] ", numel, " converted values, config implies ",
              cfg.num_parameters());
-  json meta;
-  meta["format"] = kLoomFormat;
-  meta["format_version"] = kLoomFormatVersion;
-  meta["loom_version"] = kLoomVersion;
-  meta["iteration"] = 0;
-  meta["consumed_train_samples"] = 0;
-  meta["consumed_valid_samples"] = 0;
-  meta["consumed_tokens"] = 0;
-  meta["model_config"] = model_config_json(cfg);
-  meta["precision"] = "fp32";
   json src = {{"format", "huggingface"}, {"model_type", hf.config().model_type}, {"dir", hf_dir}};
   if (hf.config().bos_token_id) src["bos_token_id"] = *hf.config().bos_token_id;
   if (!hf.config().eos_token_ids.empty()) src["eos_token_ids"] = hf.config().eos_token_ids;
-  meta["converted_from"] = src;
-  save_sharded_checkpoint(loom_root, 0, pieces, R"({"tp":1,"pp":1,"cp":1,"dp":1,"sharding":"no_shard"})",
-                          meta.dump(), /*rank=*/0, /*world_size=*/1, [] {});
+  write_weights_checkpoint(loom_root, cfg, tensors, {{"converted_from", src}});
   log << "wrote " << checkpoint_dir(loom_root, 0) << ": " << values.size() << " parameters, " << numel
       << " values (vocabulary " << cfg.vocab_size << " padded to " << cfg.padded_vocab_size
       << "); train from it with `loom train --load " << loom_root << " --finetune ...`\n";
@@ -317,14 +350,7 @@ void convert_loom_to_hf(const std::string& loom_dir, const std::string& hf_dir, 
   HfExportOptions opts = opts_in;
   opts.log = &log;
   // Token ids of a model that came from HF go back into its config.json.
-  if (meta.contains("converted_from") && meta["converted_from"].is_object()) {
-    const json& src = meta["converted_from"];
-    if (!opts.bos_token_id && src.contains("bos_token_id") && src["bos_token_id"].is_number_integer())
-      opts.bos_token_id = src["bos_token_id"].get<int64_t>();
-    if (opts.eos_token_ids.empty() && src.contains("eos_token_ids") && src["eos_token_ids"].is_array())
-      for (const json& id : src["eos_token_ids"])
-        if (id.is_number_integer()) opts.eos_token_ids.push_back(id.get<int64_t>());
-  }
+  model_io_detail::token_ids_from_metadata(meta, opts);
   const std::string file = ck + "/metadata.json";
   const LoomTensors tensors = read_checkpoint_weights(ShardedCheckpoint::open(ck));
   std::map<std::string, TensorView> loom;

@@ -122,7 +122,8 @@ TEST(ConvertCli, BadInvocationsFailWithOneLine) {
   TempDir tmp;
   expect_one_line_error(run_loom("convert --to loom:" + (tmp / "x")), "convert", "--from");
   expect_one_line_error(run_loom("convert --from hf:" + kGpt2), "convert", "--to");
-  expect_one_line_error(run_loom("convert --from hf:" + kGpt2 + " --to hf:" + (tmp / "x")), "convert", "one of each");
+  expect_one_line_error(run_loom("convert --from hf:" + kGpt2 + " --to hf:" + (tmp / "x")), "convert",
+                        "does not go from hf: to hf:");
   expect_one_line_error(run_loom("convert --from gguf:" + kGpt2 + " --to loom:" + (tmp / "x")), "convert", "hf:DIR");
   expect_one_line_error(run_loom("convert --from hf:" + kGpt2 + " --to loom:" + (tmp / "x") + " --dtype bf16"), "convert",
                         "--dtype applies to --to hf:DIR only");

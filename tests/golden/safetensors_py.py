@@ -87,3 +87,28 @@ def save(path, tensors, metadata=None):
         f.write(data)
     os.replace(tmp, path)
     return len(data)
+
+
+_NUMPY_OF = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
+             "I16": np.int16, "U16": np.uint16, "I8": np.int8, "U8": np.uint8}
+
+
+def load(path):
+    """Reads a safetensors file: ({name: numpy array}, metadata dict). BF16 widens to float32 exactly."""
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n].decode("utf-8"))
+    metadata = header.pop("__metadata__", {})
+    base = 8 + n
+    out = {}
+    for name, e in header.items():
+        b, end = e["data_offsets"]
+        raw = data[base + b:base + end]
+        if e["dtype"] == "BF16":
+            bits = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
+            arr = bits.view(np.float32)
+        else:
+            arr = np.frombuffer(raw, dtype=np.dtype(_NUMPY_OF[e["dtype"]]).newbyteorder("<"))
+        out[name] = arr.reshape(e["shape"]).copy()
+    return out, metadata

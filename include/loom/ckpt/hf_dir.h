@@ -17,6 +17,7 @@
 // renamed), fsyncs it and renames it to <dir>, so a crash leaves either no <dir> or a complete one.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -120,5 +121,12 @@ constexpr int64_t kHfDefaultMaxShardBytes = 5'000'000'000;
 void write_hf_dir(const std::string& dir, const std::string& config_json, const NamedTensors& tensors,
                   int64_t max_shard_bytes = kHfDefaultMaxShardBytes,
                   const std::map<std::string, std::string>& extra_files = {});
+
+// Creates the directory `dir` (which must not exist or be an empty directory; UserError naming `what`
+// otherwise) atomically: `fill(staging)` writes its files into <dir>.loom-staging (with
+// write_checkpoint_tensors / write_checkpoint_text), which is then fsynced and renamed to `dir`. On any
+// error the staging directory is removed. write_hf_dir and PEFT adapter directories are written this way.
+void write_dir_atomically(const std::string& dir, const std::string& what,
+                          const std::function<void(const std::string& staging)>& fill);
 
 }  // namespace loom

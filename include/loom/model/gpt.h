@@ -190,6 +190,20 @@ const char* lora_target_name(LoraTarget t);  // the canonical spelling: linear_q
 // (gate_proj without a gated MLP) or two that adapt the same output (linear_qkv with q_proj).
 std::vector<LoraTarget> parse_lora_targets(const std::vector<std::string>& names, const GPTConfig& cfg);
 
+// Where a target's adapter sits in a layer: its name after decoder.layers.N. ("self_attention.q_proj"), the
+// fused linear it adapts ("self_attention.linear_qkv"; weight (out, in)), A's columns and B's rows (global),
+// and the rows of that linear's weight (its output columns) that B's rows update, in B's row order, as local
+// indices on each of `tp` ranks (every rank's are the same; empty: all of them, in order). The update of the
+// merged weight is W[rows[k]] += (alpha / rank) · (B·A)[k]: q_proj's rows are the query heads of each group
+// of Megatron's grouped qkv layout, gate_proj / up_proj the halves of a gated fc1.
+struct LoraSite {
+  std::string module;
+  std::string layer;
+  int64_t in = 0, out = 0;
+  std::vector<ShardRange> rows;
+};
+LoraSite lora_site(const GPTConfig& cfg, LoraTarget t, int tp = 1);
+
 struct LoraOptions {
   LoraConfig config;                // rank, alpha, dropout
   std::vector<LoraTarget> targets;  // canonical (parse_lora_targets), non-empty

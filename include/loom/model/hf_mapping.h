@@ -92,6 +92,34 @@ void hf_to_loom(const HfParamMap& m, const std::vector<TensorView>& parts, Tenso
 // Loom -> HF: the parts (f32, host, HF shapes) of `loom` (f32, host, loom_shape); padding rows are dropped.
 std::vector<Tensor> loom_to_hf(const HfParamMap& m, TensorView loom);
 
+// ---- LoRA adapters as Hugging Face PEFT saves them (adapter_model.safetensors; Llama family) ----
+// A Loom adapter decoder.layers.N.<module>.lora_{A,B}.weight is one or more PEFT modules: the HF tensors
+// that the rows it updates (lora_site) come from. Each PEFT module gets the same A (rank, in) and its own
+// rows of B (rows, rank), in the HF weight's row order (hf_layout's row permutation, the RoPE interleaving
+// of --rotary-interleaved included), so that PEFT's W_hf + s·B_hf·A is the HF export of Loom's W + s·B·A:
+//   linear_qkv -> q_proj, k_proj, v_proj (A repeated; B's grouped rows split per projection)
+//   q_proj, k_proj, v_proj -> themselves (B's rows in head order; only their RoPE rows may move)
+//   linear_fc1 -> gate_proj, up_proj (A repeated; B's halves); gate_proj, up_proj -> themselves
+//   linear_proj -> o_proj; linear_fc2 -> down_proj
+// PEFT's names: "base_model.model." + the HF name of the module + ".lora_A.weight" / ".lora_B.weight"
+// (get_peft_model_state_dict drops the adapter name, ".default").
+inline constexpr const char* kPeftPrefix = "base_model.model.";
+
+struct HfLoraMap {
+  LoraTarget target = LoraTarget::kQkv;
+  int64_t layer = 0;
+  std::string loom_a;                   // decoder.layers.N.<module>.lora_A.weight
+  Shape a_shape;                        // (rank, in)
+  std::vector<std::string> hf_modules;  // PEFT's target_modules names, one per PEFT module: "q_proj", ...
+  std::vector<std::string> hf_a;        // one per PEFT module, each a copy of Loom's A
+  HfParamMap b;                         // loom_name: Loom's B (out, rank); parts: PEFT's B tensors (rows, rank)
+};
+
+// Every adapter of `targets` in every layer, layer by layer in target order. UserError for a model that
+// does not export to Llama (hf_family_for), and for GPT-2: its attention is one Conv1D c_attn (PEFT
+// adapts it whole with fan_in_fan_out), which Loom does not map.
+std::vector<HfLoraMap> hf_lora_layout(const GPTConfig& cfg, const std::vector<LoraTarget>& targets, int64_t rank);
+
 // One line per kind of mapping, layer numbers folded into '*', with a count:
 //   "transformer.h.*.attn.c_attn.weight -> decoder.layers.*.self_attention.linear_qkv.weight (transposed, regrouped) x2"
 // (Loom names first, pointing at HF's, for an export).

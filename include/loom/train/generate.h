@@ -70,12 +70,17 @@ GenerateResult generate(GPTModel& model, const DeviceContext& ctx, const std::ve
 // --load DIR for inference: a Loom checkpoint root (latest_checkpointed_iteration.txt), one of its
 // iter_NNNNNNN dirs, or a Hugging Face model dir (read by loom/train/model_io.h).
 // Builds the model with the saved architecture and loads its weights; compute_dtype f32 or bf16 (--bf16).
+// A LoRA checkpoint (adapters only) loads its base (`lora_base`, else the one its metadata names) with the
+// adapters merged into the weights (loom/train/lora_io.h): the same model as base + adapters, without the
+// adapters' extra GEMMs. `log`, when set, gets a line saying so.
 std::unique_ptr<GPTModel> load_model_for_inference(const std::string& dir, const DeviceContext& ctx,
-                                                   DType compute_dtype);
+                                                   DType compute_dtype, const std::string& lora_base = "",
+                                                   std::ostream* log = nullptr);
 
 // `loom generate` flags.
 struct GenerateConfig {
   std::string load;                 // --load DIR (required)
+  std::string pretrained_checkpoint;  // --pretrained-checkpoint DIR: the base of a LoRA --load (default: its metadata's)
   TokenizerConfig tokenizer;        // --tokenizer-type ... (required)
   std::string prompt;               // --prompt TEXT
   std::string prompt_file;          // --prompt-file FILE: one prompt per line (empty lines skipped), a batch
