@@ -102,7 +102,9 @@ std::string calc_help() {
                     "shape, --seq-length, --micro-batch-size, --global-batch-size, --train-iters, the parallel\n"
                     "sizes, --bf16/--fp16, --accumulate-allreduce-grads-in-fp32, --recompute-*,\n"
                     "--use-distributed-optimizer, --data-parallel-sharding-strategy, --ddp-bucket-size (ZeRO\n"
-                    "memory per rank), --vocab-size, --make-vocab-size-divisible-by and the tokenizer flags.\n"
+                    "memory per rank), --vocab-size, --make-vocab-size-divisible-by, the tokenizer flags and\n"
+                    "--lora-rank, --lora-target-modules, --lora-dropout (LoRA: frozen base, trainable adapters,\n"
+                    "hardware FLOPs of a LoRA step).\n"
                     "Data flags and --train-iters are not required. Calc's own flags:",
                     flags());
 }

@@ -1,6 +1,7 @@
 // `loom calc` arithmetic (see loom/train/calc.h and docs/calc.md for the formulas): the GPU table, the
-// validation of the flags into a CalcInput, and compute_calc's model, memory and time figures; the printed
-// report is calc_report.cpp's.
+// validation of the flags into a CalcInput, and compute_calc's model, memory and time figures, LoRA's
+// included (the adapters' shapes and FLOPs per token are calc_lora.cpp's); the printed report is
+// calc_report.cpp's.
 // Counts that are exact integers (parameters, model-state bytes) are int64; the paper's activation and
 // FLOP formulas divide by TP and are kept in double.
 #include "loom/train/calc.h"
@@ -18,6 +19,7 @@ namespace loom {
 
 using calc_detail::is_16bit;
 using calc_detail::is_gpt2_architecture;
+using calc_detail::lora_layer_adapters;
 
 const std::vector<GpuSpec>& gpu_specs() {
   // Datasheet figures are quoted "with sparsity"; these are the dense halves (docs/calc.md cites them).
@@ -102,6 +104,7 @@ CalcInput make_calc_input(const TrainConfig& cfg, const CalcOptions& opts) {
                p, ")");
   if (in.seq_length % c != 0)
     user_error("--seq-length (", in.seq_length, ") must be divisible by --context-parallel-size (", c, ")");
+  validate_tensor_parallel(in.model, t, false);  // and --ffn-hidden-size, as the model checks it
   const int64_t model_parallel = int64_t(t) * p * c;
   in.num_gpus = opts.num_gpus.value_or(model_parallel);
   if (in.num_gpus < 1 || in.num_gpus % model_parallel != 0)
@@ -130,7 +133,8 @@ CalcInput make_calc_input(const TrainConfig& cfg, const CalcOptions& opts) {
     user_error("--global-batch-size (", in.global_batch_size, ") must be a positive multiple of --micro-batch-size (",
                in.micro_batch_size, ") x data-parallel size (", dp, ") = ", unit);
 
-  // Precision and recomputation: the same rules as `loom train`.
+  // Precision, recomputation and LoRA: the same rules as `loom train`.
+  cfg.lora.validate();
   in.precision = cfg.precision;
   if (cfg.optim.optimizer == OptimizerKind::kSGD) {
     in.optimizer_state_bytes = cfg.optim.sgd_momentum != 0.0f ? 4 : 0;
@@ -174,6 +178,13 @@ CalcInput make_calc_input(const TrainConfig& cfg, const CalcOptions& opts) {
   }
   in.model.padded_vocab_size = padded_vocab_size(in.model.vocab_size, cfg.data.make_vocab_size_divisible_by, t);
   in.model.validate();
+  if (cfg.lora.enabled()) {
+    in.lora = LoraOptions{{cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout},
+                          parse_lora_targets(cfg.lora.targets_or_default(), in.model)};
+    lora_layer_adapters(in.model, *in.lora);  // the rank against every adapter's shape
+    if (cfg.lora.target_modules.empty())
+      in.notes.push_back("no --lora-target-modules: the trainer's default linear_qkv linear_proj linear_fc1 linear_fc2");
+  }
   if (!is_gpt2_architecture(in.model))
     in.notes.push_back("the paper's formulas below (parameters, FLOPs, activation rows) describe GPT-2's layer; the "
                        "exact counts, this run's FLOPs and Loom's buffers use this architecture");
@@ -243,6 +254,17 @@ CalcReport compute_calc(const CalcInput& in) {
   // With PP > 1 the last stage holds the output layer: its own one when untied, else a copy of the tied
   // word embedding; the same count either way.
   r.params_last_stage = p == 1 ? r.params_first_stage : L_stage * layer_per_rank + word_emb + final_norm;
+  if (in.lora) {
+    const int64_t rank = in.lora->config.rank;
+    r.lora_adapters = lora_layer_adapters(m, *in.lora);
+    int64_t layer_global = 0;
+    for (const LoraAdapterShape& a : r.lora_adapters) {
+      layer_global += rank * (a.in + a.out);
+      r.lora_layer_params += a.params_per_rank(rank, t);
+    }
+    r.lora_params = L * layer_global;
+    r.lora_params_stage = L_stage * r.lora_layer_params;
+  }
 
   // FLOPs per iteration. One layer's forward (GPT-2: 24*B*s*h^2 matmuls + 4*B*s^2*h attention core).
   r.flops_model = m.flops_per_step(in.global_batch_size, in.seq_length);
@@ -255,6 +277,25 @@ CalcReport compute_calc(const CalcInput& in) {
     r.recomputed_layers = in.recompute.method == "block" ? std::min(n, L_stage) * p : L;
   }
   r.flops_run = g == "selective" ? r.flops_selective : r.flops_model + double(r.recomputed_layers) * layer_forward;
+  if (in.lora) {
+    // Executed work: the base's linears (and the logits) forward once and backward once for the input
+    // gradients; the attention core forward and its usual 2x backward; the adapters as counted per token.
+    const double core = m.attention_core_forward_flops(in.global_batch_size, in.seq_length);
+    const double linears = layer_forward - core, tokens = B * s;
+    double ad_forward = 0, ad_backward = 0;
+    for (const LoraAdapterShape& ad : r.lora_adapters) {
+      ad_forward += ad.forward_flops_per_token(in.lora->config.rank, t);
+      ad_backward += ad.backward_flops_per_token(in.lora->config.rank, t);
+    }
+    r.flops_adapters_forward_layer = tokens * ad_forward;
+    r.flops_adapters = l * tokens * (ad_forward + ad_backward);
+    r.flops_lora = l * (2.0 * linears + 3.0 * core) +
+                   2.0 * m.logits_forward_flops(in.global_batch_size, in.seq_length) + r.flops_adapters;
+    r.flops_selective = r.flops_lora + l * core;
+    const double layer_again = layer_forward + r.flops_adapters_forward_layer;  // a recomputed layer's forward
+    r.flops_full = r.flops_lora + l * layer_again;
+    r.flops_run = g == "selective" ? r.flops_selective : r.flops_lora + double(r.recomputed_layers) * layer_again;
+  }
 
   // Model states on one rank: FP32 master weights (+ the 16-bit copy the matmuls read), main grads, Adam's
   // m and v in FP32; the strategy decides which of them are split over the d ranks of the dp_cp group.
@@ -284,20 +325,27 @@ CalcReport compute_calc(const CalcInput& in) {
       r.optimizer_per_param = {0, in.optimizer_state_bytes};
       break;
   }
-  const int64_t P1 = r.params_first_stage, Plast = r.params_last_stage;
+  // With LoRA those formulas apply to the adapters; the frozen base adds its compute copy, whole.
+  const int64_t P1 = in.lora ? r.lora_params_stage : r.params_first_stage,
+                Plast = in.lora ? r.lora_params_stage : r.params_last_stage;
   r.weight_bytes = r.weight_per_param.bytes(P1, d);
   r.grad_bytes = r.grad_per_param.bytes(P1, d);
   r.optimizer_bytes = r.optimizer_per_param.bytes(P1, d);
   r.last_weight_bytes = r.weight_per_param.bytes(Plast, d);
   r.last_grad_bytes = r.grad_per_param.bytes(Plast, d);
   r.last_optimizer_bytes = r.optimizer_per_param.bytes(Plast, d);
-  r.layer_params = layer_per_rank;
+  if (in.lora) {
+    r.frozen_per_param = cb;
+    r.frozen_bytes = cb * r.params_first_stage;
+    r.last_frozen_bytes = cb * r.params_last_stage;
+  }
+  r.layer_params = in.lora ? r.lora_layer_params : layer_per_rank;
   if (in.sharding == ShardingStrategy::kOptimGrads) {
     // The same default as the trainer's DDP buckets (Megatron's), over the dp_cp group.
     r.bucket_size = in.ddp_bucket_size > 0 ? in.ddp_bucket_size : std::max<int64_t>(40'000'000, 1'000'000 * d);
     r.transient_bytes = 4 * std::min(P1, 2 * r.bucket_size);
   } else if (in.sharding == ShardingStrategy::kOptimGradsParams) {
-    r.transient_bytes = std::min<int64_t>(2, L_stage) * layer_per_rank * (cb + 4);
+    r.transient_bytes = std::min<int64_t>(2, L_stage) * r.layer_params * (cb + 4);
   }
 
   // Activations (first stage). CP splits the sequence, so s -> s/CP throughout; the paper's numbers are
@@ -353,12 +401,18 @@ CalcReport compute_calc(const CalcInput& in) {
     if (!g.empty()) mo.recompute_granularity = parse_recompute_granularity(g);
     if (!in.recompute.method.empty()) mo.recompute_method = parse_recompute_method(in.recompute.method);
     mo.recompute_num_layers = in.recompute.num_layers.value_or(0);
+    mo.lora = in.lora;
     const GPTMemoryPlan plan = GPTModel::memory_plan(m, mo, in.micro_batch_size, in.seq_length);
     CalcReport::LoomPlan lp;
     lp.parameter_bytes = plan.parameter_bytes();
     lp.activation_bytes = plan.activation_bytes();
-    lp.optimizer_bytes = int64_t(in.optimizer_state_bytes) * r.params;
-    if (mo.grad_dtype != DType::kF32) lp.main_grad_bytes = 4 * r.params;
+    const int64_t trained = in.lora ? r.lora_params : r.params;
+    lp.optimizer_bytes = int64_t(in.optimizer_state_bytes) * trained;
+    if (mo.grad_dtype != DType::kF32) lp.main_grad_bytes = 4 * trained;
+    if (in.lora)
+      lp.adapter_scratch_bytes =
+          calc_detail::lora_scratch_bytes(r.lora_adapters, in.lora->config, in.micro_batch_size * in.seq_length,
+                                          int64_t(dtype_size(mo.compute_dtype)), int64_t(dtype_size(mo.grad_dtype)));
     r.loom_plan = lp;
   }
 
@@ -378,6 +432,8 @@ CalcReport compute_calc(const CalcInput& in) {
     r.iterations = T / (B * s);
     r.seconds_6tp = 6.0 * T * P / cluster;
     r.seconds_8tp = 8.0 * T * P / cluster;
+    r.seconds_lora_4tp = 4.0 * T * P / cluster;
+    r.seconds_lora_6tp = 6.0 * T * P / cluster;
     r.seconds_run = r.iterations * r.seconds_per_iteration;
   }
   return r;

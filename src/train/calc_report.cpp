@@ -1,5 +1,6 @@
 // `loom calc`'s printed report (format_calc_report) and the number formatting it uses; the figures it
-// prints come from compute_calc in calc.cpp.
+// prints come from compute_calc in calc.cpp. With LoRA the parameter, FLOP, memory and time sections say
+// which figures are the frozen base's and which the adapters', and which FLOP convention is used.
 #include "loom/train/calc.h"
 
 #include <cmath>
@@ -94,11 +95,46 @@ StateBytesPerParam operator+(const StateBytesPerParam& x, const StateBytesPerPar
   return {x.full + y.full, x.sharded + y.sharded};
 }
 
+// "16*(8192 + 10240)", the adapter's r*(in + out).
+std::string lora_shape_text(int64_t rank, const LoraAdapterShape& a) {
+  return std::to_string(rank) + "*(" + std::to_string(a.in) + " + " + std::to_string(a.out) + ")";
+}
+
 std::string granularity_name(const RecomputeConfig& rc) {
   if (rc.granularity.empty()) return "none";
   if (rc.granularity == "full")
     return "full, " + rc.method + ", " + std::to_string(rc.num_layers.value_or(0)) + " layer(s)";
   return rc.granularity;
+}
+
+// The FLOP rows of a LoRA run: hardware FLOPs (docs/calc.md, "LoRA fine-tuning").
+void lora_flops_lines(std::ostream& os, const CalcReport& r) {
+  const GPTConfig& m = r.input.model;
+  const std::string& g = r.input.recompute.granularity;
+  const bool full_all = r.recomputed_layers == m.num_layers;
+  const char* mark = "   <- this run";
+  os << "  convention: hardware FLOPs of a LoRA step, the matmuls it executes (Megatron's model FLOPs, 3 x forward, "
+        "describe full training); X, MFU and the times below count these:\n"
+        "              the frozen base's forward and its backward for input gradients only (no weight-gradient "
+        "GEMMs, no embedding backward), the attention core's backward (2 x its forward), the adapters' forward, "
+        "backward and recomputed h\n";
+  os << "  LoRA (no recomputation):   " << sci(r.flops_lora)
+     << "  2*(l*linears + logits) + 3*l*attention core + adapters, linears = 2*B*s*(weights of qkv, proj, MLP), "
+        "attention core = 4*B*s^2*a*d, logits = 2*B*s*h*V"
+     << (g.empty() ? mark : "") << "\n";
+  os << "  selective recomputation:   " << sci(r.flops_selective) << "  LoRA + 4*B*s^2*a*d*l (attention core again)"
+     << (g == "selective" ? mark : "") << "\n";
+  os << "  full recomputation:        " << sci(r.flops_full)
+     << "  LoRA + l*(linears + attention core + adapters' forward)" << (g == "full" && full_all ? mark : "") << "\n";
+  if (g == "full" && !full_all)
+    os << "  this run (" << r.recomputed_layers << " of " << m.num_layers << " layers recomputed): "
+       << sci(r.flops_run) << "  LoRA + " << r.recomputed_layers << "*(layer + adapters' forward)\n";
+  os << "  adapters (included above): " << sci(r.flops_adapters) << "  forward " << sci(r.flops_adapters_forward_layer)
+     << " per layer: down 2*B*s*in*r (column-parallel: on each of the t TP ranks, A being whole), up "
+        "2*B*s*r*out (out: the whole fused layer for a slice); backward 3 x down (h again, dA, input gradient) "
+        "and 2 x up (dB, dh; row-parallel: on each TP rank)\n";
+  os << "  full training (model FLOPs, for reference): " << sci(r.flops_model)
+     << "  3*(l*layer + 2*B*s*h*V), as without LoRA\n";
 }
 
 }  // namespace
@@ -133,10 +169,18 @@ std::string format_calc_report(const CalcReport& r) {
      << " (B), " << r.micro_batches << " micro-batch(es) per iteration per data-parallel rank\n";
   os << "precision: " << dtype << "; recomputation: " << granularity_name(in.recompute) << "\n";
 
+  const std::optional<LoraOptions>& lora = in.lora;
+  if (lora) {
+    std::string targets;
+    for (const LoraAdapterShape& a : r.lora_adapters) targets += std::string(" ") + lora_target_name(a.target);
+    os << "LoRA: rank " << lora->config.rank << " (r), alpha " << sig(lora->config.alpha) << ", dropout "
+       << sig(lora->config.dropout) << " on" << targets << "; the base frozen, the adapters trained\n";
+  }
+
   os << "\nParameters\n";
   const bool gpt2_arch = is_gpt2_architecture(m);
   os << "  parameters (exact):     " << rpad(commas(r.params), 20) << "  (" << short_count(double(r.params))
-     << ")  from the layer shapes: "
+     << ")  " << (lora ? "the frozen base, " : "") << "from the layer shapes: "
      << (gpt2_arch ? "l*(12*h^2 + 13*h) + (V + position embeddings)*h + 2*h"
                    : "l*(norms + qkv + proj + MLP) + embeddings (+ output layer); docs/models.md")
      << "\n";
@@ -144,39 +188,61 @@ std::string format_calc_report(const CalcReport& r) {
      << short_count(r.params_formula)
      << ")  12*l*h^2*(1 + 13/(12*h) + (V+s)/(12*l*h)), s = position embeddings " << m.max_position_embeddings
      << " (the paper's s is the sequence length, equal to it there)\n";
+  if (lora) {
+    const int64_t rank = lora->config.rank;
+    os << "  LoRA adapters (exact):  " << rpad(commas(r.lora_params), 20) << "  (" << short_count(double(r.lora_params))
+       << ")  trainable, " << fixed(100.0 * double(r.lora_params) / double(r.params), 3)
+       << "% of the frozen base above: l x r*(in + out) per adapted linear:\n";
+    for (const LoraAdapterShape& a : r.lora_adapters)
+      os << "    " << pad(lora_target_name(a.target), 12) << rpad(commas(rank * (a.in + a.out)), 14)
+         << " per layer = " << lora_shape_text(rank, a) << ": A (r, " << a.in << "), B (" << a.out << ", r); "
+         << (a.column_parallel ? "column-parallel (TP: A whole, B split)" : "row-parallel (TP: A split, B whole)")
+         << "\n";
+  }
 
   os << "\nFLOPs per iteration (B = " << in.global_batch_size << " sequences of s = " << in.seq_length << " tokens)\n";
   const char* mark = "   <- this run";
   const std::string& g = in.recompute.granularity;
   const bool full_all = r.recomputed_layers == m.num_layers;
-  os << "  model (no recomputation):  " << sci(r.flops_model) << "  "
-     << (gpt2_arch ? "72*B*s*l*h^2*(1 + s/(6*h) + V/(12*l*h))"
-                   : "3*(l*layer + 2*B*s*h*V), layer = 2*B*s*(weights of qkv, proj, MLP) + 4*B*s^2*a*d")
-     << (g.empty() ? mark : "") << "\n";
-  os << "  selective recomputation:   " << sci(r.flops_selective) << "  model + "
-     << (gpt2_arch ? "4*B*s^2*h*l" : "4*B*s^2*a*d*l") << " (attention core again)"
-     << (g == "selective" ? mark : "") << "\n";
-  os << "  full recomputation:        " << sci(r.flops_full) << "  "
-     << (gpt2_arch ? "96*B*s*l*h^2*(1 + s/(6*h) + V/(16*l*h))" : "model + l*layer")
-     << (g == "full" && full_all ? mark : "") << "\n";
-  if (g == "full" && !full_all)
-    os << "  this run (" << r.recomputed_layers << " of " << m.num_layers << " layers recomputed): " << sci(r.flops_run)
-       << "  model + " << r.recomputed_layers << (gpt2_arch ? "*(24*B*s*h^2 + 4*B*s^2*h)\n" : "*layer\n");
+  if (lora) {
+    lora_flops_lines(os, r);
+  } else {
+    os << "  model (no recomputation):  " << sci(r.flops_model) << "  "
+       << (gpt2_arch ? "72*B*s*l*h^2*(1 + s/(6*h) + V/(12*l*h))"
+                     : "3*(l*layer + 2*B*s*h*V), layer = 2*B*s*(weights of qkv, proj, MLP) + 4*B*s^2*a*d")
+       << (g.empty() ? mark : "") << "\n";
+    os << "  selective recomputation:   " << sci(r.flops_selective) << "  model + "
+       << (gpt2_arch ? "4*B*s^2*h*l" : "4*B*s^2*a*d*l") << " (attention core again)"
+       << (g == "selective" ? mark : "") << "\n";
+    os << "  full recomputation:        " << sci(r.flops_full) << "  "
+       << (gpt2_arch ? "96*B*s*l*h^2*(1 + s/(6*h) + V/(16*l*h))" : "model + l*layer")
+       << (g == "full" && full_all ? mark : "") << "\n";
+    if (g == "full" && !full_all)
+      os << "  this run (" << r.recomputed_layers << " of " << m.num_layers << " layers recomputed): " << sci(r.flops_run)
+         << "  model + " << r.recomputed_layers << (gpt2_arch ? "*(24*B*s*h^2 + 4*B*s^2*h)\n" : "*layer\n");
+  }
 
   os << "\nMemory per rank (first pipeline stage: " << m.num_layers / p << " of " << m.num_layers
      << " layers and the embeddings; one TP rank)\n";
   os << "  parameters on the rank: " << rpad(commas(r.params_first_stage), 20) << "  ("
-     << short_count(double(r.params_first_stage)) << ")";
+     << short_count(double(r.params_first_stage)) << ")" << (lora ? " of the frozen base" : "");
   if (p > 1) os << "; last stage " << commas(r.params_last_stage);
   os << "\n";
+  if (lora)
+    os << "  LoRA adapters on it:    " << rpad(commas(r.lora_params_stage), 20) << "  ("
+       << short_count(double(r.lora_params_stage)) << ")  " << m.num_layers / p << " layers x "
+       << commas(r.lora_layer_params)
+       << (t > 1 ? " (TP " + std::to_string(t) + ": column-parallel A + B/t, row-parallel A/t + B)" : std::string())
+       << (p > 1 ? "; the same on every stage" : "") << "\n";
   const ShardingStrategy sh = in.sharding;
   const int64_t d = r.zero_group;
   const bool zero = sh != ShardingStrategy::kNone;
   const std::string group = "DP " + std::to_string(in.data_parallel_size()) + " x CP " + std::to_string(c);
+  const int64_t trained = lora ? r.lora_params_stage : r.params_first_stage;
   if (zero)
     os << "  data-parallel sharding: " << sharding_strategy_name(sh) << " (" << zero_stage_name(sh) << ") over d = " << d
-       << " ranks (" << group << "); a shard is ceil(P/d) = " << commas((r.params_first_stage + d - 1) / d)
-       << " params\n";
+       << " ranks (" << group << "); a shard is ceil(P/d) = " << commas((trained + d - 1) / d)
+       << (lora ? " adapter params (the frozen base is not sharded)\n" : " params\n");
   else
     os << "  data-parallel sharding: no_shard (no ZeRO) over d = " << d << " ranks (" << group
        << "): every rank holds all its stage's model states\n";
@@ -204,14 +270,24 @@ std::string format_calc_report(const CalcReport& r) {
       optimizer_what = in.optimizer_state_what + " shards in FP32";
       break;
   }
+  const std::string of = lora ? "the adapters' " : "";
+  if (lora)
+    os << "  frozen base weights:    " << bytes_line(r.frozen_bytes) << "  " << r.frozen_per_param
+       << " B/param of the base: its " << (b16 ? "16-bit" : "FP32") << " compute copy only (no "
+       << (b16 ? "FP32 master, " : "") << "gradients or optimizer state), whole on every rank (not ZeRO-sharded)\n";
   os << "  weights:                " << bytes_line(r.weight_bytes) << "  " << per_param_text(r.weight_per_param)
-     << zero_tag << ": " << weights_what << "\n";
+     << zero_tag << ": " << of << weights_what << "\n";
   os << "  gradients:              " << bytes_line(r.grad_bytes) << "  " << per_param_text(r.grad_per_param) << zero_tag
-     << ": " << grads_what << "\n";
+     << ": " << of << grads_what << "\n";
   os << "  optimizer state:        " << bytes_line(r.optimizer_bytes) << "  " << per_param_text(r.optimizer_per_param)
-     << zero_tag << ": " << optimizer_what << "\n";
-  os << "  model states:           " << bytes_line(r.states_bytes()) << "  "
-     << per_param_text(r.weight_per_param + r.grad_per_param + r.optimizer_per_param) << zero_tag << "\n";
+     << zero_tag << ": " << of << optimizer_what << "\n";
+  const std::string states_text = per_param_text(r.weight_per_param + r.grad_per_param + r.optimizer_per_param);
+  if (lora)
+    os << "  model states:           " << bytes_line(r.states_bytes()) << "  frozen base " << r.frozen_per_param
+       << " B/param + adapters " << states_text << zero_tag
+       << " (`loom train` logs the same bytes: \"model states N bytes\")\n";
+  else
+    os << "  model states:           " << bytes_line(r.states_bytes()) << "  " << states_text << zero_tag << "\n";
   if (sh == ShardingStrategy::kOptimGrads)
     os << "  gradient buckets:       " << bytes_line(r.transient_bytes)
        << "  transient, not model states: FP32 gradients of up to 2 buckets of " << commas(r.bucket_size)
@@ -222,11 +298,17 @@ std::string format_calc_report(const CalcReport& r) {
        << " B) and FP32 gradients of about two layers of " << commas(r.layer_params)
        << " params (one in use, one being gathered or reduce-scattered); the embedding's gather comes on top "
           "when it is larger\n";
-  if (p > 1)
+  if (p > 1 && lora)
+    os << "  last stage states:      " << bytes_line(r.last_states_bytes()) << "  frozen base "
+       << commas(r.last_frozen_bytes) << " + adapters' weights " << commas(r.last_weight_bytes) << " + gradients "
+       << commas(r.last_grad_bytes) << " + optimizer " << commas(r.last_optimizer_bytes) << " B for its "
+       << commas(r.params_last_stage) << " base params and " << commas(r.lora_params_stage) << " adapter params\n";
+  else if (p > 1)
     os << "  last stage states:      " << bytes_line(r.last_states_bytes()) << "  weights "
        << commas(r.last_weight_bytes) << " + gradients " << commas(r.last_grad_bytes) << " + optimizer "
        << commas(r.last_optimizer_bytes) << " B for its " << commas(r.params_last_stage) << " params\n";
   os << "  activations (Korthikanti et al. 2022, " << (b16 ? "16-bit" : "FP32: twice the paper's 16-bit")
+     << (lora ? "; LoRA saves the same tensors, its adapters keeping only transient scratch" : "")
      << "; b = " << in.micro_batch_size << ", " << r.micro_batches_in_flight << " micro-batch(es) in flight x "
      << m.num_layers / p << " layers";
   if (c > 1) os << ", s/CP = " << in.seq_length / c << " tokens per rank";
@@ -250,11 +332,16 @@ std::string format_calc_report(const CalcReport& r) {
     const CalcReport::LoomPlan& lp = *r.loom_plan;
     os << "\nLoom's buffers for this run (what `loom train` allocates; its log's \"max allocated\" adds the data "
           "loader's batch buffers)\n";
-    os << "  parameters and grads:   " << bytes_line(lp.parameter_bytes) << "\n";
+    os << "  parameters and grads:   " << bytes_line(lp.parameter_bytes)
+       << (lora ? "  (the frozen base's compute copy; the adapters' masters, copy and grads)" : "") << "\n";
     os << "  optimizer state:        " << bytes_line(lp.optimizer_bytes) << "\n";
     if (lp.main_grad_bytes) os << "  FP32 main-grad copy:    " << bytes_line(lp.main_grad_bytes) << "\n";
     os << "  activations:            " << bytes_line(lp.activation_bytes) << "  (b = " << in.micro_batch_size
        << "; fused attention keeps no s x s scores)\n";
+    if (lora)
+      os << "  LoRA adapter scratch:   " << bytes_line(lp.adapter_scratch_bytes)
+         << "  transient: the most one adapter holds at once (dropped input, h, the up GEMM's output; in backward "
+            "dh and the input gradient)\n";
     os << "  total:                  " << bytes_line(lp.total()) << "\n";
   }
 
@@ -267,8 +354,8 @@ std::string format_calc_report(const CalcReport& r) {
     os << " = MFU " << fixed(in.mfu, 2) << " x " << in.gpu.description << " dense "
        << (fp8 ? "FP8" : b16 ? "BF16" : "TF32") << " peak " << fixed(r.peak_tflops, 0);
   os << "\n";
-  os << "  time per iteration:  " << sig(r.seconds_per_iteration) << " s  (this run's FLOPs / (n*X), n = "
-     << in.num_gpus << ")\n";
+  os << "  time per iteration:  " << sig(r.seconds_per_iteration) << " s  (this run's "
+     << (lora ? "LoRA hardware " : "") << "FLOPs / (n*X), n = " << in.num_gpus << ")\n";
   os << "  tokens per second:   " << commas(std::llround(double(in.global_batch_size) * double(in.seq_length) /
                                                          r.seconds_per_iteration))
      << "\n";
@@ -279,8 +366,18 @@ std::string format_calc_report(const CalcReport& r) {
   } else {
     os << "  tokens (T):  " << commas(std::llround(*in.train_tokens)) << "  (" << short_count(*in.train_tokens)
        << "; " << commas(std::llround(r.iterations)) << " iterations of B*s tokens)\n";
-    os << "  6*T*P/(n*X) (no recomputation):    " << duration(r.seconds_6tp) << (g.empty() ? mark : "") << "\n";
-    os << "  8*T*P/(n*X) (full recomputation):  " << duration(r.seconds_8tp) << (g == "full" ? mark : "") << "\n";
+    if (lora) {
+      // P is the frozen base: 2*P per token forward, 2*P backward (input gradients only), 2*P recomputed.
+      os << "  4*T*P/(n*X) (LoRA, no recomputation):    " << duration(r.seconds_lora_4tp) << (g.empty() ? mark : "")
+         << "\n";
+      os << "  6*T*P/(n*X) (LoRA, full recomputation):  " << duration(r.seconds_lora_6tp) << (g == "full" ? mark : "")
+         << "\n";
+      os << "  (P the frozen base; forward 2*P and input-gradient backward 2*P FLOPs per token, adapters and "
+            "attention left out)\n";
+    } else {
+      os << "  6*T*P/(n*X) (no recomputation):    " << duration(r.seconds_6tp) << (g.empty() ? mark : "") << "\n";
+      os << "  8*T*P/(n*X) (full recomputation):  " << duration(r.seconds_8tp) << (g == "full" ? mark : "") << "\n";
+    }
     os << "  from this run's FLOPs per iteration: " << duration(r.seconds_run) << "\n";
   }
 

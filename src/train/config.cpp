@@ -87,18 +87,22 @@ std::vector<std::string> LoraTrainConfig::targets_or_default() const {
   return {"linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"};
 }
 
+void LoraTrainConfig::validate() const {
+  if (rank < 0) user_error("--lora-rank must be >= 1 (or 0: no LoRA), got ", rank);
+  if (!enabled() && (alpha_given || dropout_given || !target_modules.empty()))
+    user_error(alpha_given ? "--lora-alpha" : dropout_given ? "--lora-dropout" : "--lora-target-modules",
+               " needs --lora-rank R (R >= 1) to turn LoRA on");
+  if (enabled()) {
+    if (!(dropout >= 0.0f && dropout < 1.0f)) user_error("--lora-dropout must be in [0, 1), got ", dropout);
+    if (!std::isfinite(alpha) || alpha <= 0.0f) user_error("--lora-alpha must be > 0, got ", alpha);
+  }
+}
+
 void TrainConfig::validate(int world_size) const {
   const auto need = [](bool ok, const char* flag) {
     if (!ok) user_error("missing required flag ", flag);
   };
-  if (lora.rank < 0) user_error("--lora-rank must be >= 1 (or 0: no LoRA), got ", lora.rank);
-  if (!lora.enabled() && (lora.alpha_given || lora.dropout_given || !lora.target_modules.empty()))
-    user_error(lora.alpha_given ? "--lora-alpha" : lora.dropout_given ? "--lora-dropout" : "--lora-target-modules",
-               " needs --lora-rank R (R >= 1) to turn LoRA on");
-  if (lora.enabled()) {
-    if (!(lora.dropout >= 0.0f && lora.dropout < 1.0f)) user_error("--lora-dropout must be in [0, 1), got ", lora.dropout);
-    if (!std::isfinite(lora.alpha) || lora.alpha <= 0.0f) user_error("--lora-alpha must be > 0, got ", lora.alpha);
-  }
+  lora.validate();
   need(model.num_layers > 0, "--num-layers");
   need(model.hidden_size > 0, "--hidden-size");
   need(model.num_attention_heads > 0, "--num-attention-heads");

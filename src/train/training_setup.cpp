@@ -119,11 +119,23 @@ void build_model_chunks(TrainingRun& run, const ModelOptions& base, std::ostream
         << " trainable adapter parameters on this rank (" << 100.0 * double(trained) / double(std::max<int64_t>(local, 1))
         << "% of the frozen base's " << local << ")\n";
   }
+  // The optimizer's figures cover what it trains (with LoRA: the adapters); a LoRA base is the model's own,
+  // frozen: its compute copy (the f32 values in FP32 runs), whole on every rank.
   const DistributedOptimizer::Memory mem = run.dopt->memory();
+  int64_t frozen = 0;
+  for (const auto& m : run.chunks) {
+    if (!m->lora()) continue;
+    const ParameterSet& base = m->params();
+    if (base.values().defined()) frozen += base.values().nbytes();
+    if (base.compute_values().defined() && base.compute_values().raw() != base.values().raw())
+      frozen += base.compute_values().nbytes();
+  }
   log << " > data-parallel sharding: " << sharding_strategy_name(sharding) << " over " << run.ps->dp_cp().size()
-       << " ranks; memory per rank (MB): parameters " << double(mem.params) / 1048576.0 << ", gradients "
-       << double(mem.grads) / 1048576.0 << ", optimizer state " << double(mem.optimizer) / 1048576.0
-       << " (model states " << mem.states() << " bytes; `loom calc` prints the same figures)\n";
+       << " ranks; memory per rank (MB): ";
+  if (run.chunks.front()->lora()) log << "frozen base weights " << double(frozen) / 1048576.0 << ", LoRA adapter ";
+  log << "parameters " << double(mem.params) / 1048576.0 << ", gradients " << double(mem.grads) / 1048576.0
+       << ", optimizer state " << double(mem.optimizer) / 1048576.0 << " (model states " << frozen + mem.states()
+       << " bytes; `loom calc` prints the same figures)\n";
   if (cfg.precision.bf16 || cfg.precision.fp16)
     log << " > mixed precision: " << (cfg.precision.bf16 ? "bf16" : "fp16")
          << " compute, fp32 master weights and optimizer state, " << dtype_name(grad_dtype) << " main grads\n";

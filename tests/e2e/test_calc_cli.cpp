@@ -1,6 +1,6 @@
 // `loom calc` end to end: the built binary takes `loom train`'s flags (data flags and --train-iters
 // included, none required) plus calc's own, prints the report with exit 0, and answers bad flags with
-// exit 2 and one error line.
+// exit 2 and one error line. With LoRA flags its model-state bytes are the ones `loom train` logs.
 #include <gtest/gtest.h>
 
 #include <sstream>
@@ -125,6 +125,51 @@ TEST(CalcCli, Fp8UsesTheFp8Peak) {
   expect_calc_error(calc(kGpt2 + "--gpu A100 --fp8-format e4m3"),
                     "--fp8-format: the A100 SXM (--gpu A100) has no FP8 tensor cores; choose --gpu H100");
   expect_calc_error(calc(kGpt2 + "--fp8-margin 2"), "--fp8-margin has no effect without --fp8-format");
+}
+
+// LoRA (issue 17): calc prints the trainable adapter count and the frozen base's weight bytes, and its
+// model states are the bytes `loom train` logs for the same flags (a tiny Llama, one iteration of mock
+// data; the base is random, which changes no size). Base: 2 layers of 64*32 + 32*32 + 96*32 + 32*48 + 2*32
+// = 7,744, embedding and output layer 128*32 each, final norm 32: 23,712. Adapters (rank 4) per layer:
+// q_proj 4*(32 + 32), v_proj 4*(32 + 16), linear_proj 4*(32 + 32), linear_fc1 4*(32 + 96), down_proj
+// 4*(48 + 32) = 1,536; 3,072 in all.
+TEST(CalcCli, LoraModelStatesAreTheTrainers) {
+  const std::string flags =
+      "--num-layers 2 --hidden-size 32 --num-attention-heads 4 --group-query-attention --num-query-groups 2 "
+      "--normalization RMSNorm --swiglu --ffn-hidden-size 48 --position-embedding-type rope --disable-bias-linear "
+      "--untie-embeddings-and-output-weights --seq-length 16 --max-position-embeddings 16 --micro-batch-size 2 "
+      "--global-batch-size 4 --train-iters 1 --lr 1e-3 --mock-data --vocab-size 100 --log-interval 1 --eval-iters 0 "
+      "--lora-rank 4 --lora-alpha 8 --lora-dropout 0.1 --lora-target-modules q_proj v_proj linear_proj linear_fc1 "
+      "down_proj";
+  struct Case {
+    std::string precision, frozen, states;
+  };
+  // BF16: the base's 2 B/param copy = 47,424 B, the adapters' 18 B/param = 55,296 B. FP32: 4 and 16 B/param.
+  for (const Case& c : {Case{" --bf16", "47,424 B", "102,720 B"}, Case{"", "94,848 B", "144,000 B"}}) {
+    const CliResult r = calc(flags + c.precision);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(line(r.out, "LoRA adapters (exact):").find("3,072"), std::string::npos) << r.out;
+    EXPECT_NE(line(r.out, "LoRA adapters on it:").find("3,072"), std::string::npos) << r.out;
+    EXPECT_NE(line(r.out, "parameters on the rank:").find("23,712"), std::string::npos) << r.out;
+    EXPECT_NE(line(r.out, "frozen base weights:").find(c.frozen), std::string::npos) << r.out;
+    EXPECT_NE(line(r.out, "model states:").find(c.states), std::string::npos) << r.out;
+    EXPECT_NE(line(r.out, "convention:").find("hardware FLOPs of a LoRA step"), std::string::npos) << r.out;
+
+    std::string log;
+    std::istringstream words(flags + c.precision);
+    Args args;
+    for (std::string w; words >> w;) args.push_back(w);
+    ASSERT_EQ(train(args, &log).final_iteration, 1);
+    const size_t at = log.find("(model states ");
+    ASSERT_NE(at, std::string::npos) << log;
+    const int64_t states = std::stoll(log.substr(at + 14));
+    std::string with_commas = std::to_string(states);
+    for (int i = int(with_commas.size()) - 3; i > 0; i -= 3) with_commas.insert(size_t(i), ",");
+    EXPECT_NE(line(r.out, "model states:").find(" " + with_commas + " B"), std::string::npos)
+        << "trainer: " << states << "\n" << r.out;
+    EXPECT_NE(log.find("3072 trainable adapter parameters on this rank"), std::string::npos) << log;
+    EXPECT_NE(log.find("frozen base weights "), std::string::npos) << log;
+  }
 }
 
 TEST(CalcCli, Help) {

@@ -5,6 +5,12 @@
 // Recomputation in Large Transformer Models" (activation memory). docs/calc.md states every formula and
 // simplification.
 //
+// With LoRA (--lora-rank, --lora-target-modules ...) the base is frozen (its compute copy only, whole on every
+// rank, no gradients or optimizer state) and the adapters are the trainable set: the model-state figures
+// are the frozen base's bytes plus the adapters' usual master/copy/grads/optimizer bytes (ZeRO-sharded as
+// for full training), and the FLOPs are the hardware FLOPs of the work a LoRA step executes, not Megatron's
+// 3 x forward model FLOPs (docs/calc.md, "LoRA fine-tuning").
+//
 // Three steps, so that tests check numbers directly and the CLI stays thin:
 //   make_calc_input(TrainConfig, CalcOptions) -> CalcInput   validation, vocabulary (may read tokenizer files)
 //   compute_calc(CalcInput) -> CalcReport                    pure arithmetic
@@ -15,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/model/gpt.h"
 #include "loom/optim/distributed_optimizer.h"
 #include "loom/train/config.h"
 
@@ -64,6 +71,9 @@ struct CalcInput {
   // its description in the report.
   int optimizer_state_bytes = 8;
   std::string optimizer_state_what = "Adam m and v";
+  // LoRA fine-tuning (--lora-rank > 0): rank, alpha, dropout and the targets, resolved as the trainer
+  // resolves them (parse_lora_targets; the default targets when --lora-target-modules is not given).
+  std::optional<LoraOptions> lora;
   std::vector<std::string> notes;    // assumptions made while resolving (defaults filled in), printed first
 
   int64_t data_parallel_size() const {
@@ -81,6 +91,28 @@ struct StateBytesPerParam {
   int sharded = 0;
   // full*P + sharded*ceil(P/d)
   int64_t bytes(int64_t P, int64_t d) const { return full * P + sharded * ((P + d - 1) / d); }
+};
+
+// One LoRA adapter of a transformer layer (every layer has the same ones), global shapes: A (rank, in),
+// B (out, rank). `layer_out` is the adapted layer's whole output width, which the up GEMM spans (a slice
+// adapter's B is spread over the fused layer's rows; see loom/nn/lora.h).
+struct LoraAdapterShape {
+  LoraTarget target;
+  bool column_parallel = true;  // linear_qkv / linear_fc1 and their slices: A whole, B split by TP
+  int64_t in = 0, out = 0, layer_out = 0;
+  // Parameters on one of t TP ranks: column-parallel A whole + B's out/t rows; row-parallel A's in/t
+  // columns + B whole.
+  int64_t params_per_rank(int64_t rank, int t) const {
+    return column_parallel ? rank * in + out / t * rank : rank * (in / t) + out * rank;
+  }
+  // Executed matmul FLOPs per token, summed over the t ranks of a TP group. Column-parallel: every rank
+  // runs the down GEMM on the whole input (A is replicated), the up GEMM on its rows of the layer.
+  // Row-parallel: the down GEMM is split, the up GEMM runs on TP rank 0 in forward (its h·B^T is added
+  // once) and on every rank in backward (dh and dB from the replicated output gradient).
+  //   forward:  down 2·in·r, up 2·r·layer_out;
+  //   backward: h recomputed (down again), dB and dh (2 x up), dA and the input gradient (2 x down).
+  double forward_flops_per_token(int64_t rank, int t) const;
+  double backward_flops_per_token(int64_t rank, int t) const;
 };
 
 // One way of keeping activations, as bytes on one rank of the first pipeline stage.
@@ -102,11 +134,27 @@ struct CalcReport {
   int64_t params_first_stage = 0;  // on one TP rank of the first pipeline stage
   int64_t params_last_stage = 0;   // on one TP rank of the last one (== first with PP 1)
 
+  // LoRA (input.lora): the trainable adapters. They sit in the layers only, so every stage holds the same
+  // number of them.
+  std::vector<LoraAdapterShape> lora_adapters;  // one layer's, in target order
+  int64_t lora_params = 0;              // the whole model's (global shapes)
+  int64_t lora_layer_params = 0;        // one layer's on one TP rank
+  int64_t lora_params_stage = 0;        // on one TP rank of a pipeline stage
+
   // FLOPs per iteration (global batch B).
   double flops_model = 0;      // 72*B*s*l*h^2*(1 + s/(6h) + V/(12*l*h)): forward + backward
+  // Without LoRA the two rows below add to flops_model; with LoRA to flops_lora.
   double flops_selective = 0;  // + attention-core forward again: 4*B*s^2*h*l
   double flops_full = 0;       // 96*B*s*l*h^2*(1 + s/(6h) + V/(16*l*h)): every layer's forward twice
   double flops_run = 0;        // the one this run's recomputation settings execute
+  // LoRA: the hardware FLOPs a step executes without recomputation: the base forward, the base backward
+  // for input gradients only (frozen weights: no weight-gradient GEMMs; the attention core's backward as
+  // usual, 2 x its forward; no embedding backward) and the adapters:
+  //   2*(l*linears + logits) + 3*l*attention core + flops_adapters.
+  // flops_model stays Megatron's full-training figure, for reference.
+  double flops_lora = 0;
+  double flops_adapters = 0;   // every adapter's forward and backward (h recomputed), B*s tokens, all ranks
+  double flops_adapters_forward_layer = 0;  // one layer's adapters' forward (what full recomputation repeats)
   int64_t recomputed_layers = 0;  // layers run forward twice (full granularity)
 
   // Memory per rank (first pipeline stage, one TP/CP rank), bytes, under input.sharding over d ranks.
@@ -114,13 +162,20 @@ struct CalcReport {
   StateBytesPerParam weight_per_param;      // FP32 master (or its shard) + 16-bit compute copy (or its shard)
   StateBytesPerParam grad_per_param;        // main grads (FP32 whenever num_gpus > 1)
   StateBytesPerParam optimizer_per_param;   // Adam m and v (FP32)
-  int64_t weight_bytes = 0;     // weight_per_param.bytes(params_first_stage, d)
+  // The trained parameters: params_first_stage, or with LoRA the adapters (lora_params_stage).
+  int64_t weight_bytes = 0;     // weight_per_param.bytes(trained params, d)
   int64_t grad_bytes = 0;       // grad_per_param.bytes(...)
   int64_t optimizer_bytes = 0;  // optimizer_per_param.bytes(...)
-  int64_t states_bytes() const { return weight_bytes + grad_bytes + optimizer_bytes; }
+  // LoRA's frozen base: its compute copy only (2 B/param with --bf16/--fp16, 4 in FP32, where the values are
+  // the compute copy), whole on every rank of the ZeRO group; 0 without LoRA.
+  int frozen_per_param = 0;
+  int64_t frozen_bytes = 0;     // frozen_per_param * params_first_stage
+  int64_t states_bytes() const { return frozen_bytes + weight_bytes + grad_bytes + optimizer_bytes; }
   // The same for the last pipeline stage (== first with PP 1).
-  int64_t last_weight_bytes = 0, last_grad_bytes = 0, last_optimizer_bytes = 0;
-  int64_t last_states_bytes() const { return last_weight_bytes + last_grad_bytes + last_optimizer_bytes; }
+  int64_t last_frozen_bytes = 0, last_weight_bytes = 0, last_grad_bytes = 0, last_optimizer_bytes = 0;
+  int64_t last_states_bytes() const {
+    return last_frozen_bytes + last_weight_bytes + last_grad_bytes + last_optimizer_bytes;
+  }
   // Buffers that live only part of a step, on top of the model states (first stage):
   //   optim_grads:        FP32 gradients of up to 2 buckets (one written by backward, one being
   //                       reduce-scattered): 4*min(P, 2*bucket_size)
@@ -128,7 +183,7 @@ struct CalcReport {
   //                       (one in use, one being gathered or reduce-scattered): 2*layer_params*(cb + 4)
   int64_t transient_bytes = 0;
   int64_t bucket_size = 0;   // elements per gradient bucket (optim_grads)
-  int64_t layer_params = 0;  // parameters of one layer on one TP rank
+  int64_t layer_params = 0;  // trained parameters of one layer on one TP rank (with LoRA: its adapters)
   int64_t micro_batches = 0;           // per iteration per data-parallel rank
   int64_t micro_batches_in_flight = 0;  // on the first stage under 1F1B: min(PP, micro-batches)
   // Rows none / selective / full (full: the run's method and layers when it is full, else every layer).
@@ -141,10 +196,16 @@ struct CalcReport {
   // plus the data loader's few batch buffers.
   struct LoomPlan {
     int64_t parameter_bytes = 0;   // FP32 master weights, compute copy (bf16/fp16), gradient buffer
-    int64_t optimizer_bytes = 0;   // Adam m and v (FP32)
+                                   // (LoRA: the frozen base's compute copy and the adapters' buffers)
+    int64_t optimizer_bytes = 0;   // Adam m and v (FP32) of the trained parameters
     int64_t main_grad_bytes = 0;   // FP32 main-grad copy when the gradient buffer is FP16
     int64_t activation_bytes = 0;  // every activation buffer of one micro-batch (B = micro batch size)
-    int64_t total() const { return parameter_bytes + optimizer_bytes + main_grad_bytes + activation_bytes; }
+    // LoRA: the largest transient scratch one adapter allocates (its dropped input, h, the up GEMM's
+    // output, a slice adapter's spread B; in backward dh and the input gradient), see lora_scratch_bytes.
+    int64_t adapter_scratch_bytes = 0;
+    int64_t total() const {
+      return parameter_bytes + optimizer_bytes + main_grad_bytes + activation_bytes + adapter_scratch_bytes;
+    }
   };
   std::optional<LoomPlan> loom_plan;
 
@@ -155,11 +216,14 @@ struct CalcReport {
   double iterations = 0;       // T / (B * s), when train_tokens is set
   double seconds_6tp = 0;      // 6*T*P/(n*X): no recomputation
   double seconds_8tp = 0;      // 8*T*P/(n*X): full recomputation
+  // LoRA's counterparts (P the frozen base; adapters and attention dropped): 4*T*P/(n*X) (forward + input
+  // gradients) and 6*T*P/(n*X) (full recomputation adds a forward).
+  double seconds_lora_4tp = 0, seconds_lora_6tp = 0;
   double seconds_run = 0;      // iterations * flops_run / (n*X)
 };
 
-// Validates the fields calc uses (model shape, sequence, batch, parallel sizes, precision and
-// recomputation flags) and resolves the vocabulary: --tokenizer-type (built with make_tokenizer, which
+// Validates the fields calc uses (model shape, sequence, batch, parallel sizes, precision, recomputation
+// and LoRA flags) and resolves the vocabulary: --tokenizer-type (built with make_tokenizer, which
 // may read --vocab-file etc.), else --vocab-size, else GPT-2's 50257 with a note. --train-iters and the
 // data flags are not required. Resolves the data-parallel sharding as the trainer does
 // (--data-parallel-sharding-strategy wins; --use-distributed-optimizer alone is optim; the two together

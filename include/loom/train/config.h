@@ -168,6 +168,9 @@ struct LoraTrainConfig {
   bool alpha_given = false, dropout_given = false;
   bool enabled() const { return rank > 0; }
   std::vector<std::string> targets_or_default() const;
+  // The flags' own rules (rank >= 0; alpha, dropout and modules only with a rank; alpha > 0, dropout in
+  // [0, 1)): UserError naming the flag. `loom train` and `loom calc` both apply them.
+  void validate() const;
 };
 
 struct ExitConfig {

@@ -1,6 +1,7 @@
 // `loom calc` predicts what `loom train` allocates: the run's peak allocator bytes (the log's "max
-// allocated") equal calc's Loom plan (model plan + optimizer state + FP32 main-grad copy) plus the data
-// loader's batch buffers, for every precision and recomputation mode.
+// allocated") equal calc's Loom plan (model plan + optimizer state + FP32 main-grad copy, and with LoRA the
+// largest adapter scratch) plus the data loader's batch buffers, for every precision and recomputation
+// mode, with and without LoRA.
 #include <gtest/gtest.h>
 
 #include <sstream>
@@ -56,3 +57,14 @@ TEST(CalcVsRun, Fp32FullBlock) {
 // --optimizer sgd: calc counts the momentum buffer (4 bytes per parameter), or nothing without momentum.
 TEST(CalcVsRun, SgdMomentum) { expect_prediction_holds("--optimizer sgd --sgd-momentum 0.9"); }
 TEST(CalcVsRun, SgdPlain) { expect_prediction_holds("--optimizer sgd --sgd-momentum 0"); }
+
+// LoRA: the frozen base (compute copy only), the adapters' states and their transient scratch.
+TEST(CalcVsRun, LoraBf16SlicesWithDropout) {
+  expect_prediction_holds("--bf16 --lora-rank 8 --lora-dropout 0.1 --lora-target-modules q_proj v_proj linear_fc1 "
+                          "linear_fc2");
+}
+TEST(CalcVsRun, LoraFp32FullUniform) {
+  expect_prediction_holds("--lora-rank 4 --recompute-granularity full --recompute-method uniform "
+                          "--recompute-num-layers 1");
+}
+TEST(CalcVsRun, LoraFp16WithFp16Grads) { expect_prediction_holds("--fp16 --lora-rank 4 --lora-target-modules all"); }
