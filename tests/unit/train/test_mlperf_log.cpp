@@ -216,7 +216,7 @@ TEST(MlperfRunLog, AnUnwritablePathNamesTheFlag) {
     MlperfRunLog log(cfg, "1xCPU");
     ADD_FAILURE() << "expected a UserError";
   } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("--mlperf-log /proc/loom-no-such-dir/x.log"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--mlperf-log '/proc/loom-no-such-dir/x.log'"), std::string::npos) << e.what();
   }
 }
 
