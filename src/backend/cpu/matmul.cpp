@@ -24,6 +24,8 @@
 // Primitives are cached by (shapes, strides, dtypes, bias dtype, accumulate) because creating one costs far
 // more than running a small one. The bias gradient is a column sum done by bias_backward (fixed-order,
 // deterministic).
+#include <omp.h>
+
 #include <algorithm>
 #include <map>
 #include <mutex>
@@ -76,7 +78,19 @@ void sgemm_fixed_split(char ta, char tb, int64_t M, int64_t N, int64_t K, const 
   const int64_t P = std::max<int64_t>(1, std::min<int64_t>(16, (D + 63) / 64));
   const int64_t step = ((D + P - 1) / P + 7) / 8 * 8;
   int status = int(dnnl_success);
-#pragma omp parallel for schedule(static) if (P > 1) reduction(max : status)
+  if (P == 1) {
+    // One piece: run it on this thread alone. Outside a parallel region oneDNN would thread it itself
+    // (splitting K on some shapes: thread-count-dependent sums) and, for the small products of LoRA's
+    // rank-r GEMMs, spend more on waking and joining threads than on the product.
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    const dnnl_status_t st = dnnl_sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+    omp_set_num_threads(threads);
+    LOOM_CHECK(st == dnnl_success, "[matmul] dnnl_sgemm failed with status ", int(st), " for M=", M, " N=", N,
+               " K=", K);
+    return;
+  }
+#pragma omp parallel for schedule(static) reduction(max : status)
   for (int64_t t = 0; t < P; ++t) {
     const int64_t d0 = t * step;
     if (d0 >= D) continue;

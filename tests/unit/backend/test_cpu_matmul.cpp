@@ -2,6 +2,8 @@
 // matmul primitive (bf16 x bf16 -> f32 accumulate), odd shapes, overwrite vs accumulate semantics.
 #include <gtest/gtest.h>
 
+#include <omp.h>
+
 #include <cmath>
 #include <vector>
 
@@ -114,4 +116,30 @@ TEST(CpuMatmul, ShapeErrorsNameTheTensor) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("inp expected (4, 2)"), std::string::npos) << e.what();
   }
+}
+
+// f32 products give the same bits whatever the thread count, small ones included: an output smaller than
+// one 64-wide piece (LoRA's rank-r products: dA (r, in) over the tokens, h = x A^T) runs on one thread
+// rather than letting oneDNN split its reduction between threads.
+TEST(CpuMatmul, F32BitsDoNotDependOnTheThreadCount) {
+  auto ctx = make_cpu_context();
+  struct Case {
+    int64_t M, K, N;
+  };
+  for (const Case c : {Case{512, 64, 8}, Case{512, 8, 64}, Case{4096, 16, 16}, Case{300, 96, 200}}) {
+    const Tensor x = randn({c.M, c.K}, 1), w = randn({c.N, c.K}, 2), dout = randn({c.M, c.N}, 3);
+    std::vector<std::vector<float>> outs;
+    for (int threads : {1, 2}) {
+      omp_set_num_threads(threads);
+      Tensor y = Tensor::empty({c.M, c.N}, DType::kF32), dx = Tensor::empty({c.M, c.K}, DType::kF32);
+      Tensor dw = Tensor::zeros({c.N, c.K}, DType::kF32);
+      ctx->ops().matmul_forward(y, x, w, TensorView());
+      ctx->ops().matmul_backward(dx, dw, TensorView(), dout, x, w);
+      std::vector<float> all;
+      for (const Tensor* t : {&y, &dx, &dw}) all.insert(all.end(), t->data<float>(), t->data<float>() + t->numel());
+      outs.push_back(std::move(all));
+    }
+    EXPECT_TRUE(outs[0] == outs[1]) << "M=" << c.M << " K=" << c.K << " N=" << c.N;
+  }
+  omp_set_num_threads(2);
 }
