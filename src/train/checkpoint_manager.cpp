@@ -96,6 +96,25 @@ T get_field(const json& j, const char* key, const std::string& file) {
   }
 }
 
+// A Loom checkpoint directory opened once: its reader (any layout, either format; every shard's index read)
+// and its parsed metadata, checked to be Loom's format before anything else reads it.
+struct OpenedCheckpoint {
+  ShardedCheckpoint ck;
+  json meta;
+  std::string meta_path;
+};
+OpenedCheckpoint open_checkpoint(const std::string& dir) {
+  OpenedCheckpoint o{ShardedCheckpoint::open(dir), json(), dir + "/metadata.json"};
+  try {
+    o.meta = json::parse(o.ck.metadata_json());
+  } catch (const json::exception& e) {
+    user_error("checkpoint metadata ", o.meta_path, " is not valid JSON: ", e.what());
+  }
+  if (get_field<std::string>(o.meta, "format", o.meta_path) != kFormat)
+    user_error(o.meta_path, " is not a Loom checkpoint (format ", o.meta["format"].dump(), ")");
+  return o;
+}
+
 std::string fmt_ms(double ms) {
   char b[32];
   std::snprintf(b, sizeof b, "%.1f", ms);
@@ -346,16 +365,10 @@ std::string CheckpointManager::load_model_only(const std::string& path, const ch
     if (!latest)
       user_error(flag, " ", path, " holds no checkpoint (no ", checkpoint_tracker_path(path),
                  ") and is no Hugging Face model directory (no config.json)");
-    const std::string meta_path = latest->dir + "/metadata.json";
-    const ShardedCheckpoint ck = ShardedCheckpoint::open(latest->dir);
-    json meta;
-    try {
-      meta = json::parse(ck.metadata_json());
-    } catch (const json::exception& e) {
-      user_error("checkpoint metadata ", meta_path, " is not valid JSON: ", e.what());
-    }
-    if (get_field<std::string>(meta, "format", meta_path) != kFormat)
-      user_error(meta_path, " is not a Loom checkpoint (format ", meta["format"].dump(), ")");
+    const OpenedCheckpoint opened = open_checkpoint(latest->dir);
+    const ShardedCheckpoint& ck = opened.ck;
+    const json& meta = opened.meta;
+    const std::string& meta_path = opened.meta_path;
     if (meta.contains("lora"))
       user_error(flag, " ", path, " is a LoRA checkpoint (adapters only), not a full model: give the model it adapts, "
                  "or merge the adapters into it first (loom convert --merge-lora)");
@@ -427,18 +440,11 @@ void CheckpointManager::load() {
     return;
   }
   const std::string dir = latest->dir;
-  const std::string meta_path = dir + "/metadata.json";
-  // One reader of the checkpoint (any layout, either format): its metadata and every shard's index, read
-  // before anything is changed.
-  const ShardedCheckpoint ck = ShardedCheckpoint::open(dir);
-  json meta;
-  try {
-    meta = json::parse(ck.metadata_json());
-  } catch (const json::exception& e) {
-    user_error("checkpoint metadata ", meta_path, " is not valid JSON: ", e.what());
-  }
-  if (get_field<std::string>(meta, "format", meta_path) != kFormat)
-    user_error(meta_path, " is not a Loom checkpoint (format ", meta["format"].dump(), ")");
+  // One reader of the checkpoint, read before anything is changed.
+  const OpenedCheckpoint opened = open_checkpoint(dir);
+  const ShardedCheckpoint& ck = opened.ck;
+  const json& meta = opened.meta;
+  const std::string& meta_path = opened.meta_path;
   const int version = get_field<int>(meta, "format_version", meta_path);
   if (version > kFormatVersion)
     user_error(meta_path, " has format_version ", version, "; this Loom reads up to ", kFormatVersion);
