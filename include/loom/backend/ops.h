@@ -15,6 +15,7 @@
 //     of the work that does not depend on how many threads run it.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "loom/core/tensor.h"
 
@@ -221,6 +222,39 @@ class OpTable {
   // gradients from dq (B, T, NH*HS) f32 and the key/value-head gradients from dkv (B, T, NKV*2*HS) f32.
   void attention_qkv_grad_unpack(TensorView dqkv, TensorView dq, TensorView dkv, const AttentionParams& p) const;
 
+  // ---- mixture of experts: token permutation and grouped GEMM (loom/nn/moe.h) ----------------------
+  // row_id_map (N, E) i32 on the op's device: the row of the expert-grouped ("permuted") buffer that holds
+  // token n's copy for expert e, or -1 when token n does not go to expert e. The rows 0..M-1 are a
+  // bijection onto the (n, e) pairs with row >= 0 (the router builds it expert-major, token order within an
+  // expert: Megatron-Core's permute order). Tokens (N, C) and permuted rows (M, C) share one compute dtype;
+  // probs / dprobs (N, E) f32; arithmetic in f32. No atomics: every output row is written by one task that
+  // visits its inputs in a fixed order (e = 0..E-1), so results do not depend on threads or launch shape.
+  // The CPU backend checks that row_id_map is such a bijection (values in its own memory); the CUDA
+  // kernels skip entries outside [0, M) and trust the caller for the rest.
+  //
+  // out (M, C) (overwrite): out[row_id_map[n, e]] = inp[n].
+  void moe_permute_forward(TensorView out, TensorView inp, TensorView row_id_map) const;
+  // dinp (N, C) (overwrite) = Σ_e dout[row_id_map[n, e]] over the e with a row, in order of e (0 if none).
+  void moe_permute_backward(TensorView dinp, TensorView dout, TensorView row_id_map) const;
+  // out (N, C) (overwrite) = Σ_e probs[n, e] · inp[row_id_map[n, e]] (inp (M, C): the experts' outputs),
+  // summed in f32 in order of e; a token with no row gets 0.
+  void moe_unpermute_forward(TensorView out, TensorView inp, TensorView probs, TensorView row_id_map) const;
+  // dinp (M, C) (overwrite): dinp[row_id_map[n, e]] = probs[n, e] · dout[n];
+  // dprobs (N, E) f32 (overwrite; skipped when empty) = <dout[n], inp[row_id_map[n, e]]>, 0 where no row.
+  void moe_unpermute_backward(TensorView dinp, TensorView dprobs, TensorView dout, TensorView inp, TensorView probs,
+                              TensorView row_id_map) const;
+  // Grouped GEMM over G contiguous row groups (the experts' token groups): group g is rows
+  // [o_g, o_g + group_sizes[g]) of inp (M, K) and out (M, N), o_g = Σ_{h<g} group_sizes[h], Σ = M, and
+  //   out[rows_g] = inp[rows_g] · weight[g]^T,  weight (G, N, K).
+  // group_sizes: host values (the caller has them from routing). One call runs every group's GEMM with the
+  // dtype rules of matmul_forward (no bias); an empty group computes nothing.
+  void grouped_matmul_forward(TensorView out, TensorView inp, TensorView weight,
+                              const std::vector<int64_t>& group_sizes) const;
+  // dinp (M, K) (overwrite; skipped when empty; compute dtype or f32) and dweight (G, N, K) (ACCUMULATE;
+  // skipped when empty), per group as matmul_backward. An empty group adds nothing to its dweight[g].
+  void grouped_matmul_backward(TensorView dinp, TensorView dweight, TensorView dout, TensorView inp, TensorView weight,
+                               const std::vector<int64_t>& group_sizes) const;
+
   // ---- cross-entropy ----------------------------------------------------------------------------
   // logits (N, Vp) f32/bf16/f16 (arithmetic in f32), targets i32 (N), columns >= vocab_size are padding and excluded.
   // losses (N) = logsumexp(logits[n, :V]) - logits[n, target]. When dlogits_scale != 0, the logits
@@ -337,6 +371,16 @@ class OpTable {
   virtual void do_attention_kv_pack(TensorView kv, TensorView qkv, const AttentionParams& p) const = 0;
   virtual void do_attention_qkv_grad_unpack(TensorView dqkv, TensorView dq, TensorView dkv,
                                             const AttentionParams& p) const = 0;
+  virtual void do_moe_permute_forward(TensorView out, TensorView inp, TensorView row_id_map) const = 0;
+  virtual void do_moe_permute_backward(TensorView dinp, TensorView dout, TensorView row_id_map) const = 0;
+  virtual void do_moe_unpermute_forward(TensorView out, TensorView inp, TensorView probs,
+                                        TensorView row_id_map) const = 0;
+  virtual void do_moe_unpermute_backward(TensorView dinp, TensorView dprobs, TensorView dout, TensorView inp,
+                                         TensorView probs, TensorView row_id_map) const = 0;
+  virtual void do_grouped_matmul_forward(TensorView out, TensorView inp, TensorView weight,
+                                         const std::vector<int64_t>& group_sizes) const = 0;
+  virtual void do_grouped_matmul_backward(TensorView dinp, TensorView dweight, TensorView dout, TensorView inp,
+                                          TensorView weight, const std::vector<int64_t>& group_sizes) const = 0;
   virtual void do_cross_entropy_forward_backward(TensorView losses, TensorView logits, TensorView targets,
                                                  int64_t vocab_size, TensorView loss_mask,
                                                  float dlogits_scale) const = 0;

@@ -3,7 +3,7 @@
 // op family:
 //   matmul.cpp (oneDNN), attention.cpp, attention_blocks.cpp (context-parallel blocks), norm.cpp,
 //   elementwise.cpp, embedding.cpp, cross_entropy.cpp, optimizer.cpp, dropout.cpp, rmsnorm.cpp (with
-//   norm.cpp's helpers in norm_common.h), glu.cpp, rope.cpp.
+//   norm.cpp's helpers in norm_common.h), glu.cpp, rope.cpp, moe.cpp (MoE token permutation and grouped GEMM).
 //   Parallel with OpenMP; reductions use fixed-size blocks summed in a fixed order so results do not depend
 //   on the number of threads.
 #pragma once
@@ -67,6 +67,15 @@ class CpuOps final : public OpTable {
   void do_attention_kv_pack(TensorView kv, TensorView qkv, const AttentionParams& p) const override;
   void do_attention_qkv_grad_unpack(TensorView dqkv, TensorView dq, TensorView dkv,
                                     const AttentionParams& p) const override;
+  void do_moe_permute_forward(TensorView out, TensorView inp, TensorView row_id_map) const override;
+  void do_moe_permute_backward(TensorView dinp, TensorView dout, TensorView row_id_map) const override;
+  void do_moe_unpermute_forward(TensorView out, TensorView inp, TensorView probs, TensorView row_id_map) const override;
+  void do_moe_unpermute_backward(TensorView dinp, TensorView dprobs, TensorView dout, TensorView inp, TensorView probs,
+                                 TensorView row_id_map) const override;
+  void do_grouped_matmul_forward(TensorView out, TensorView inp, TensorView weight,
+                                 const std::vector<int64_t>& group_sizes) const override;
+  void do_grouped_matmul_backward(TensorView dinp, TensorView dweight, TensorView dout, TensorView inp,
+                                  TensorView weight, const std::vector<int64_t>& group_sizes) const override;
   void do_cross_entropy_forward_backward(TensorView losses, TensorView logits, TensorView targets, int64_t vocab_size,
                                          TensorView loss_mask, float dlogits_scale) const override;
   void do_adamw_update(TensorView param, TensorView grad, TensorView m, TensorView v,

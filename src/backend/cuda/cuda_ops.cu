@@ -7,6 +7,7 @@
 #include "backend/cuda/embedding.cuh"
 #include "backend/cuda/fp8.cuh"
 #include "backend/cuda/matmul.cuh"
+#include "backend/cuda/moe.cuh"
 #include "backend/cuda/norm.cuh"
 #include "backend/cuda/optimizer.cuh"
 
@@ -108,6 +109,27 @@ void CudaOps::do_attention_kv_pack(TensorView kv, TensorView qkv, const Attentio
 void CudaOps::do_attention_qkv_grad_unpack(TensorView dqkv, TensorView dq, TensorView dkv,
                                            const AttentionParams& p) const {
   cuda::attention_qkv_grad_unpack(ctx_, dqkv, dq, dkv, p);
+}
+void CudaOps::do_moe_permute_forward(TensorView out, TensorView inp, TensorView row_id_map) const {
+  cuda::moe_permute_forward(ctx_, out, inp, row_id_map);
+}
+void CudaOps::do_moe_permute_backward(TensorView dinp, TensorView dout, TensorView row_id_map) const {
+  cuda::moe_permute_backward(ctx_, dinp, dout, row_id_map);
+}
+void CudaOps::do_moe_unpermute_forward(TensorView out, TensorView inp, TensorView probs, TensorView row_id_map) const {
+  cuda::moe_unpermute_forward(ctx_, out, inp, probs, row_id_map);
+}
+void CudaOps::do_moe_unpermute_backward(TensorView dinp, TensorView dprobs, TensorView dout, TensorView inp,
+                                        TensorView probs, TensorView row_id_map) const {
+  cuda::moe_unpermute_backward(ctx_, dinp, dprobs, dout, inp, probs, row_id_map);
+}
+void CudaOps::do_grouped_matmul_forward(TensorView out, TensorView inp, TensorView weight,
+                                        const std::vector<int64_t>& group_sizes) const {
+  cuda::grouped_matmul_forward(ctx_, out, inp, weight, group_sizes);
+}
+void CudaOps::do_grouped_matmul_backward(TensorView dinp, TensorView dweight, TensorView dout, TensorView inp,
+                                         TensorView weight, const std::vector<int64_t>& group_sizes) const {
+  cuda::grouped_matmul_backward(ctx_, dinp, dweight, dout, inp, weight, group_sizes);
 }
 void CudaOps::do_cross_entropy_forward_backward(TensorView losses, TensorView logits, TensorView targets,
                                                 int64_t vocab_size, TensorView loss_mask, float dlogits_scale) const {

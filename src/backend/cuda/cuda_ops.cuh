@@ -63,6 +63,15 @@ class CudaOps final : public OpTable {
   void do_attention_kv_pack(TensorView kv, TensorView qkv, const AttentionParams& p) const override;
   void do_attention_qkv_grad_unpack(TensorView dqkv, TensorView dq, TensorView dkv,
                                     const AttentionParams& p) const override;
+  void do_moe_permute_forward(TensorView out, TensorView inp, TensorView row_id_map) const override;
+  void do_moe_permute_backward(TensorView dinp, TensorView dout, TensorView row_id_map) const override;
+  void do_moe_unpermute_forward(TensorView out, TensorView inp, TensorView probs, TensorView row_id_map) const override;
+  void do_moe_unpermute_backward(TensorView dinp, TensorView dprobs, TensorView dout, TensorView inp, TensorView probs,
+                                 TensorView row_id_map) const override;
+  void do_grouped_matmul_forward(TensorView out, TensorView inp, TensorView weight,
+                                 const std::vector<int64_t>& group_sizes) const override;
+  void do_grouped_matmul_backward(TensorView dinp, TensorView dweight, TensorView dout, TensorView inp,
+                                  TensorView weight, const std::vector<int64_t>& group_sizes) const override;
   void do_cross_entropy_forward_backward(TensorView losses, TensorView logits, TensorView targets, int64_t vocab_size,
                                          TensorView loss_mask, float dlogits_scale) const override;
   void do_adamw_update(TensorView param, TensorView grad, TensorView m, TensorView v,

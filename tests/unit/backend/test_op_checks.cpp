@@ -95,6 +95,18 @@ class CountingOps final : public OpTable {
   void do_fp8_gemm(TensorView out, TensorView a, TensorView a_scale_inv, TensorView b, TensorView b_scale_inv,
                    TensorView bias, bool accumulate) const override { ++calls; }
   void do_transpose(TensorView out, TensorView inp) const override { ++calls; }
+  void do_moe_permute_forward(TensorView out, TensorView inp, TensorView row_id_map) const override { ++calls; }
+  void do_moe_permute_backward(TensorView dinp, TensorView dout, TensorView row_id_map) const override { ++calls; }
+  void do_moe_unpermute_forward(TensorView out, TensorView inp, TensorView probs,
+                                TensorView row_id_map) const override { ++calls; }
+  void do_moe_unpermute_backward(TensorView dinp, TensorView dprobs, TensorView dout, TensorView inp, TensorView probs,
+                                 TensorView row_id_map) const override { ++calls; }
+  void do_grouped_matmul_forward(TensorView out, TensorView inp, TensorView weight,
+                                 const std::vector<int64_t>& group_sizes) const override { ++calls; }
+  void do_grouped_matmul_backward(TensorView dinp, TensorView dweight, TensorView dout, TensorView inp,
+                                  TensorView weight, const std::vector<int64_t>& group_sizes) const override {
+    ++calls;
+  }
 };
 
 // Expects f to throw an Error whose message names "[op]" and contains detail.

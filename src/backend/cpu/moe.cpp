@@ -1,0 +1,163 @@
+// Mixture-of-experts ops on the CPU (the reference for src/backend/cuda/moe.cu): token permutation into the
+// expert-grouped order, the probability-weighted unpermutation back to tokens, their backwards, and the
+// grouped GEMM over the experts' contiguous row groups.
+// Invariants:
+//   - every output row is written by one task (a token, or one group's GEMM) that visits its inputs in a
+//     fixed order (e = 0..E-1), so results never depend on the number of threads; no atomics;
+//   - 16-bit rows are widened into per-thread f32 scratch, combined in f32 and narrowed once (RNE); the
+//     dprobs dot products accumulate in f64;
+//   - row_id_map's values are checked here (they are in host memory): each is -1 or in [0, M) and every row
+//     0..M-1 is used exactly once, before any output is written.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/lowp.h"
+
+namespace loom::cpu {
+
+namespace {
+
+constexpr int64_t kParallelMinRows = 16;
+
+// row_id_map (N, E) must map the (n, e) pairs with a row bijectively onto [0, M).
+void check_row_id_map(const char* op, TensorView row_id_map, int64_t M) {
+  const int64_t n_pairs = row_id_map.numel();
+  const int32_t* map = row_id_map.data<int32_t>();
+  std::vector<char> seen(size_t(M), 0);
+  int64_t used = 0;
+  for (int64_t i = 0; i < n_pairs; ++i) {
+    const int32_t r = map[i];
+    if (r < 0) {
+      LOOM_CHECK(r == -1, "[", op, "] row_id_map[", i, "] = ", r, ": expected -1 (no row) or a row in [0, ", M, ")");
+      continue;
+    }
+    LOOM_CHECK(r < M, "[", op, "] row_id_map[", i, "] = ", r, " is outside the ", M, " permuted rows");
+    LOOM_CHECK(!seen[size_t(r)], "[", op, "] row ", r, " appears twice in row_id_map");
+    seen[size_t(r)] = 1;
+    ++used;
+  }
+  LOOM_CHECK(used == M, "[", op, "] row_id_map uses ", used, " rows but the permuted buffer has ", M);
+}
+
+}  // namespace
+
+void CpuOps::do_moe_permute_forward(TensorView out, TensorView inp, TensorView row_id_map) const {
+  const int64_t N = row_id_map.size(0), E = row_id_map.size(1), C = inp.size(1), M = out.size(0);
+  check_row_id_map("moe_permute_forward", row_id_map, M);
+  const int32_t* map = row_id_map.data<int32_t>();
+  const size_t row_bytes = size_t(C) * dtype_size(inp.dtype());
+  const char* src = static_cast<const char*>(inp.raw());
+  char* dst = static_cast<char*>(out.raw());
+#pragma omp parallel for schedule(static) if (N >= kParallelMinRows)
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t e = 0; e < E; ++e) {
+      const int32_t r = map[n * E + e];
+      if (r >= 0) std::memcpy(dst + int64_t(r) * int64_t(row_bytes), src + n * int64_t(row_bytes), row_bytes);
+    }
+}
+
+void CpuOps::do_moe_permute_backward(TensorView dinp, TensorView dout, TensorView row_id_map) const {
+  const int64_t N = row_id_map.size(0), E = row_id_map.size(1), C = dinp.size(1), M = dout.size(0);
+  check_row_id_map("moe_permute_backward", row_id_map, M);
+  const int32_t* map = row_id_map.data<int32_t>();
+  const DType dt = dinp.dtype();
+#pragma omp parallel for schedule(static) if (N >= kParallelMinRows)
+  for (int64_t n = 0; n < N; ++n) {
+    float* acc = thread_scratch(0, size_t(C));
+    float* row = thread_scratch(1, size_t(C));
+    std::fill(acc, acc + C, 0.0f);
+    for (int64_t e = 0; e < E; ++e) {
+      const int32_t r = map[n * E + e];
+      if (r < 0) continue;
+      widen(row, elem_ptr(dout.raw(), dt, int64_t(r) * C), dt, C);
+      for (int64_t c = 0; c < C; ++c) acc[c] += row[c];
+    }
+    narrow(elem_ptr(dinp.raw(), dt, n * C), dt, acc, C);
+  }
+}
+
+void CpuOps::do_moe_unpermute_forward(TensorView out, TensorView inp, TensorView probs, TensorView row_id_map) const {
+  const int64_t N = row_id_map.size(0), E = row_id_map.size(1), C = out.size(1), M = inp.size(0);
+  check_row_id_map("moe_unpermute_forward", row_id_map, M);
+  const int32_t* map = row_id_map.data<int32_t>();
+  const float* p = probs.data<float>();
+  const DType dt = out.dtype();
+#pragma omp parallel for schedule(static) if (N >= kParallelMinRows)
+  for (int64_t n = 0; n < N; ++n) {
+    float* acc = thread_scratch(0, size_t(C));
+    float* row = thread_scratch(1, size_t(C));
+    std::fill(acc, acc + C, 0.0f);
+    for (int64_t e = 0; e < E; ++e) {
+      const int32_t r = map[n * E + e];
+      if (r < 0) continue;
+      const float w = p[n * E + e];
+      widen(row, elem_ptr(inp.raw(), dt, int64_t(r) * C), dt, C);
+      for (int64_t c = 0; c < C; ++c) acc[c] += w * row[c];
+    }
+    narrow(elem_ptr(out.raw(), dt, n * C), dt, acc, C);
+  }
+}
+
+void CpuOps::do_moe_unpermute_backward(TensorView dinp, TensorView dprobs, TensorView dout, TensorView inp,
+                                       TensorView probs, TensorView row_id_map) const {
+  const int64_t N = row_id_map.size(0), E = row_id_map.size(1), C = dout.size(1), M = dinp.size(0);
+  check_row_id_map("moe_unpermute_backward", row_id_map, M);
+  const int32_t* map = row_id_map.data<int32_t>();
+  const float* p = probs.data<float>();
+  float* dp = dprobs.defined() ? dprobs.data<float>() : nullptr;
+  const DType dt = dout.dtype();
+#pragma omp parallel for schedule(static) if (N >= kParallelMinRows)
+  for (int64_t n = 0; n < N; ++n) {
+    float* dy = thread_scratch(0, size_t(C));
+    float* row = thread_scratch(1, size_t(C));
+    widen(dy, elem_ptr(dout.raw(), dt, n * C), dt, C);
+    for (int64_t e = 0; e < E; ++e) {
+      const int32_t r = map[n * E + e];
+      if (r < 0) {
+        if (dp) dp[n * E + e] = 0.0f;
+        continue;
+      }
+      if (dp) {
+        widen(row, elem_ptr(inp.raw(), dt, int64_t(r) * C), dt, C);
+        double dot = 0;
+        for (int64_t c = 0; c < C; ++c) dot += double(dy[c]) * double(row[c]);
+        dp[n * E + e] = float(dot);
+      }
+      const float w = p[n * E + e];
+      for (int64_t c = 0; c < C; ++c) row[c] = w * dy[c];
+      narrow(elem_ptr(dinp.raw(), dt, int64_t(r) * C), dt, row, C);
+    }
+  }
+}
+
+void CpuOps::do_grouped_matmul_forward(TensorView out, TensorView inp, TensorView weight,
+                                       const std::vector<int64_t>& group_sizes) const {
+  const int64_t N = weight.size(1), K = weight.size(2);
+  int64_t o = 0;
+  for (size_t g = 0; g < group_sizes.size(); ++g) {
+    const int64_t m = group_sizes[g];
+    if (m > 0)
+      do_matmul_forward(out.slice_flat(o * N, {m, N}), inp.slice_flat(o * K, {m, K}),
+                        weight.slice_flat(int64_t(g) * N * K, {N, K}), TensorView());
+    o += m;
+  }
+}
+
+void CpuOps::do_grouped_matmul_backward(TensorView dinp, TensorView dweight, TensorView dout, TensorView inp,
+                                        TensorView weight, const std::vector<int64_t>& group_sizes) const {
+  const int64_t N = weight.size(1), K = weight.size(2);
+  int64_t o = 0;
+  for (size_t g = 0; g < group_sizes.size(); ++g) {
+    const int64_t m = group_sizes[g];
+    if (m > 0)
+      do_matmul_backward(dinp ? dinp.slice_flat(o * K, {m, K}) : TensorView(),
+                         dweight ? dweight.slice_flat(int64_t(g) * N * K, {N, K}) : TensorView(), TensorView(),
+                         dout.slice_flat(o * N, {m, N}), inp.slice_flat(o * K, {m, K}),
+                         weight.slice_flat(int64_t(g) * N * K, {N, K}));
+    o += m;
+  }
+}
+
+}  // namespace loom::cpu

@@ -1,0 +1,145 @@
+// CPU MoE ops (src/backend/cpu/moe.cpp): token permutation / unpermutation against a naive f64 loop, their
+// backwards as the adjoints (<permute(x), g> = <x, permute_backward(g)>; unpermute's dprobs by central
+// differences), bf16 rows against the f32 op on the widened inputs, row_id_map validation, and the grouped
+// GEMM against one matmul per group (an empty group, accumulating dweight). Odd sizes: N = 1, 5, 217.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "backend/cpu/cpu_ops.h"
+#include "cpu_test_util.h"
+#include "loom/core/check.h"
+#include "moe_test_util.h"
+
+namespace loom {
+namespace {
+
+using test::MoeRouting;
+using test::random_routing;
+
+struct Dims {
+  int64_t N, E, k, C;
+};
+const Dims kDims[] = {{1, 3, 1, 5}, {5, 3, 2, 7}, {217, 8, 2, 13}, {5, 8, 2, 1}};
+
+TEST(CpuMoe, PermuteAndUnpermuteMatchNaiveLoops) {
+  for (const Dims& d : kDims) {
+    SCOPED_TRACE("N=" + std::to_string(d.N));
+    const MoeRouting r = random_routing(d.N, d.E, d.k, uint32_t(d.N + d.C));
+    const int32_t* ids = r.row_id_map.data<int32_t>();
+    Tensor x = test::uniform_tensor({d.N, d.C}, 1), yp = test::uniform_tensor({r.M, d.C}, 2);
+    Tensor dy = test::uniform_tensor({d.N, d.C}, 3), g = test::uniform_tensor({r.M, d.C}, 4);
+    Tensor xp = Tensor::empty({r.M, d.C}, DType::kF32), dx = Tensor::empty({d.N, d.C}, DType::kF32);
+    Tensor y = Tensor::empty({d.N, d.C}, DType::kF32), dyp = Tensor::empty({r.M, d.C}, DType::kF32);
+    Tensor dprobs = Tensor::empty({d.N, d.E}, DType::kF32);
+    const OpTable& ops = test::ops();
+    ops.moe_permute_forward(xp, x, r.row_id_map);
+    ops.moe_permute_backward(dx, g, r.row_id_map);
+    ops.moe_unpermute_forward(y, yp, r.probs, r.row_id_map);
+    ops.moe_unpermute_backward(dyp, dprobs, dy, yp, r.probs, r.row_id_map);
+    double adj_a = 0, adj_b = 0;
+    for (int64_t n = 0; n < d.N; ++n)
+      for (int64_t c = 0; c < d.C; ++c) {
+        double dx_ref = 0, y_ref = 0;
+        for (int64_t e = 0; e < d.E; ++e) {
+          const int32_t row = ids[n * d.E + e];
+          if (row < 0) continue;
+          const double p = r.probs.data<float>()[n * d.E + e];
+          EXPECT_EQ(xp.data<float>()[row * d.C + c], x.data<float>()[n * d.C + c]);
+          dx_ref += g.data<float>()[row * d.C + c];
+          y_ref += p * yp.data<float>()[row * d.C + c];
+          EXPECT_NEAR(dyp.data<float>()[row * d.C + c], p * dy.data<float>()[n * d.C + c], 1e-6);
+        }
+        EXPECT_NEAR(dx.data<float>()[n * d.C + c], dx_ref, 1e-5);
+        EXPECT_NEAR(y.data<float>()[n * d.C + c], y_ref, 1e-5);
+        adj_b += double(x.data<float>()[n * d.C + c]) * dx.data<float>()[n * d.C + c];
+      }
+    for (int64_t i = 0; i < xp.numel(); ++i) adj_a += double(xp.data<float>()[i]) * g.data<float>()[i];
+    EXPECT_NEAR(adj_a, adj_b, 1e-4 * (1 + std::fabs(adj_a)));
+    // dprobs: the derivative of <y, dy> in probs[n, e] (y is linear in probs).
+    for (int64_t n = 0; n < d.N; ++n)
+      for (int64_t e = 0; e < d.E; ++e) {
+        const int32_t row = ids[n * d.E + e];
+        double ref = 0;
+        if (row >= 0)
+          for (int64_t c = 0; c < d.C; ++c) ref += double(dy.data<float>()[n * d.C + c]) * yp.data<float>()[row * d.C + c];
+        EXPECT_NEAR(dprobs.data<float>()[n * d.E + e], ref, 1e-5);
+      }
+  }
+}
+
+TEST(CpuMoe, Bf16RowsAreTheF32OpRoundedOnce) {
+  const MoeRouting r = random_routing(37, 8, 2, 7);
+  const int64_t C = 19;
+  Tensor yp32 = test::uniform_tensor({r.M, C}, 5);
+  Tensor yp16 = Tensor::empty({r.M, C}, DType::kBF16), back = Tensor::empty({r.M, C}, DType::kF32);
+  const OpTable& ops = test::ops();
+  ops.cast(yp16, yp32);
+  ops.cast(back, yp16);
+  Tensor y16 = Tensor::empty({37, C}, DType::kBF16), y32 = Tensor::empty({37, C}, DType::kF32);
+  Tensor want = Tensor::empty({37, C}, DType::kBF16);
+  ops.moe_unpermute_forward(y16, yp16, r.probs, r.row_id_map);
+  ops.moe_unpermute_forward(y32, back, r.probs, r.row_id_map);
+  ops.cast(want, y32);
+  EXPECT_EQ(std::memcmp(y16.raw(), want.raw(), size_t(want.nbytes())), 0);
+}
+
+TEST(CpuMoe, RejectsBadRowIdMapsAndShapes) {
+  const OpTable& ops = test::ops();
+  MoeRouting r = random_routing(5, 3, 2, 9, 0.0);
+  Tensor x = test::uniform_tensor({5, 4}, 1), xp = Tensor::empty({r.M, 4}, DType::kF32);
+  int32_t* ids = r.row_id_map.data<int32_t>();
+  int64_t first = 0;
+  while (ids[first] < 0) ++first;
+  const int32_t keep = ids[first];
+  ids[first] = int32_t(r.M);  // out of range
+  EXPECT_THROW(ops.moe_permute_forward(xp, x, r.row_id_map), Error);
+  int64_t second = first + 1;
+  while (ids[second] < 0) ++second;
+  ids[first] = ids[second];  // duplicate
+  EXPECT_THROW(ops.moe_permute_forward(xp, x, r.row_id_map), Error);
+  ids[first] = keep;
+  Tensor short_xp = Tensor::empty({r.M - 1, 4}, DType::kF32);
+  EXPECT_THROW(ops.moe_permute_forward(short_xp, x, r.row_id_map), Error);  // a row with no slot
+  Tensor bf = Tensor::empty({r.M, 4}, DType::kBF16);
+  EXPECT_THROW(ops.moe_permute_forward(bf, x, r.row_id_map), Error);  // dtype mismatch
+  Tensor probs16 = Tensor::empty({5, 3}, DType::kBF16);
+  EXPECT_THROW(ops.moe_unpermute_forward(x, xp, probs16, r.row_id_map), Error);
+  ops.moe_permute_forward(xp, x, r.row_id_map);  // the repaired map works
+}
+
+TEST(CpuMoe, GroupedMatmulIsOneMatmulPerGroup) {
+  const OpTable& ops = test::ops();
+  const std::vector<int64_t> sizes = {3, 0, 217, 1};
+  const int64_t M = 221, K = 7, N = 5, G = 4;
+  Tensor inp = test::uniform_tensor({M, K}, 1), w = test::uniform_tensor({G, N, K}, 2);
+  Tensor dout = test::uniform_tensor({M, N}, 3), out = Tensor::empty({M, N}, DType::kF32);
+  Tensor dinp = Tensor::empty({M, K}, DType::kF32), dw = test::uniform_tensor({G, N, K}, 4);
+  Tensor dw0 = Tensor::empty({G, N, K}, DType::kF32);
+  std::memcpy(dw0.raw(), dw.raw(), size_t(dw.nbytes()));
+  ops.grouped_matmul_forward(out, inp, w, sizes);
+  ops.grouped_matmul_backward(dinp, dw, dout, inp, w, sizes);
+  int64_t o = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t m = sizes[g];
+    Tensor ref_dw = Tensor::zeros({N, K}, DType::kF32);
+    if (m > 0) {
+      Tensor ref = Tensor::empty({m, N}, DType::kF32), ref_dinp = Tensor::empty({m, K}, DType::kF32);
+      const TensorView wg = w.view().slice_flat(g * N * K, {N, K}), ig = inp.view().slice_flat(o * K, {m, K});
+      const TensorView dg = dout.view().slice_flat(o * N, {m, N});
+      ops.matmul_forward(ref, ig, wg, TensorView());
+      ops.matmul_backward(ref_dinp, ref_dw, TensorView(), dg, ig, wg);
+      EXPECT_EQ(std::memcmp(ref.raw(), out.data<float>() + o * N, size_t(ref.nbytes())), 0) << "group " << g;
+      EXPECT_EQ(std::memcmp(ref_dinp.raw(), dinp.data<float>() + o * K, size_t(ref_dinp.nbytes())), 0);
+    }
+    for (int64_t i = 0; i < N * K; ++i)
+      EXPECT_NEAR(dw.data<float>()[g * N * K + i], dw0.data<float>()[g * N * K + i] + ref_dw.data<float>()[i], 1e-5);
+    o += m;
+  }
+  EXPECT_THROW(ops.grouped_matmul_forward(out, inp, w, {3, 0, 216, 1}), Error);  // sizes do not sum to M
+  EXPECT_THROW(ops.grouped_matmul_forward(out, inp, w, {221, 0, 0}), Error);     // one size per group
+}
+
+}  // namespace
+}  // namespace loom
