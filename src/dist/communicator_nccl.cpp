@@ -12,6 +12,9 @@
 // the same message text as the MPI communicator. Host-level operations (all_reduce_scalar, barrier,
 // split) go through a duplicate of the bootstrap host group, which has its own timed waits.
 //
+// All-to-all is one NCCL group of ncclSend/ncclRecv per peer (zero counts skipped) plus a device copy of
+// this rank's own rows; NCCL cannot check that the peers' counts agree, so a mismatch is undefined.
+//
 // 16-bit float reductions use NCCL's native bf16/f16 arithmetic (as Megatron's NCCL reductions do);
 // the f32-accumulate-and-round-once guarantee holds for the host (MPI) communicator.
 //
