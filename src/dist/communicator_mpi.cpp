@@ -27,6 +27,7 @@ namespace mpi_detail {
 namespace {
 
 constexpr int kP2pTag = 7;
+constexpr int kAllToAllTag = 8;
 
 std::atomic<int64_t> g_max_message_elements{0};
 
@@ -148,6 +149,13 @@ class MpiCommunicator final : public Communicator {
   void recv(TensorView x, int peer) const override {
     blocking([&] { return post_recv(x, peer); });
   }
+  void all_to_all(TensorView out, TensorView inp) const override {
+    blocking([&] { return post_all_to_all(out, inp); });
+  }
+  void all_to_all_v(TensorView out, const std::vector<int64_t>& out_counts, TensorView inp,
+                    const std::vector<int64_t>& in_counts) const override {
+    blocking([&] { return post_all_to_all_v(out, out_counts, inp, in_counts); });
+  }
 
   // Async posts: the time spent posting (staging conversions, MPI's first round) blocks the caller too
   // and counts as waiting; the rest is what Work::wait()/done() spend.
@@ -172,6 +180,13 @@ class MpiCommunicator final : public Communicator {
   }
   std::unique_ptr<Work> recv_async(TensorView x, int peer) const override {
     return timed_post([&] { return post_recv(x, peer); });
+  }
+  std::unique_ptr<Work> all_to_all_async(TensorView out, TensorView inp) const override {
+    return timed_post([&] { return post_all_to_all(out, inp); });
+  }
+  std::unique_ptr<Work> all_to_all_v_async(TensorView out, const std::vector<int64_t>& out_counts, TensorView inp,
+                                           const std::vector<int64_t>& in_counts) const override {
+    return timed_post([&] { return post_all_to_all_v(out, out_counts, inp, in_counts); });
   }
 
   double all_reduce_scalar(double v, ReduceOp op) const override {
@@ -333,6 +348,75 @@ class MpiCommunicator final : public Communicator {
         LOOM_MPI_CHECK(MPI_Ireduce(static_cast<const char*>(src) + (int64_t(r) * m + off) * int64_t(esz), recv,
                                    len, type, MPI_SUM, r, g_->kind_comm[kReduceScatter], &w->reqs.back()));
       });
+    return w;
+  }
+
+  // Equal splits: one MPI_Ialltoall (every rank has the same sizes, so every rank takes the same path);
+  // a tensor too large for one call goes pairwise like all_to_all_v.
+  std::unique_ptr<MpiWork> post_all_to_all(TensorView out, TensorView inp) const {
+    check_host(out, "all_to_all");
+    check_host(inp, "all_to_all");
+    const std::vector<int64_t> counts = dist::equal_all_to_all_counts(g_->text, g_->size, out, inp);
+    const dist::AllToAllPlan plan = dist::plan_all_to_all(g_->text, g_->size, out, counts, inp, counts);
+    const size_t esz = dtype_size(inp.dtype());
+    if (inp.numel() > max_message_elements(esz)) return post_pairwise(out, inp, plan, "all_to_all");
+    auto w = std::make_unique<MpiWork>("all_to_all", g_, tensor_text(inp), dist::CommOp::kAllToAll, inp.nbytes());
+    const int m = int(plan.send_count[0]);
+    if (m == 0) return w;
+    const MPI_Datatype type = mpi_type(inp.dtype());
+    w->reqs.emplace_back();
+    LOOM_MPI_CHECK(MPI_Ialltoall(inp.raw(), m, type, out.raw(), m, type, g_->kind_comm[kAllToAll], &w->reqs.back()));
+    return w;
+  }
+
+  // Variable counts go pairwise (MPI_Irecv/MPI_Isend per peer, chunked): a pair's count is known to both
+  // of its ranks, so both chunk it the same way, and every received count is checked, whereas
+  // MPI_Alltoallv's int displacements would make "does it fit in one call" a question about every rank.
+  std::unique_ptr<MpiWork> post_all_to_all_v(TensorView out, const std::vector<int64_t>& out_counts, TensorView inp,
+                                             const std::vector<int64_t>& in_counts) const {
+    check_host(out, "all_to_all_v");
+    check_host(inp, "all_to_all_v");
+    return post_pairwise(out, inp, dist::plan_all_to_all(g_->text, g_->size, out, out_counts, inp, in_counts),
+                         "all_to_all_v");
+  }
+
+  // This rank's own rows are copied at posting; receives are posted before sends, peers in the order
+  // rank+1, rank+2, ... so that not every rank sends to rank 0 first.
+  std::unique_ptr<MpiWork> post_pairwise(TensorView out, TensorView inp, const dist::AllToAllPlan& plan,
+                                         const char* op) const {
+    const int me = g_->rank, n = g_->size;
+    LOOM_CHECK(plan.send_count[size_t(me)] == plan.recv_count[size_t(me)], "[", op, "] on group ", g_->text,
+               ": this rank (", me, ") sends itself ", plan.send_count[size_t(me)] / plan.row_elements,
+               " rows (in_counts) but expects ", plan.recv_count[size_t(me)] / plan.row_elements, " (out_counts)");
+    auto w = std::make_unique<MpiWork>(op, g_, tensor_text(inp) + " -> " + tensor_text(out), dist::CommOp::kAllToAll,
+                                       inp.nbytes());
+    const size_t esz = dtype_size(inp.dtype());
+    const MPI_Datatype type = mpi_type(inp.dtype());
+    const int64_t max_chunk = max_message_elements(esz);
+    char* dst = static_cast<char*>(out.raw());
+    const char* src = static_cast<const char*>(inp.raw());
+    if (plan.send_count[size_t(me)] > 0)
+      std::memcpy(dst + plan.recv_off[size_t(me)] * int64_t(esz), src + plan.send_off[size_t(me)] * int64_t(esz),
+                  size_t(plan.send_count[size_t(me)]) * esz);
+    w->recv_type = type;
+    for (int k = 1; k < n; ++k) {
+      const int p = (me + k) % n;
+      for_chunks(plan.recv_count[size_t(p)], max_chunk, [&](int64_t off, int len) {
+        w->reqs.emplace_back();
+        w->expected_counts.push_back(len);
+        w->expected_peers.push_back(p);
+        LOOM_MPI_CHECK(MPI_Irecv(dst + (plan.recv_off[size_t(p)] + off) * int64_t(esz), len, type, p, kAllToAllTag,
+                                 g_->kind_comm[kAllToAll], &w->reqs.back()));
+      });
+    }
+    for (int k = 1; k < n; ++k) {
+      const int p = (me + k) % n;
+      for_chunks(plan.send_count[size_t(p)], max_chunk, [&](int64_t off, int len) {
+        w->reqs.emplace_back();
+        LOOM_MPI_CHECK(MPI_Isend(src + (plan.send_off[size_t(p)] + off) * int64_t(esz), len, type, p, kAllToAllTag,
+                                 g_->kind_comm[kAllToAll], &w->reqs.back()));
+      });
+    }
     return w;
   }
 

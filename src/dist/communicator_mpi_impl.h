@@ -40,7 +40,7 @@ bool mpi_active();
 // collectives only by order within a communicator, so a rank calling barrier while another calls
 // all_reduce on one communicator can "complete" both with garbage (OpenMPI does); on separate
 // communicators they never match, and the mismatch surfaces as the timeout with its message.
-enum Kind { kAllReduce, kBroadcast, kAllGather, kReduceScatter, kBarrier, kP2p, kKinds };
+enum Kind { kAllReduce, kBroadcast, kAllGather, kReduceScatter, kBarrier, kP2p, kAllToAll, kKinds };
 
 struct Group {
   MPI_Comm comm = MPI_COMM_NULL;  // split and the rendezvous before it
@@ -87,6 +87,8 @@ class MpiWork final : public Work {
   std::vector<MPI_Request> reqs;
   // Receives: the element count each request must have delivered, checked on completion.
   std::vector<int> expected_counts;
+  // Receives from several peers (all-to-all): the peer of each expected count; empty: `peer` for all.
+  std::vector<int> expected_peers;
   std::vector<MPI_Status> statuses;
   MPI_Datatype recv_type = MPI_BYTE;
   int peer = -1;

@@ -168,9 +168,13 @@ void MpiWork::complete() {
   for (size_t i = 0; i < expected_counts.size(); ++i) {
     int got = 0;
     LOOM_MPI_CHECK(MPI_Get_count(&statuses[i], recv_type, &got));
-    LOOM_CHECK(got == expected_counts[i], "[recv] on group ", group_->text, " from rank ", peer, " into ", what_,
-               ": the message had ", got, " elements where ", expected_counts[i],
-               " were expected (sender and receiver tensors must have the same numel and dtype)");
+    const bool many = !expected_peers.empty();
+    LOOM_CHECK(got == expected_counts[i], "[", op_, "] on group ", group_->text, " from rank ",
+               many ? expected_peers[i] : peer, " into ", what_, ": the message had ", got, " elements where ",
+               expected_counts[i], " were expected (",
+               many ? "out_counts[peer] must equal the rows that peer passes as in_counts for this rank"
+                    : "sender and receiver tensors must have the same numel and dtype",
+               ")");
   }
   if (finish) finish();
 }

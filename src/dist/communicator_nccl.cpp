@@ -12,6 +12,9 @@
 // the same message text as the MPI communicator. Host-level operations (all_reduce_scalar, barrier,
 // split) go through a duplicate of the bootstrap host group, which has its own timed waits.
 //
+// All-to-all is one NCCL group of ncclSend/ncclRecv per peer (zero counts skipped) plus a device copy of
+// this rank's own rows; NCCL cannot check that the peers' counts agree, so a mismatch is undefined.
+//
 // 16-bit float reductions use NCCL's native bf16/f16 arithmetic (as Megatron's NCCL reductions do);
 // the f32-accumulate-and-round-once guarantee holds for the host (MPI) communicator.
 //
@@ -268,6 +271,12 @@ class NcclCommunicator final : public Communicator {
     reduce_scatter_on(s_->stream(), out, inp);
     s_->stats().wait(dist::CommOp::kReduceScatter, dist::seconds_since(t0));
   }
+  void all_to_all_v(TensorView out, const std::vector<int64_t>& out_counts, TensorView inp,
+                    const std::vector<int64_t>& in_counts) const override {
+    const auto t0 = Clock::now();
+    all_to_all_v_on(s_->stream(), out, out_counts, inp, in_counts);
+    s_->stats().wait(dist::CommOp::kAllToAll, dist::seconds_since(t0));
+  }
   void send(TensorView x, int peer) const override {
     const auto t0 = Clock::now();
     p2p_on(s_->stream(), x, peer, true);
@@ -314,6 +323,11 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<Work> reduce_scatter_async(TensorView out, TensorView inp) const override {
     return side([&](cudaStream_t s) { reduce_scatter_on(s, out, inp); }, "reduce_scatter", tensor_text(inp),
                 dist::CommOp::kReduceScatter);
+  }
+  std::unique_ptr<Work> all_to_all_v_async(TensorView out, const std::vector<int64_t>& out_counts, TensorView inp,
+                                           const std::vector<int64_t>& in_counts) const override {
+    return side([&](cudaStream_t s) { all_to_all_v_on(s, out, out_counts, inp, in_counts); }, "all_to_all",
+                tensor_text(inp), dist::CommOp::kAllToAll);
   }
   std::unique_ptr<Work> send_async(TensorView x, int peer) const override {
     return side([&](cudaStream_t s) { p2p_on(s, x, peer, true); }, "send", tensor_text(x), dist::CommOp::kSend);
@@ -395,6 +409,41 @@ class NcclCommunicator final : public Communicator {
               "reduce_scatter", what);
     s_->stats().call(dist::CommOp::kReduceScatter, inp.nbytes());
     if (s == s_->stream()) s_->track(s, "reduce_scatter", what);
+  }
+
+  // One NCCL group of a send and a receive per peer (zero counts skipped); this rank's own rows are a
+  // device-to-device copy on the same stream. NCCL counts are size_t, so no size limit applies.
+  void all_to_all_v_on(cudaStream_t s, TensorView out, const std::vector<int64_t>& out_counts, TensorView inp,
+                       const std::vector<int64_t>& in_counts) const {
+    check_device(out, "all_to_all_v");
+    check_device(inp, "all_to_all_v");
+    const dist::AllToAllPlan plan = dist::plan_all_to_all(s_->text(), size(), out, out_counts, inp, in_counts);
+    const int me = rank();
+    LOOM_CHECK(plan.send_count[size_t(me)] == plan.recv_count[size_t(me)], "[all_to_all_v] on group ", s_->text(),
+               ": this rank (", me, ") sends itself ", in_counts[size_t(me)], " rows (in_counts) but expects ",
+               out_counts[size_t(me)], " (out_counts)");
+    const std::string what = tensor_text(inp) + " -> " + tensor_text(out);
+    const int64_t esz = int64_t(dtype_size(inp.dtype()));
+    char* dst = static_cast<char*>(out.raw());
+    const char* src = static_cast<const char*>(inp.raw());
+    if (plan.send_count[size_t(me)] > 0)
+      LOOM_NCCL_CUDA_CHECK(cudaMemcpyAsync(dst + plan.recv_off[size_t(me)] * esz, src + plan.send_off[size_t(me)] * esz,
+                                           size_t(plan.send_count[size_t(me)] * esz), cudaMemcpyDeviceToDevice, s));
+    s_->check(ncclGroupStart(), "all_to_all", what);
+    for (int k = 1; k < size(); ++k) {
+      const auto p = size_t((me + k) % size());
+      if (plan.recv_count[p] > 0)
+        s_->check(ncclRecv(dst + plan.recv_off[p] * esz, size_t(plan.recv_count[p] * esz), ncclUint8, int(p),
+                           s_->comm(), s),
+                  "all_to_all", what);
+      if (plan.send_count[p] > 0)
+        s_->check(ncclSend(src + plan.send_off[p] * esz, size_t(plan.send_count[p] * esz), ncclUint8, int(p),
+                           s_->comm(), s),
+                  "all_to_all", what);
+    }
+    s_->check(ncclGroupEnd(), "all_to_all", what);
+    s_->stats().call(dist::CommOp::kAllToAll, inp.nbytes());
+    if (s == s_->stream()) s_->track(s, "all_to_all", what);
   }
 
   void p2p_on(cudaStream_t s, TensorView x, int peer, bool is_send) const {

@@ -1,7 +1,9 @@
-// The single-process communicator: reductions over one rank are the identity. It moves no data between
-// processes, so it records nothing in comm_stats().
+// The single-process communicator: reductions over one rank are the identity; gathers, scatters and
+// all-to-alls are a copy (host tensors). It moves no data between processes, so it records nothing in
+// comm_stats().
 #include <cstring>
 
+#include "dist/dist_util.h"
 #include "loom/dist/communicator.h"
 
 namespace loom {
@@ -29,6 +31,19 @@ class SelfCommunicator final : public Communicator {
   void all_gather(TensorView out, TensorView inp) const override { copy(out, inp, "all_gather"); }
   void reduce_scatter(TensorView out, TensorView inp) const override { copy(out, inp, "reduce_scatter"); }
   void barrier() const override {}
+  // Checked like every backend's (counts, shapes, no overlap); the one run of rows is this rank's own.
+  void all_to_all_v(TensorView out, const std::vector<int64_t>& out_counts, TensorView inp,
+                    const std::vector<int64_t>& in_counts) const override {
+    dist::plan_all_to_all(name_, 1, out, out_counts, inp, in_counts);
+    LOOM_CHECK(out_counts[0] == in_counts[0], "[all_to_all_v] on the single-rank group ", name_, ": out_counts[0] = ",
+               out_counts[0], " must equal in_counts[0] = ", in_counts[0], " (this rank receives what it sends)");
+    copy(out, inp, "all_to_all_v");
+  }
+  std::unique_ptr<Work> all_to_all_v_async(TensorView out, const std::vector<int64_t>& out_counts, TensorView inp,
+                                           const std::vector<int64_t>& in_counts) const override {
+    all_to_all_v(out, out_counts, inp, in_counts);
+    return std::make_unique<DoneWork>();
+  }
   void send(TensorView, int peer) const override { no_peer("send", peer); }
   void recv(TensorView, int peer) const override { no_peer("recv", peer); }
   std::unique_ptr<Work> all_reduce_async(TensorView, ReduceOp) const override { return std::make_unique<DoneWork>(); }

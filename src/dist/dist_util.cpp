@@ -124,6 +124,7 @@ const char* comm_op_name(CommOp op) {
     case CommOp::kRecv: return "recv";
     case CommOp::kAllReduceScalar: return "all_reduce_scalar";
     case CommOp::kBarrier: return "barrier";
+    case CommOp::kAllToAll: return "all_to_all";
   }
   return "unknown";
 }

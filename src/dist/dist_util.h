@@ -1,11 +1,14 @@
 // Pieces shared by the MPI, NCCL and stub communicators: launcher detection from the environment, the
-// text of timeout messages (one wording for every backend) and the recorder behind comm_stats().
+// text of timeout messages (one wording for every backend), the recorder behind comm_stats() and the
+// argument checks of all-to-all (AllToAllPlan: every backend validates the same way).
 #pragma once
 #include <array>
 #include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "loom/core/tensor.h"
 
 namespace loom::dist {
 
@@ -31,8 +34,10 @@ std::string timeout_message(const std::string& op, const std::string& group, con
 
 // ---- communication statistics (comm_stats() in loom/dist/communicator.h) ----------------------------
 
-enum class CommOp { kAllReduce, kAllGather, kReduceScatter, kBroadcast, kSend, kRecv, kAllReduceScalar, kBarrier };
-inline constexpr int kCommOps = 8;
+enum class CommOp {
+  kAllReduce, kAllGather, kReduceScatter, kBroadcast, kSend, kRecv, kAllReduceScalar, kBarrier, kAllToAll
+};
+inline constexpr int kCommOps = 9;
 // "all_reduce", "all_gather", ... (the names comm_stats() reports).
 const char* comm_op_name(CommOp op);
 
@@ -60,5 +65,20 @@ class CommRecorder {
  private:
   std::array<Entry*, kCommOps> entries_{};
 };
+
+// ---- all-to-all ----------------------------------------------------------------------------------------
+
+// A checked all_to_all_v call (Communicator::all_to_all_v's contract), in elements: peer p's rows of inp
+// start at send_off[p] and number send_count[p] elements; what p sends lands at recv_off[p] in out,
+// recv_count[p] elements. Throws (LOOM_CHECK) naming the group `text` and the tensor or count at fault.
+struct AllToAllPlan {
+  std::vector<int64_t> send_off, send_count, recv_off, recv_count;  // elements, one per group rank
+  int64_t row_elements = 1;                                         // elements per row (trailing shape)
+};
+AllToAllPlan plan_all_to_all(const std::string& text, int size, TensorView out,
+                             const std::vector<int64_t>& out_counts, TensorView inp,
+                             const std::vector<int64_t>& in_counts);
+// The rows per rank of an equal-split all_to_all (out and inp the same shape, dim 0 divisible by size).
+std::vector<int64_t> equal_all_to_all_counts(const std::string& text, int size, TensorView out, TensorView inp);
 
 }  // namespace loom::dist

@@ -320,6 +320,18 @@ const std::vector<Flag>& flags() {
        }},
       {"--context-parallel-size", "N", "default 1",
        [](C& c, S v) { c.parallel.context_parallel_size = int(parse_int("--context-parallel-size", v)); }},
+      {"--expert-model-parallel-size", "N", "default 1; split mixture-of-experts experts over N ranks (needs "
+       "--num-experts, which this version does not have yet)",
+       [](C& c, S v) {
+         c.parallel.expert_model_parallel_size = int(parse_int("--expert-model-parallel-size", v));
+       }},
+      {"--expert-tensor-parallel-size", "N", "default: the tensor-model-parallel size; split each expert over N "
+       "ranks (needs --num-experts, which this version does not have yet)",
+       [](C& c, S v) {
+         c.parallel.expert_tensor_parallel_size = int(parse_int("--expert-tensor-parallel-size", v));
+         if (c.parallel.expert_tensor_parallel_size < 1)
+           user_error("--expert-tensor-parallel-size must be >= 1, got ", v);
+       }},
       {"--sequence-parallel", "", "split norms/dropout along the sequence across the TP group",
        [](C& c, S) { c.dist.sequence_parallel = true; }},
       {"--num-layers-per-virtual-pipeline-stage", "N", "interleaved 1F1B: layers per model chunk",

@@ -25,6 +25,15 @@ void dist_validate(const TrainConfig& c, int world_size) {
   if (world_size % (TP * PP * CP) != 0)
     user_error("world size ", world_size, " is not divisible by --tensor-model-parallel-size (", TP,
                ") x --pipeline-model-parallel-size (", PP, ") x --context-parallel-size (", CP, ") = ", TP * PP * CP);
+  // The expert grid exists (ParallelState) but no model has mixture-of-experts layers yet: the flags are
+  // refused rather than accepted and ignored. Default values (EP 1, ETP unset or equal to TP) pass.
+  if (p.expert_model_parallel_size != 1)
+    user_error("--expert-model-parallel-size ", p.expert_model_parallel_size, " needs --num-experts (mixture-of-experts "
+               "layers), which this version of Loom does not have yet; use --expert-model-parallel-size 1");
+  if (p.expert_tensor_parallel_size != 0 && p.expert_tensor_parallel_size != TP)
+    user_error("--expert-tensor-parallel-size ", p.expert_tensor_parallel_size, " needs --num-experts "
+               "(mixture-of-experts layers), which this version of Loom does not have yet; leave it unset or equal to "
+               "--tensor-model-parallel-size (", TP, ")");
   validate_tensor_parallel(c.model, TP, d.sequence_parallel);
   if (PP > 1) {  // the stage split, as build time will do it
     int chunks = 1;

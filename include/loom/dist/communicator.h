@@ -67,6 +67,23 @@ class Communicator {
   virtual std::unique_ptr<Work> send_recv_async(TensorView send, int send_peer, TensorView recv,
                                                 int recv_peer) const;
 
+  // All-to-all along dim 0 (expert-parallel token dispatch). A row is one index of dim 0 (the trailing
+  // shape's elements); out and inp have the same dtype and trailing shape and must not overlap.
+  // all_to_all_v: inp is size() consecutive runs of rows, in_counts[p] rows for group rank p (in rank
+  // order); out receives out_counts[p] rows from rank p, in rank order. sum(in_counts) = inp rows,
+  // sum(out_counts) = out rows; counts may be 0. out_counts[p] must equal what rank p passes as
+  // in_counts[rank()] (Megatron's alltoall dispatcher exchanges the per-expert counts first, with an
+  // equal-split all_to_all of an i64 tensor). MPI checks every received count, so a mismatch there is an
+  // error naming the peer (or the timeout); NCCL cannot tell, and a mismatch is undefined.
+  virtual void all_to_all_v(TensorView out, const std::vector<int64_t>& out_counts, TensorView inp,
+                            const std::vector<int64_t>& in_counts) const = 0;
+  virtual std::unique_ptr<Work> all_to_all_v_async(TensorView out, const std::vector<int64_t>& out_counts,
+                                                   TensorView inp, const std::vector<int64_t>& in_counts) const = 0;
+  // Equal splits: out and inp have the same shape, dim 0 divisible by size(); chunk p of inp goes to
+  // rank p, chunk p of out came from rank p. The defaults call the _v twins with equal counts.
+  virtual void all_to_all(TensorView out, TensorView inp) const;
+  virtual std::unique_ptr<Work> all_to_all_async(TensorView out, TensorView inp) const;
+
   // A sub-group of the ranks that pass the same color (MPI_Comm_split semantics; ranks ordered by key).
   // Collective over this group. color < 0: this rank joins no group and gets null.
   virtual std::unique_ptr<Communicator> split(int color, int key, std::string name) const = 0;
@@ -141,16 +158,18 @@ namespace loom {
 // Work::done(), so an operation that completed in the background while the caller computed costs only
 // the post and the polls). Payload
 // convention (as nccl-tests' "size"): all_reduce, broadcast, send, recv: the tensor's bytes; all_gather:
-// the output's bytes; reduce_scatter: the input's bytes; all_reduce_scalar: 8; barrier: 0. Staged
+// the output's bytes; reduce_scatter and all_to_all (equal or variable counts): the input's bytes (all
+// this rank sends, its own rows included); all_reduce_scalar: 8; barrier: 0. Staged
 // 16-bit reductions count the 16-bit tensor's bytes (what the model moves), not the f32 staging.
-// Async twins count under the blocking names ("all_reduce" for all_reduce_async); send_recv_async counts
+// Async twins count under the blocking names ("all_reduce" for all_reduce_async, "all_to_all" for
+// all_to_all_v and both async twins); send_recv_async counts
 // as its send and its recv. The self (one-process) communicator records nothing. NCCL: calls and bytes
 // at enqueue; the time is the host's (enqueueing, Work::wait/done, the stream wait of barrier), not the
 // GPU stream's. Thread-safe (one mutex; operations are counted per call, never per element).
 struct CommStat {
   std::string group;  // Communicator::name(), e.g. "tensor-model-parallel"
-  std::string op;     // "all_reduce", "all_gather", "reduce_scatter", "broadcast", "send", "recv",
-                      // "all_reduce_scalar", "barrier"
+  std::string op;     // "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send",
+                      // "recv", "all_reduce_scalar", "barrier"
   int64_t calls = 0;
   int64_t bytes = 0;
   double wait_seconds = 0;

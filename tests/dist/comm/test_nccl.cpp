@@ -1,6 +1,6 @@
 // NCCL communicator under mpirun, one GPU per rank: the same exact-value checks as the MPI tests on
 // device tensors (f32 and bf16 sums of small integers, all_gather, reduce_scatter, broadcast, a paired
-// exchange, async twins, split). Skipped when the build has no NCCL or there are fewer GPUs than ranks
+// exchange, async twins, split, all-to-all with uneven and zero counts). Skipped when the build has no NCCL or there are fewer GPUs than ranks
 // (NCCL refuses two ranks of one communicator on the same GPU).
 #include <gtest/gtest.h>
 
@@ -130,6 +130,55 @@ TEST_F(NcclComm, CollectivesOnDeviceTensors) {
   }
   nccl->barrier();
   EXPECT_EQ(nccl->all_reduce_scalar(1.0), double(p));
+#endif
+}
+
+// Rank s sends (s + 2d + 1) % 4 rows of 3 to rank d (zeros included), then an equal split on the side
+// stream; each element carries (sender, receiver, row, column).
+TEST_F(NcclComm, AllToAllOnDeviceTensors) {
+#ifdef LOOM_HAVE_CUDA
+  const Communicator& w = world();
+  const int me = w.rank(), p = w.size();
+  auto nccl = make_nccl_communicator(w);
+  auto rows = [](int s, int d) { return int64_t((s + 2 * d + 1) % 4); };
+  auto value = [](int s, int d, int64_t i, int64_t j) { return float(1000 * s + 100 * d + 10 * i + j); };
+  std::vector<int64_t> in_counts, out_counts;
+  int64_t in_rows = 0, out_rows = 0;
+  for (int d = 0; d < p; ++d) {
+    in_counts.push_back(rows(me, d));
+    out_counts.push_back(rows(d, me));
+    in_rows += in_counts.back();
+    out_rows += out_counts.back();
+  }
+  DeviceF32 inp(std::max<int64_t>(1, in_rows * 3)), out(std::max<int64_t>(1, out_rows * 3));
+  std::vector<float> h(size_t(inp.n));
+  int64_t r = 0;
+  for (int d = 0; d < p; ++d)
+    for (int64_t i = 0; i < in_counts[size_t(d)]; ++i, ++r)
+      for (int64_t j = 0; j < 3; ++j) h[size_t(r * 3 + j)] = value(me, d, i, j);
+  inp.set(h);
+  const Device dev{DeviceType::kCUDA, DeviceF32::device()};
+  nccl->all_to_all_v(TensorView(out.d, DType::kF32, Shape{out_rows, 3}, dev), out_counts,
+                     TensorView(inp.d, DType::kF32, Shape{in_rows, 3}, dev), in_counts);
+  auto got = out.get();
+  r = 0;
+  for (int s = 0; s < p; ++s)
+    for (int64_t i = 0; i < out_counts[size_t(s)]; ++i, ++r)
+      for (int64_t j = 0; j < 3; ++j) ASSERT_EQ(got[size_t(r * 3 + j)], value(s, me, i, j)) << s << " " << i;
+
+  const int64_t m = 5;  // rows per peer
+  DeviceF32 a(m * p * 2), b(m * p * 2);
+  std::vector<float> ha(size_t(a.n));
+  for (int d = 0; d < p; ++d)
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < 2; ++j) ha[size_t((d * m + i) * 2 + j)] = value(me, d, i, j);
+  a.set(ha);
+  nccl->all_to_all_async(TensorView(b.d, DType::kF32, Shape{m * p, 2}, dev), TensorView(a.d, DType::kF32, Shape{m * p, 2}, dev))
+      ->wait();
+  got = b.get();
+  for (int s = 0; s < p; ++s)
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < 2; ++j) ASSERT_EQ(got[size_t((s * m + i) * 2 + j)], value(s, me, i, j));
 #endif
 }
 

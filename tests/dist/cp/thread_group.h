@@ -84,6 +84,13 @@ class ThreadComm final : public Communicator {
   std::unique_ptr<Work> reduce_scatter_async(TensorView, TensorView) const override {
     LOOM_FAIL("[thread_comm] not simulated");
   }
+  void all_to_all_v(TensorView, const std::vector<int64_t>&, TensorView, const std::vector<int64_t>&) const override {
+    LOOM_FAIL("[thread_comm] all_to_all_v is not simulated");
+  }
+  std::unique_ptr<Work> all_to_all_v_async(TensorView, const std::vector<int64_t>&, TensorView,
+                                           const std::vector<int64_t>&) const override {
+    LOOM_FAIL("[thread_comm] not simulated");
+  }
   std::unique_ptr<Communicator> split(int, int, std::string) const override { LOOM_FAIL("[thread_comm] not simulated"); }
 
  private:

@@ -50,6 +50,14 @@ class WorldRef : public Communicator {
   }
   std::unique_ptr<Work> send_async(TensorView x, int peer) const override { return w_.send_async(x, peer); }
   std::unique_ptr<Work> recv_async(TensorView x, int peer) const override { return w_.recv_async(x, peer); }
+  void all_to_all_v(TensorView out, const std::vector<int64_t>& out_counts, TensorView inp,
+                    const std::vector<int64_t>& in_counts) const override {
+    w_.all_to_all_v(out, out_counts, inp, in_counts);
+  }
+  std::unique_ptr<Work> all_to_all_v_async(TensorView out, const std::vector<int64_t>& out_counts, TensorView inp,
+                                           const std::vector<int64_t>& in_counts) const override {
+    return w_.all_to_all_v_async(out, out_counts, inp, in_counts);
+  }
   std::unique_ptr<Communicator> split(int color, int key, std::string name) const override {
     return w_.split(color, key, std::move(name));
   }

@@ -31,7 +31,7 @@ TEST(CommStats, OpNamesAreTheDocumentedOnes) {
   std::set<std::string> names;
   for (int i = 0; i < dist::kCommOps; ++i) names.insert(dist::comm_op_name(dist::CommOp(i)));
   EXPECT_EQ(names, (std::set<std::string>{"all_reduce", "all_gather", "reduce_scatter", "broadcast", "send", "recv",
-                                          "all_reduce_scalar", "barrier"}));
+                                          "all_reduce_scalar", "barrier", "all_to_all"}));
 }
 
 TEST(CommStats, RecordsPerGroupAndOpSortedAndResets) {

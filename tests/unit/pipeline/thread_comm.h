@@ -98,6 +98,13 @@ class ThreadCommunicator final : public Communicator {
     return std::make_unique<SendWork>(world_, world_.post(rank_, peer, x), rank_, peer);
   }
   std::unique_ptr<Work> recv_async(TensorView, int) const override { unsupported(); }
+  void all_to_all_v(TensorView, const std::vector<int64_t>&, TensorView, const std::vector<int64_t>&) const override {
+    unsupported();
+  }
+  std::unique_ptr<Work> all_to_all_v_async(TensorView, const std::vector<int64_t>&, TensorView,
+                                           const std::vector<int64_t>&) const override {
+    unsupported();
+  }
   std::unique_ptr<Communicator> split(int, int, std::string) const override { unsupported(); }
 
  private:

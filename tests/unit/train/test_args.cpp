@@ -155,3 +155,25 @@ TEST(Args, MegatronScriptSpellings) {
     EXPECT_NE(error_of(a).find(want), std::string::npos) << error_of(a);
   }
 }
+
+// The expert grid exists (ParallelState) but no model has MoE layers yet: the expert flags parse, their
+// defaults pass, and anything that would need experts is refused naming the flags.
+TEST(Args, ExpertParallelFlagsNeedNumExperts) {
+  auto a = base();
+  EXPECT_EQ(parse_train_args(a).parallel.expert_model_parallel_size, 1);
+  EXPECT_EQ(parse_train_args(a).parallel.expert_tensor_parallel_size, 0);  // unset: the TP size
+  a.insert(a.end(), {"--expert-model-parallel-size", "1", "--expert-tensor-parallel-size", "1"});
+  EXPECT_EQ(error_of(a), "");
+  a = base();
+  a.insert(a.end(), {"--expert-model-parallel-size", "2"});
+  std::string e = error_of(a);
+  EXPECT_NE(e.find("--expert-model-parallel-size 2 needs --num-experts"), std::string::npos) << e;
+  a = base();
+  a.insert(a.end(), {"--expert-tensor-parallel-size", "2"});
+  e = error_of(a);
+  EXPECT_NE(e.find("--expert-tensor-parallel-size 2 needs --num-experts"), std::string::npos) << e;
+  EXPECT_NE(e.find("--tensor-model-parallel-size (1)"), std::string::npos) << e;
+  a = base();
+  a.insert(a.end(), {"--expert-tensor-parallel-size", "0"});
+  EXPECT_NE(error_of(a).find("--expert-tensor-parallel-size must be >= 1, got 0"), std::string::npos);
+}
