@@ -58,31 +58,14 @@ void CpuOps::do_moe_permute_forward(TensorView out, TensorView inp, TensorView r
     }
 }
 
-void CpuOps::do_moe_permute_backward(TensorView dinp, TensorView dout, TensorView row_id_map) const {
-  const int64_t N = row_id_map.size(0), E = row_id_map.size(1), C = dinp.size(1), M = dout.size(0);
-  check_row_id_map("moe_permute_backward", row_id_map, M);
-  const int32_t* map = row_id_map.data<int32_t>();
-  const DType dt = dinp.dtype();
-#pragma omp parallel for schedule(static) if (N >= kParallelMinRows)
-  for (int64_t n = 0; n < N; ++n) {
-    float* acc = thread_scratch(0, size_t(C));
-    float* row = thread_scratch(1, size_t(C));
-    std::fill(acc, acc + C, 0.0f);
-    for (int64_t e = 0; e < E; ++e) {
-      const int32_t r = map[n * E + e];
-      if (r < 0) continue;
-      widen(row, elem_ptr(dout.raw(), dt, int64_t(r) * C), dt, C);
-      for (int64_t c = 0; c < C; ++c) acc[c] += row[c];
-    }
-    narrow(elem_ptr(dinp.raw(), dt, n * C), dt, acc, C);
-  }
-}
+namespace {
 
-void CpuOps::do_moe_unpermute_forward(TensorView out, TensorView inp, TensorView probs, TensorView row_id_map) const {
+// out (N, C) row n = Σ over its experts e (row_id_map[n, e] = r >= 0) of w · inp row r, w = probs[n, e] or 1
+// (probs null): the permutation's adjoint and the weighted combine share it. f32 accumulation per row.
+void combine_rows(const char* op, TensorView out, TensorView inp, const float* probs, TensorView row_id_map) {
   const int64_t N = row_id_map.size(0), E = row_id_map.size(1), C = out.size(1), M = inp.size(0);
-  check_row_id_map("moe_unpermute_forward", row_id_map, M);
+  check_row_id_map(op, row_id_map, M);
   const int32_t* map = row_id_map.data<int32_t>();
-  const float* p = probs.data<float>();
   const DType dt = out.dtype();
 #pragma omp parallel for schedule(static) if (N >= kParallelMinRows)
   for (int64_t n = 0; n < N; ++n) {
@@ -92,12 +75,22 @@ void CpuOps::do_moe_unpermute_forward(TensorView out, TensorView inp, TensorView
     for (int64_t e = 0; e < E; ++e) {
       const int32_t r = map[n * E + e];
       if (r < 0) continue;
-      const float w = p[n * E + e];
+      const float w = probs ? probs[n * E + e] : 1.0f;
       widen(row, elem_ptr(inp.raw(), dt, int64_t(r) * C), dt, C);
       for (int64_t c = 0; c < C; ++c) acc[c] += w * row[c];
     }
     narrow(elem_ptr(out.raw(), dt, n * C), dt, acc, C);
   }
+}
+
+}  // namespace
+
+void CpuOps::do_moe_permute_backward(TensorView dinp, TensorView dout, TensorView row_id_map) const {
+  combine_rows("moe_permute_backward", dinp, dout, nullptr, row_id_map);
+}
+
+void CpuOps::do_moe_unpermute_forward(TensorView out, TensorView inp, TensorView probs, TensorView row_id_map) const {
+  combine_rows("moe_unpermute_forward", out, inp, probs.data<float>(), row_id_map);
 }
 
 void CpuOps::do_moe_unpermute_backward(TensorView dinp, TensorView dprobs, TensorView dout, TensorView inp,
