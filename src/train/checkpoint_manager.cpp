@@ -405,6 +405,10 @@ std::string CheckpointManager::load_model_only(const std::string& path, const ch
   return abs;
 }
 
+void CheckpointManager::initialize_frozen_base() {
+  for (const auto& m : run_.chunks) m->params().initialize(run_.cfg.seed);
+}
+
 void CheckpointManager::load() {
   const TrainConfig& cfg = run_.cfg;
   const bool lora = run_.chunks.front()->lora();
@@ -416,6 +420,7 @@ void CheckpointManager::load() {
       log_ << " > --pretrained-checkpoint: weights only" << fresh;
     } else if (lora) {
       log_ << " > WARNING: LoRA without --load or --pretrained-checkpoint: the frozen base is randomly initialised\n";
+      initialize_frozen_base();
     }
     return;
   }
@@ -436,6 +441,7 @@ void CheckpointManager::load() {
       log_ << " > --pretrained-checkpoint: weights only" << fresh;
     } else {
       log_ << " and will start from random\n";
+      if (lora) initialize_frozen_base();
     }
     return;
   }

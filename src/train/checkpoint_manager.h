@@ -38,7 +38,9 @@ class CheckpointManager {
   // flags first, so weights a bad batch made NaN are never written.
   void save();
   // --load: weights, and unless --finetune / --no-load-* the optimizer, scheduler, loss scaler, progress
-  // and RNG. Every check (architecture, tensors, shapes) happens before anything is changed.
+  // and RNG. Every check (architecture, tensors, shapes) happens before anything is changed. A LoRA run's
+  // frozen base is loaded or, when no model is named, initialised here (never both: for a 1B base the
+  // initialisation alone takes seconds).
   void load();
 
  private:
@@ -48,6 +50,8 @@ class CheckpointManager {
   // params(): the base of a LoRA run, or --pretrained-checkpoint. Returns the directory it read.
   std::string load_model_only(const std::string& path, const char* flag);
   void load_hf_weights(const std::string& dir);
+  // The frozen base of a LoRA run that loads no model: initialised from --seed (as any random model).
+  void initialize_frozen_base();
   void check_optimizer_matches(const nlohmann::json& saved, const std::string& meta_path, const std::string& dir) const;
   // FP8 scaling state of this rank's model chunks as named host tensors (`holder` keeps them alive).
   NamedTensors fp8_state_tensors(std::vector<Tensor>& holder) const;

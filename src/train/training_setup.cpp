@@ -97,10 +97,8 @@ void build_model_chunks(TrainingRun& run, const ModelOptions& base, std::ostream
   ddp.overlap_param_gather = cfg.dist.overlap_param_gather;
   run.dopt = std::make_unique<DistributedOptimizer>(*run.ctx, sets, units, *run.ps, ddp, cfg.optim.optimizer_config());
   run.dopt->initialize(cfg.seed);
-  // The frozen base of a LoRA run is the model's own (the optimizer holds the adapters only): initialised
-  // here, replaced by --load / --pretrained-checkpoint.
-  for (const auto& m : run.chunks)
-    if (m->lora()) m->params().initialize(cfg.seed);
+  // The frozen base of a LoRA run is the model's own (the optimizer holds the adapters only): the checkpoint
+  // manager loads it, or initialises it when the run names no model.
   for (size_t c = 0; c < run.chunks.size(); ++c) run.chunks[c]->set_hooks(run.dopt->hooks(int(c)));
 
   int64_t local = 0;

@@ -110,6 +110,18 @@ inline void expect_one_line_error(const CliResult& r, const std::string& needle)
   EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
 }
 
+// A small SFT set of NullTokenizer ids (all < 100): `n` samples, sample k a prompt of 3 + k % 10 ids and an
+// answer of 2 + k % 8 ids, one {"input", "output"} JSON line each (the SFT and MLPerf e2e tests share it).
+inline void write_sft_jsonl(const std::string& path, int n = 40) {
+  std::ofstream f(path);
+  for (int k = 0; k < n; ++k) {
+    std::string in, out;
+    for (int i = 0; i < 3 + k % 10; ++i) in += std::to_string((k * 7 + i * 3) % 97) + " ";
+    for (int i = 0; i < 2 + k % 8; ++i) out += std::to_string((k + i * 5) % 89) + " ";
+    f << "{\"input\": \"" << in << "\", \"output\": \"" << out << "\"}\n";
+  }
+}
+
 // ---- in-process `loom train` --------------------------------------------------------------------------
 
 using Args = std::vector<std::string>;

@@ -14,14 +14,7 @@ namespace {
 class SftTrain : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::ofstream f(dir_ / "sft.jsonl");
-    for (int k = 0; k < 40; ++k) {
-      std::string in, out;
-      for (int i = 0; i < 3 + k % 10; ++i) in += std::to_string((k * 7 + i * 3) % 97) + " ";
-      for (int i = 0; i < 2 + k % 8; ++i) out += std::to_string((k + i * 5) % 89) + " ";
-      f << "{\"input\": \"" << in << "\", \"output\": \"" << out << "\"}\n";
-    }
-    f.close();
+    write_sft_jsonl(dir_ / "sft.jsonl");
     for (const char* mode : {"true", "false"}) {
       const CliResult r = run_loom("preprocess --sft --input " + (dir_ / "sft.jsonl") + " --output-prefix " +
                                    (dir_ / (std::string("all") + mode)) + " --append-eod --answer-only-loss " + mode +
