@@ -96,6 +96,8 @@ std::unique_ptr<ParallelState> ParallelState::create(const ParallelConfig& cfg, 
   ps->dp_cp_ = w.split(tp + TP * pp, cp + CP * dp, "data-parallel (with context-parallel)");
   ps->pp_ = w.split(tp + TP * (cp + CP * dp), pp, "pipeline-model-parallel");
   ps->mp_ = w.split(cp + CP * dp, tp + TP * pp, "model-parallel");
+  // Tensor x context parallel (MoE routing over a micro-batch's tokens with SP and CP): only when both split.
+  if (TP > 1 && CP > 1) ps->tp_cp_ = w.split(dp + DP * pp, tp + TP * cp, "tensor-and-context-parallel");
   // First and last stage of each pipeline (one rank per pipeline when PP = 1).
   const bool in_embedding = pp == 0 || pp == PP - 1;
   ps->embedding_ = w.split(in_embedding ? tp + TP * (cp + CP * dp) : -1, pp, "embedding");

@@ -44,6 +44,18 @@ GPTModel::GPTModel(const GPTConfig& cfg, const DeviceContext& ctx, const ModelOp
     units_.push_back(std::move(u));
   }
   first_layer_unit_ = embedding_unit_ >= 0 ? 1 : 0;
+  // Each layer's unit; a MoE layer's experts form the next unit, which the layer's unit reads (its hooks
+  // cover both; the experts' gradients are reduced over the expert-data-parallel group).
+  for (int u = 0; u < int(units_.size()); ++u) {
+    const std::string& n = units_[size_t(u)].name;
+    if (n.starts_with("decoder.layers.") && !n.ends_with(".mlp.experts")) layer_unit_.push_back(u);
+    if (n.ends_with(".mlp.experts")) {
+      units_[size_t(u)].expert = true;
+      units_[size_t(u - 1)].reads.push_back(u);
+    }
+  }
+  LOOM_CHECK(layer_unit_.size() == layers_.size(), "[GPTModel] ", layer_unit_.size(), " layer units for ",
+             layers_.size(), " layers");
   if (opts_.fp8) {
     // Sites: qkv, proj, fc1, fc2 of every local layer, then the output layer (post_process); each linear
     // owns its Fp8Gemm, with slots (2s, 2s + 1) of the forward group and s of the backward group.
@@ -61,8 +73,9 @@ GPTModel::GPTModel(const GPTConfig& cfg, const DeviceContext& ctx, const ModelOp
       for (const auto& L : layers_) {
         add(L->qkv);
         add(L->proj);
-        add(L->fc1);
-        add(L->fc2);
+        LOOM_CHECK(L->fc1 && L->fc2, "[GPTModel] FP8 GEMMs on mixture-of-experts layers are not built");
+        add(*L->fc1);
+        add(*L->fc2);
       }
       if (output_layer_) add(*output_layer_);
     } else {
@@ -172,6 +185,12 @@ void GPTModel::ensure_buffers(int64_t B, int64_t T) {
     *s.target = ctx_.empty(s.buffer.shape, s.buffer.dtype);
     activation_bytes_ += s.target->nbytes();
   }
+  if (cfg_.is_moe()) {  // each (slot, layer) its own MoE buffers; recomputed layers share their scratch's
+    for (LayerActs& a : scratch_) a.moe = std::make_shared<MoeLayerSaved>();
+    for (SlotState& S : slots_)
+      for (LayerActs& a : S.acts) a.moe = std::make_shared<MoeLayerSaved>();
+  }
+  routing_group_ = make_routing_group(B, T);
   for (SlotState& S : slots_) {
     // Bind recomputed layers to their scratch slot (sharing storage), keeping a group's own output.
     for (size_t l = 0; l < S.acts.size(); ++l) {
@@ -276,6 +295,13 @@ TransformerLayerContext GPTModel::layer_context(TensorView segment_ids) const {
   c.rope = rope_.get();
   c.positions = cp_positions_;
   c.recompute_attention = opts_.recompute_granularity == RecomputeGranularity::kSelective;
+  c.moe.group = routing_group_.get();
+  c.moe.seq_length = T_;
+  c.moe.training = fwd_.training;
+  c.moe.aux_grad_scale = double(dloss_scale_);
+  c.moe.sp_gathered = sp_gathered_;
+  c.moe.sp_grad = sp_grad_;
+  c.moe.overlap_shared = opts_.parallel.moe_shared_expert_overlap;
   c.hidden_dropout = [this](uint64_t site) { return hidden_dropout_epilogue(site); };
   c.lora_dropout = [this](uint64_t site) {
     if (!fwd_.training || !opts_.lora || opts_.lora->config.dropout <= 0.0f) return DropoutMask{};
@@ -419,6 +445,7 @@ float GPTModel::forward(const GPTBatch& batch, float dloss_scale, const ForwardO
   backward_ready_ = false;
   ensure_buffers(B, T);
   fwd_ = opts;
+  dloss_scale_ = dloss_scale;
   const OpTable& ops = ctx_.ops();
   const GPTBatch batch_in = batch;
   const GPTBatch local = local_batch(batch_in);
@@ -434,9 +461,9 @@ float GPTModel::forward(const GPTBatch& batch, float dloss_scale, const ForwardO
   const int64_t nl = int64_t(layers_.size());
   const TransformerLayerContext lc = layer_context(batch.segment_ids);  // once per pass: the buffers are set
   for (int64_t l = 0; l < nl; ++l) {
-    call_hook(&ParamHooks::before_forward, first_layer_unit_ + int(l));
+    call_hook(&ParamHooks::before_forward, layer_unit_[size_t(l)]);
     forward_layer(l, lc);
-    call_hook(&ParamHooks::after_forward, first_layer_unit_ + int(l));
+    call_hook(&ParamHooks::after_forward, layer_unit_[size_t(l)]);
   }
   if (!mp.post_process) {
     backward_ready_ = opts.training && opts_.with_grads;
@@ -512,11 +539,11 @@ void GPTModel::backward(const GPTBatch& batch_in) {
   const TransformerLayerContext lc = layer_context(batch.segment_ids);
   for (int64_t l = nl; l-- > 0;) {
     const LayerRole& r = roles_[size_t(l)];
-    const int u = first_layer_unit_ + int(l);
+    const int u = layer_unit_[size_t(l)];
     // Entering a recomputed group from its top: re-run it from its kept input into the scratch slots
     // (its units' parameters are needed from here on: before_backward for all of them first).
     if (r.recomputed && l == r.group_end - 1) {
-      for (int64_t g = r.group_end; g-- > r.group_begin;) call_hook(&ParamHooks::before_backward, first_layer_unit_ + int(g));
+      for (int64_t g = r.group_end; g-- > r.group_begin;) call_hook(&ParamHooks::before_backward, layer_unit_[size_t(g)]);
       for (int64_t g = r.group_begin; g < r.group_end; ++g) forward_layer(g, lc);
     } else if (!r.recomputed) {
       call_hook(&ParamHooks::before_backward, u);

@@ -84,18 +84,52 @@ RotaryOptions GPTConfig::rotary_options() const {
   return o;
 }
 
+int64_t GPTConfig::num_moe_layers() const {
+  if (!is_moe()) return 0;
+  int64_t n = 0;
+  for (int64_t l = 0; l < num_layers; ++l) n += is_moe_layer(l) ? 1 : 0;
+  return n;
+}
+
+namespace {
+
+// One layer's parameters: norms and attention, and the dense MLP or, in a MoE layer, the router, the
+// routed experts (`experts` of them: all for the total, top-k for the active count) and the shared experts.
+int64_t layer_parameters(const GPTConfig& c, bool moe, int64_t experts) {
+  const int64_t C = c.hidden_size, HS = c.head_dim(), NH = c.num_attention_heads, QKV = c.qkv_size();
+  const int64_t norm = Norm::num_parameters(c.normalization, C);
+  const int64_t attention = C * QKV + (c.qkv_bias() ? QKV : 0) + NH * HS * C + (c.add_bias_linear ? C : 0) +
+                            (c.qk_layernorm ? 2 * Norm::num_parameters(c.normalization, HS) : 0);
+  const int64_t gate = c.gated_mlp() ? 2 : 1;
+  int64_t mlp = 0;
+  if (!moe) {
+    const int64_t F = c.ffn_hidden_size();
+    mlp = C * gate * F + F * C + (c.add_bias_linear ? gate * F + C : 0);
+  } else {
+    const int64_t F = c.moe_ffn_hidden_size(), S = c.moe.shared_expert_intermediate_size;
+    mlp = c.moe.num_experts * C + experts * (C * gate * F + F * C) + (C * gate * S + S * C) +
+          (S > 0 && c.moe.shared_expert_gate ? C : 0);
+  }
+  return 2 * norm + attention + mlp;
+}
+
+}  // namespace
+
 int64_t GPTConfig::num_parameters() const {
-  const int64_t C = hidden_size, F = ffn_hidden_size(), HS = head_dim(), NH = num_attention_heads;
-  const int64_t QKV = qkv_size(), F1 = (gated_mlp() ? 2 : 1) * F, norm = Norm::num_parameters(normalization, C);
-  const int64_t attention = C * QKV + (qkv_bias() ? QKV : 0) + NH * HS * C + (add_bias_linear ? C : 0) +
-                            (qk_layernorm ? 2 * Norm::num_parameters(normalization, HS) : 0);
-  const int64_t mlp = C * F1 + F * C + (add_bias_linear ? F1 + C : 0);
-  const int64_t per_layer = 2 * norm + attention + mlp;
+  const int64_t C = hidden_size, norm = Norm::num_parameters(normalization, C);
   const int64_t embeddings =
       padded_vocab_size * C +
       (position_embedding_type == PositionEmbeddingType::kLearnedAbsolute ? max_position_embeddings * C : 0);
   const int64_t output_layer = untie_embeddings_and_output_weights ? padded_vocab_size * C : 0;
-  return embeddings + num_layers * per_layer + norm + output_layer;
+  const int64_t moe_layers = num_moe_layers();
+  return embeddings + (num_layers - moe_layers) * layer_parameters(*this, false, 0) +
+         moe_layers * layer_parameters(*this, true, moe.num_experts) + norm + output_layer;
+}
+
+int64_t GPTConfig::num_active_parameters() const {
+  const int64_t moe_layers = num_moe_layers();
+  return num_parameters() - moe_layers * (layer_parameters(*this, true, moe.num_experts) -
+                                          layer_parameters(*this, true, moe.router.topk));
 }
 
 double GPTConfig::attention_core_forward_flops(int64_t B, int64_t T) const {
@@ -103,9 +137,20 @@ double GPTConfig::attention_core_forward_flops(int64_t B, int64_t T) const {
   return 4.0 * double(B) * double(T) * double(T) * double(num_attention_heads) * double(head_dim());
 }
 
-double GPTConfig::layer_forward_flops(int64_t B, int64_t T) const {
-  const double c = double(hidden_size), f = double(ffn_hidden_size()), q = double(num_attention_heads * head_dim());
-  const double weights = c * double(qkv_size()) + q * c + c * f * (gated_mlp() ? 2.0 : 1.0) + f * c;
+double GPTConfig::layer_forward_flops(int64_t B, int64_t T, int64_t layer) const {
+  const double c = double(hidden_size), q = double(num_attention_heads * head_dim());
+  const double gate = gated_mlp() ? 2.0 : 1.0;
+  double mlp = 0;
+  if (is_moe_layer(layer)) {
+    // Megatron's num_floating_point_operations: the top-k routed experts and the shared experts per token
+    // (the router's E·C GEMM is not counted).
+    const double f = double(moe_ffn_hidden_size()), s = double(moe.shared_expert_intermediate_size);
+    mlp = double(moe.router.topk) * (c * f * gate + f * c) + (c * s * gate + s * c);
+  } else {
+    const double f = double(ffn_hidden_size());
+    mlp = c * f * gate + f * c;
+  }
+  const double weights = c * double(qkv_size()) + q * c + mlp;
   return 2.0 * double(B) * double(T) * weights + attention_core_forward_flops(B, T);
 }
 
@@ -114,7 +159,9 @@ double GPTConfig::logits_forward_flops(int64_t B, int64_t T) const {
 }
 
 double GPTConfig::flops_per_step(int64_t B, int64_t T) const {
-  return 3.0 * (double(num_layers) * layer_forward_flops(B, T) + logits_forward_flops(B, T));
+  double layers = 0;
+  for (int64_t l = 0; l < num_layers; ++l) layers += layer_forward_flops(B, T, l);
+  return 3.0 * (layers + logits_forward_flops(B, T));
 }
 
 void GPTConfig::validate_architecture() const {
@@ -158,6 +205,35 @@ void GPTConfig::validate_architecture() const {
     user_error("--hidden-dropout must be in [0, 1), got ", hidden_dropout);
   if (!(attention_dropout >= 0.0f && attention_dropout < 1.0f))
     user_error("--attention-dropout must be in [0, 1), got ", attention_dropout);
+  validate_moe();
+}
+
+void GPTConfig::validate_moe() const {
+  const MoeConfig& m = moe;
+  if (m.num_experts < 0) user_error("--num-experts must be >= 1, got ", m.num_experts);
+  if (m.num_experts == 0) {
+    if (m.ffn_hidden_size != 0 || m.shared_expert_intermediate_size != 0 || m.shared_expert_gate ||
+        !m.layer_pattern.empty())
+      user_error("--moe-ffn-hidden-size, --moe-shared-expert-intermediate-size, --moe-shared-expert-gate and "
+                 "--moe-layer-freq need --num-experts (a mixture-of-experts model)");
+    return;
+  }
+  if (m.router.num_experts != m.num_experts)
+    user_error("the router's expert count ", m.router.num_experts, " differs from --num-experts ", m.num_experts);
+  m.router.validate();
+  if (m.ffn_hidden_size < 0) user_error("--moe-ffn-hidden-size must be >= 1, got ", m.ffn_hidden_size);
+  if (m.shared_expert_intermediate_size < 0)
+    user_error("--moe-shared-expert-intermediate-size must be >= 1, got ", m.shared_expert_intermediate_size);
+  if (m.shared_expert_gate && m.shared_expert_intermediate_size == 0)
+    user_error("--moe-shared-expert-gate needs shared experts (--moe-shared-expert-intermediate-size)");
+  if (!m.layer_pattern.empty()) {
+    if (int64_t(m.layer_pattern.size()) != num_layers)
+      user_error("--moe-layer-freq describes ", m.layer_pattern.size(), " layers but --num-layers is ", num_layers);
+    if (num_moe_layers() == 0) user_error("--moe-layer-freq marks no layer as a MoE layer (1); drop --num-experts for a dense model");
+  }
+  if (add_bias_linear)
+    user_error("--num-experts: Loom's experts run as grouped GEMMs without biases (as Megatron's grouped MLP); add "
+               "--disable-bias-linear (and --add-qkv-bias for a qkv bias, as Qwen-MoE)");
 }
 
 void GPTConfig::validate() const {

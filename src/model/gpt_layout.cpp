@@ -56,7 +56,8 @@ std::vector<GPTModel::BufferSlot> GPTModel::activation_layout(const GPTConfig& c
   };
   // All fields of one layer's activations; the attention core output and lse unless selective, the
   // output only when `with_out`.
-  auto emit_acts = [&](const std::string& p, LayerActs* a, bool with_att, bool with_out) {
+  // A MoE layer's MLP buffers are its own (per call, sized by the routing): no dense fc1 output.
+  auto emit_acts = [&](const std::string& p, LayerActs* a, bool with_att, bool with_out, bool dense_mlp) {
     emit(p + "ln1", d.resid(), cd, a ? &a->ln1 : nullptr);
     emit_stats(p + "ln1", Nl, a ? &a->ln1_saved : nullptr);
     emit(p + "qkv", d.full(d.QKVl), cd, a ? &a->qkv : nullptr);
@@ -74,7 +75,7 @@ std::vector<GPTModel::BufferSlot> GPTModel::activation_layout(const GPTConfig& c
     emit(p + "residual2", d.resid(), cd, a ? &a->residual2 : nullptr);
     emit(p + "ln2", d.resid(), cd, a ? &a->ln2 : nullptr);
     emit_stats(p + "ln2", Nl, a ? &a->ln2_saved : nullptr);
-    emit(p + "fc1", d.full(d.F1l), cd, a ? &a->fc : nullptr);
+    if (dense_mlp) emit(p + "fc1", d.full(d.F1l), cd, a ? &a->fc : nullptr);
     if (with_out) emit(p + "output", d.resid(), cd, a ? &a->out : nullptr);
   };
 
@@ -87,7 +88,7 @@ std::vector<GPTModel::BufferSlot> GPTModel::activation_layout(const GPTConfig& c
       LayerActs* a = S ? &S->acts[size_t(l)] : nullptr;
       const std::string p = sp + "decoder.layers." + std::to_string(first + l) + ".";
       if (!r.recomputed) {
-        emit_acts(p, a, !selective, true);
+        emit_acts(p, a, !selective, true, !cfg.is_moe_layer(first + l));
       } else if (l == r.group_end - 1) {
         emit(p + "output", d.resid(), cd, a ? &a->out : nullptr);  // next group's input
       }
@@ -109,7 +110,7 @@ std::vector<GPTModel::BufferSlot> GPTModel::activation_layout(const GPTConfig& c
   for (int64_t s = 0; s < slots; ++s) {
     // The last slot's output is never needed: a group's last layer writes the kept group output.
     emit_acts("recompute.slot" + std::to_string(s) + ".", m ? &m->scratch_[size_t(s)] : nullptr, true,
-              s + 1 < slots);
+              s + 1 < slots, cfg.num_moe_layers() < cfg.num_layers);
   }
   if (selective) {
     emit("selective.attention", d.full(A), cd, m ? &m->att_scratch_ : nullptr);
@@ -177,8 +178,16 @@ GPTModel::Declared GPTModel::declare_parameters(ParameterSet& ps, ParameterSet& 
     const int64_t g = mp.first_layer + l;
     unit("decoder.layers." + std::to_string(g),
          [&] {
-           d.layers.push_back(std::make_unique<Layer>(ps, cfg, g, region, &lora_ps, opts.lora ? &*opts.lora : nullptr));
+           d.layers.push_back(std::make_unique<Layer>(ps, cfg, g, region, &lora_ps, opts.lora ? &*opts.lora : nullptr,
+                                                      &mp.expert));
          });
+    if (d.layers.back()->moe) {
+      // The routed experts (declared last) form their own unit: reduced over the expert-data-parallel group.
+      auto& [name, range] = d.units.back();
+      const size_t experts = d.layers.back()->moe->experts.fc1().size() * 2;
+      d.units.push_back({name + ".mlp.experts", {range.second - experts, range.second}});
+      d.units[d.units.size() - 2].second.second -= experts;
+    }
   }
   if (mp.post_process) {
     unit("head", [&] {

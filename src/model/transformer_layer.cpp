@@ -26,21 +26,52 @@ void TransformerLayer::forward(const TransformerLayerContext& c, TensorView out,
   const TensorView attn_out = proj.forward(ctx, c.branch, s.att, epilogue(c, proj_dropout_site), c.dln,
                                               lora_mask(c, proj_lora_site));
   ln2.forward_residual(ctx, s.residual2, s.ln2, s.ln2_saved, x, attn_out);
-  fc1.forward(ctx, s.fc, s.ln2, c.sp_gathered, lora_mask(c, fc1_lora_site));
+  if (moe) {
+    // The experts' (and shared experts') output on this rank's rows, then bias-dropout-add.
+    const int64_t C = s.ln2.shape().cols(), Nl = s.ln2.numel() / C;
+    const TensorView y = c.branch.slice_flat(0, Shape{Nl, C});
+    if (!s.moe) s.moe = std::make_shared<MoeLayerSaved>();
+    moe->forward(ctx, c.moe, y, *s.moe, s.ln2);
+    const RowEpilogue e = epilogue(c, mlp_dropout_site);
+    if (e.active) e.forward(out, y.reshape(out.shape()));
+    else ctx.copy(out, y.reshape(out.shape()));
+    ctx.ops().residual_forward(out, out, s.residual2);
+    return;
+  }
+  fc1->forward(ctx, s.fc, s.ln2, c.sp_gathered, lora_mask(c, fc1_lora_site));
   mlp_activation(ctx, c.act, s.fc);
   // Under SP fc2's full rows go to the branch scratch and reduce-scatter into `out`; else straight there.
-  fc2.forward(ctx, fc2.sequence_parallel() ? c.branch : out, c.act, epilogue(c, mlp_dropout_site), out,
+  fc2->forward(ctx, fc2->sequence_parallel() ? c.branch : out, c.act, epilogue(c, mlp_dropout_site), out,
               lora_mask(c, fc2_lora_site));
   ctx.ops().residual_forward(out, out, s.residual2);
 }
 
 void TransformerLayer::backward(const TransformerLayerContext& c, TransformerLayerSaved& s, TensorView x) const {
   const DeviceContext& ctx = c.ctx;
-  const OpTable& ops = ctx.ops();
   // MLP branch: dres is d(out) = d(residual2) through the skip connection.
+  if (moe) {
+    const int64_t C = s.ln2.shape().cols(), Nl = s.ln2.numel() / C;
+    const RowEpilogue e = epilogue(c, mlp_dropout_site);
+    TensorView dy = c.dres;
+    if (e.active) {
+      dy = c.branch.slice_flat(0, c.dres.shape());
+      e.backward(dy, c.dres);
+    }
+    moe->backward(ctx, c.moe, c.dln.slice_flat(0, Shape{Nl, C}), dy, s.ln2, *s.moe);
+  } else {
+    mlp_backward(c, s);
+  }
+  ln2.backward(ctx, c.dres, c.dln, s.residual2, s.ln2_saved);
+  attention_backward(c, s, x);
+}
+
+// The dense MLP's backward: c.dln = d(ln2 output) from c.dres = d(out).
+void TransformerLayer::mlp_backward(const TransformerLayerContext& c, TransformerLayerSaved& s) const {
+  const DeviceContext& ctx = c.ctx;
+  const OpTable& ops = ctx.ops();
   mlp_activation(ctx, c.act, s.fc);  // recompute instead of saving B·T·F per layer
   // dfc = d(act)
-  fc2.backward(ctx, c.dfc, c.dres, c.act, epilogue(c, mlp_dropout_site), c.branch, lora_mask(c, fc2_lora_site));
+  fc2->backward(ctx, c.dfc, c.dres, c.act, epilogue(c, mlp_dropout_site), c.branch, lora_mask(c, fc2_lora_site));
   TensorView dfc1 = c.dfc;
   if (activation_ == MlpActivation::kGeLU) {
     ops.gelu_backward(c.dfc, s.fc, c.dfc);
@@ -54,8 +85,12 @@ void TransformerLayer::backward(const TransformerLayerContext& c, TransformerLay
     ops.glu_backward(s.fc.reshape({N, 2 * F}), s.fc.reshape({N, 2 * F}), c.dfc.reshape({N, F}), kind);
     dfc1 = s.fc;
   }
-  fc1.backward(ctx, c.dln, dfc1, s.ln2, c.sp_gathered, c.sp_grad, lora_mask(c, fc1_lora_site));
-  ln2.backward(ctx, c.dres, c.dln, s.residual2, s.ln2_saved);
+  fc1->backward(ctx, c.dln, dfc1, s.ln2, c.sp_gathered, c.sp_grad, lora_mask(c, fc1_lora_site));
+}
+
+void TransformerLayer::attention_backward(const TransformerLayerContext& c, TransformerLayerSaved& s,
+                                          TensorView x) const {
+  const DeviceContext& ctx = c.ctx;
   // Attention branch: dres is now d(residual2) = d(x) through the skip connection.
   if (c.recompute_attention) c.attend(*this, s, /*recompute=*/true);
   proj.backward(ctx, c.datt, c.dres, s.att, epilogue(c, proj_dropout_site), c.branch, lora_mask(c, proj_lora_site));

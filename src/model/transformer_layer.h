@@ -16,6 +16,7 @@
 #include "loom/parallel/parallel_linear.h"
 #include "loom/core/rng.h"
 #include "loom/parallel/tensor_parallel.h"
+#include "model/moe_mlp.h"
 
 namespace loom {
 
@@ -43,8 +44,9 @@ struct TransformerLayerSaved {
   Tensor residual2;  // (B, T, C) x + attention branch
   Tensor ln2;        // (B, T, C)
   Norm::Saved ln2_saved;
-  Tensor fc;         // (B, T, F), or (B, T, 2F) = [gate | up] for a gated MLP: fc1's output
+  Tensor fc;         // (B, T, F), or (B, T, 2F) = [gate | up] for a gated MLP: fc1's output (dense MLP)
   Tensor out;        // (B, T, C) layer output = next layer's input
+  std::shared_ptr<MoeLayerSaved> moe;  // a MoE layer's buffers of this call (sized by the routing)
 };
 
 class TransformerLayer;
@@ -69,6 +71,7 @@ struct TransformerLayerContext {
   std::function<RowEpilogue(uint64_t site)> hidden_dropout{};
   // The LoRA dropout mask of a linear's adapters (null or inactive: none, as in evaluation).
   std::function<DropoutMask(uint64_t site)> lora_dropout{};
+  MoeCall moe{};  // MoE layers: the routing group, T, training, the aux-loss gradient scale
 };
 
 class TransformerLayer {
@@ -81,14 +84,17 @@ class TransformerLayer {
   ColumnParallelLinear qkv;
   RowParallelLinear proj;
   std::optional<QKNorm> qk_norm;
-  ColumnParallelLinear fc1;
-  RowParallelLinear fc2;
+  std::optional<ColumnParallelLinear> fc1;  // the dense MLP (absent in a MoE layer)
+  std::optional<RowParallelLinear> fc2;
+  std::unique_ptr<MoeMlp> moe;              // a MoE layer's MLP (GPTConfig::is_moe_layer)
   AttentionCore attn;
   uint64_t attn_dropout_site, proj_dropout_site, mlp_dropout_site;
   uint64_t qkv_lora_site, proj_lora_site, fc1_lora_site, fc2_lora_site;  // LoRA dropout
   // lora: the adapters, declared into `lora_ps` after the layer's own parameters (null: none).
+  // ep: the expert layout of a MoE layer (null: EP = ETP = 1, every expert here).
   TransformerLayer(ParameterSet& ps, const GPTConfig& c, int64_t i, const TpRegion& region,
-                   ParameterSet* lora_ps = nullptr, const LoraOptions* lora = nullptr)
+                   ParameterSet* lora_ps = nullptr, const LoraOptions* lora = nullptr,
+                   const ExpertParallel* ep = nullptr)
       : ln1(ps, prefix(i) + "input_layernorm", c.hidden_size, c.layernorm_epsilon, c.normalization),
         ln2(ps, prefix(i) + "pre_mlp_layernorm", c.hidden_size, c.layernorm_epsilon, c.normalization),
         qkv(ps, prefix(i) + "self_attention.linear_qkv", c.hidden_size, c.qkv_size(), c.qkv_bias(),
@@ -100,10 +106,17 @@ class TransformerLayer {
                                                        local_attention_params(c, region.size()),
                                                        c.layernorm_epsilon, c.normalization)
                                : std::nullopt),
-        fc1(ps, prefix(i) + "mlp.linear_fc1", c.hidden_size, (c.gated_mlp() ? 2 : 1) * c.ffn_hidden_size(),
-            c.add_bias_linear, c.init_method_std, region, fc1_shard(c, region.size(), region.rank())),
-        fc2(ps, prefix(i) + "mlp.linear_fc2", c.ffn_hidden_size(), c.hidden_size, c.add_bias_linear, scaled_std(c),
-            region, even_shard(c.ffn_hidden_size(), region.size(), region.rank())),
+        fc1(c.is_moe_layer(i) ? std::nullopt
+                              : std::optional<ColumnParallelLinear>(
+                                    std::in_place, ps, prefix(i) + "mlp.linear_fc1", c.hidden_size,
+                                    (c.gated_mlp() ? 2 : 1) * c.ffn_hidden_size(), c.add_bias_linear,
+                                    c.init_method_std, region, fc1_shard(c, region.size(), region.rank()))),
+        fc2(c.is_moe_layer(i) ? std::nullopt
+                              : std::optional<RowParallelLinear>(
+                                    std::in_place, ps, prefix(i) + "mlp.linear_fc2", c.ffn_hidden_size(),
+                                    c.hidden_size, c.add_bias_linear, scaled_std(c), region,
+                                    even_shard(c.ffn_hidden_size(), region.size(), region.rank()))),
+        moe(c.is_moe_layer(i) ? std::make_unique<MoeMlp>(ps, c, i, region, ep ? *ep : ExpertParallel{}) : nullptr),
         attn(local_attention_params(c, region.size())),
         attn_dropout_site(hash_stream(prefix(i) + "self_attention.core_attention.attention_dropout")),
         proj_dropout_site(hash_stream(prefix(i) + "self_attention.hidden_dropout")),
@@ -145,6 +158,8 @@ class TransformerLayer {
   void mlp_activation(const DeviceContext& ctx, TensorView act, TensorView fc) const;
 
  private:
+  void mlp_backward(const TransformerLayerContext& c, TransformerLayerSaved& s) const;
+  void attention_backward(const TransformerLayerContext& c, TransformerLayerSaved& s, TensorView x) const;
   // The adapters of `lora`'s targets (transformer_layer_lora.cpp): placement on the fused layouts and TP.
   void add_lora(ParameterSet& ps, const GPTConfig& c, int64_t i, const TpRegion& region, const LoraOptions& lora);
   RowEpilogue epilogue(const TransformerLayerContext& c, uint64_t site) const {

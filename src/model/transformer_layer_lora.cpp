@@ -117,6 +117,7 @@ LoraSite lora_site(const GPTConfig& c, LoraTarget t, int tp) {
 void TransformerLayer::add_lora(ParameterSet& ps, const GPTConfig& c, int64_t i, const TpRegion& region,
                                 const LoraOptions& lora) {
   const int tp = region.size(), r = region.rank();
+  LOOM_CHECK(!moe, "[TransformerLayer] LoRA adapters on a mixture-of-experts layer are not built");
   const int64_t C = c.hidden_size;
   const LoraConfig& cfg = lora.config;
   auto split = [&](int64_t n) { return tp == 1 ? std::vector<ShardRange>{} : std::vector<ShardRange>{even_shard(n, tp, r)}; };
@@ -139,12 +140,12 @@ void TransformerLayer::add_lora(ParameterSet& ps, const GPTConfig& c, int64_t i,
       case LoraTarget::kK:
       case LoraTarget::kV: column(qkv, s, split(s.out), qkv_local); break;
       case LoraTarget::kFc1:
-        column(fc1, s, tp == 1 ? std::vector<ShardRange>{} : fc1_shard(c, tp, r), fc1_local);
+        column(*fc1, s, tp == 1 ? std::vector<ShardRange>{} : fc1_shard(c, tp, r), fc1_local);
         break;
       case LoraTarget::kGate:
-      case LoraTarget::kUp: column(fc1, s, split(s.out), fc1_local); break;
+      case LoraTarget::kUp: column(*fc1, s, split(s.out), fc1_local); break;
       case LoraTarget::kProj: row(proj, s); break;
-      case LoraTarget::kFc2: row(fc2, s); break;
+      case LoraTarget::kFc2: row(*fc2, s); break;
     }
   }
 }

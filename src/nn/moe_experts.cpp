@@ -29,17 +29,31 @@ TensorView stacked(const std::vector<Parameter*>& ps, bool grad, const char* wha
 }  // namespace
 
 GroupedMLP::GroupedMLP(ParameterSet& ps, const std::string& prefix, int64_t num_experts, int64_t hidden,
-                       int64_t ffn_hidden, bool gated, float init_std, float fc2_init_std)
-    : E_(num_experts), C_(hidden), F_(ffn_hidden), gated_(gated) {
-  LOOM_CHECK(num_experts >= 1 && hidden >= 1 && ffn_hidden >= 1, "[GroupedMLP] expected positive sizes, got E=",
-             num_experts, " C=", hidden, " F=", ffn_hidden);
+                       int64_t ffn_hidden, bool gated, float init_std, float fc2_init_std, int64_t first_expert, int etp,
+                       int etp_rank)
+    : E_(num_experts), C_(hidden), F_(ffn_hidden / etp), gated_(gated) {
+  LOOM_CHECK(num_experts >= 1 && hidden >= 1 && ffn_hidden >= 1 && first_expert >= 0, "[GroupedMLP] expected positive "
+             "sizes, got E=", num_experts, " C=", hidden, " F=", ffn_hidden, " first expert ", first_expert);
+  LOOM_CHECK(etp >= 1 && etp_rank >= 0 && etp_rank < etp && ffn_hidden % etp == 0, "[GroupedMLP] the FFN width ",
+             ffn_hidden, " must split evenly over ", etp, " expert-tensor-parallel ranks (rank ", etp_rank, ")");
   const int64_t F1 = gated ? 2 * ffn_hidden : ffn_hidden;
+  const ShardRange f{int64_t(etp_rank) * F_, F_};
+  const std::vector<ShardRange> fc1_rows =
+      gated ? std::vector<ShardRange>{f, {ffn_hidden + f.start, F_}} : std::vector<ShardRange>{f};
+  auto name = [&](const char* which, int64_t e) {
+    return prefix + ".experts." + which + ".weight" + std::to_string(first_expert + e);
+  };
   for (int64_t e = 0; e < E_; ++e)
-    fc1_.push_back(&ps.add(prefix + ".experts.linear_fc1.weight" + std::to_string(e), {F1, hidden},
-                           InitKind::kNormal, init_std, false));
+    fc1_.push_back(etp == 1 ? &ps.add(name("linear_fc1", e), {F1, hidden}, InitKind::kNormal, init_std, false)
+                            : &ps.add_sharded(name("linear_fc1", e), {F1, hidden}, 0, fc1_rows, InitKind::kNormal,
+                                              init_std, false));
   for (int64_t e = 0; e < E_; ++e)
-    fc2_.push_back(&ps.add(prefix + ".experts.linear_fc2.weight" + std::to_string(e), {hidden, ffn_hidden},
-                           InitKind::kNormal, fc2_init_std, false));
+    fc1_[size_t(e)]->expert = true;
+  for (int64_t e = 0; e < E_; ++e)
+    fc2_.push_back(etp == 1 ? &ps.add(name("linear_fc2", e), {hidden, ffn_hidden}, InitKind::kNormal, fc2_init_std, false)
+                            : &ps.add_sharded(name("linear_fc2", e), {hidden, ffn_hidden}, 1, {f}, InitKind::kNormal,
+                                              fc2_init_std, false));
+  for (Parameter* p : fc2_) p->expert = true;
 }
 
 TensorView GroupedMLP::fc1_weight() const { return stacked(fc1_, false, "fc1 weight"); }

@@ -360,44 +360,83 @@ Router::Router(ParameterSet& ps, const std::string& prefix, int64_t hidden, cons
   local_tokens_.assign(size_t(cfg.num_experts), 0.0f);
 }
 
-void Router::forward(const DeviceContext& ctx, Saved& s, TensorView inp, int64_t seq_length, bool training) const {
-  const int64_t E = cfg_.num_experts, N = inp.numel() / hidden_;
-  Tensor logits = ctx.empty({N, E}, DType::kF32);
-  ctx.ops().matmul_forward(logits, inp.reshape({N, hidden_}), weight_->compute, TensorView());
-  s.logits.resize(size_t(N * E));
-  if (N > 0) ctx.copy(TensorView(s.logits.data(), DType::kF32, {N, E}), logits);
+void Router::forward(const DeviceContext& ctx, Saved& s, TensorView inp, int64_t seq_length, bool training,
+                     const RoutingGroup* group) const {
+  const int64_t E = cfg_.num_experts, Nl = inp.numel() / hidden_;
+  Tensor logits = ctx.empty({Nl, E}, DType::kF32);
+  ctx.ops().matmul_forward(logits, inp.reshape({Nl, hidden_}), weight_->compute, TensorView());
+  std::vector<float> local(size_t(Nl * E));
+  if (Nl > 0) ctx.copy(TensorView(local.data(), DType::kF32, {Nl, E}), logits);
+  const int64_t N = group ? group->num_tokens : Nl;
+  if (group) {
+    LOOM_CHECK(int64_t(group->local_tokens.size()) == Nl, "[router] the routing group lists ",
+               group->local_tokens.size(), " local tokens, the input has ", Nl);
+    s.logits.assign(size_t(N * E), 0.0f);
+    group->gather(s.logits.data(), local.data(), E);
+  } else {
+    s.logits = std::move(local);
+  }
   s.routing = route_tokens(cfg_, s.logits.data(), N, seq_length, training, expert_bias_);
+  s.group = group;
   s.seq_length = seq_length;
   s.training = training;
-  if (training && cfg_.enable_expert_bias)
-    for (int64_t e = 0; e < E; ++e) local_tokens_[e] += float(s.routing.tokens_per_expert[e]);
-  ensure_tensor(ctx, s.probs, {N, E});
-  ensure_tensor(ctx, s.row_id_map, {N, E}, DType::kI32);
-  if (N > 0) {
-    ctx.copy(s.probs, TensorView(s.routing.probs.data(), DType::kF32, {N, E}));
-    ctx.copy(s.row_id_map, TensorView(s.routing.row_id_map.data(), DType::kI32, {N, E}));
+  // This rank's rows: its tokens' probabilities and a permutation of them alone (expert-major, local order).
+  std::vector<float> probs(size_t(Nl * E));
+  std::vector<int32_t> map(size_t(Nl * E), -1);
+  s.group_sizes.assign(size_t(E), 0);
+  for (int64_t n = 0; n < Nl; ++n) {
+    const int64_t t = group ? group->local_tokens[size_t(n)] : n;
+    for (int64_t e = 0; e < E; ++e) {
+      probs[n * E + e] = s.routing.probs[t * E + e];
+      if (s.routing.row_id_map[t * E + e] >= 0) map[n * E + e] = 0;
+    }
+  }
+  int32_t row = 0;
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t n = 0; n < Nl; ++n)
+      if (map[n * E + e] == 0) {
+        map[n * E + e] = row++;
+        ++s.group_sizes[e];
+      }
+  ensure_tensor(ctx, s.probs, {Nl, E});
+  ensure_tensor(ctx, s.row_id_map, {Nl, E}, DType::kI32);
+  if (Nl > 0) {
+    ctx.copy(s.probs, TensorView(probs.data(), DType::kF32, {Nl, E}));
+    ctx.copy(s.row_id_map, TensorView(map.data(), DType::kI32, {Nl, E}));
   }
 }
 
 void Router::backward(const DeviceContext& ctx, TensorView dinp, TensorView dprobs, TensorView inp, const Saved& s,
                       double aux_grad_scale) const {
-  const int64_t E = cfg_.num_experts, N = s.routing.N;
-  LOOM_CHECK(dprobs.dtype() == DType::kF32 && dprobs.numel() == N * E, "[router] expected dprobs (", N, ", ", E,
+  const int64_t E = cfg_.num_experts, N = s.routing.N, Nl = inp.numel() / hidden_;
+  LOOM_CHECK(dprobs.dtype() == DType::kF32 && dprobs.numel() == Nl * E, "[router] expected dprobs (", Nl, ", ", E,
              ") f32, got ", dprobs.desc());
-  std::vector<float> dp(static_cast<size_t>(N * E)), dl(static_cast<size_t>(N * E));
-  if (N > 0) ctx.copy(TensorView(dp.data(), DType::kF32, {N, E}), dprobs);
+  std::vector<float> local(size_t(Nl * E)), dp, dl(size_t(N * E));
+  if (Nl > 0) ctx.copy(TensorView(local.data(), DType::kF32, {Nl, E}), dprobs);
+  if (s.group) {
+    dp.assign(size_t(N * E), 0.0f);
+    s.group->gather(dp.data(), local.data(), E);
+  } else {
+    dp = std::move(local);
+  }
   route_tokens_backward(cfg_, s.logits.data(), s.routing, dp.data(), s.seq_length, s.training, aux_grad_scale,
                         expert_bias_, dl.data());
-  Tensor dlogits = ctx.empty({N, E}, DType::kF32);
-  if (N > 0) ctx.copy(dlogits, TensorView(dl.data(), DType::kF32, {N, E}));
+  if (s.group) {  // this rank's rows of the micro-batch's gradient
+    std::vector<float> mine(size_t(Nl * E));
+    for (int64_t n = 0; n < Nl; ++n)
+      std::copy_n(&dl[size_t(s.group->local_tokens[size_t(n)] * E)], E, &mine[size_t(n * E)]);
+    dl = std::move(mine);
+  }
+  Tensor dlogits = ctx.empty({Nl, E}, DType::kF32);
+  if (Nl > 0) ctx.copy(dlogits, TensorView(dl.data(), DType::kF32, {Nl, E}));
   const DType cd = weight_->compute.dtype();
   if (cd != DType::kF32) {
-    Tensor d16 = ctx.empty({N, E}, cd);
+    Tensor d16 = ctx.empty({Nl, E}, cd);
     ctx.ops().cast(d16, dlogits);
     dlogits = d16;
   }
-  ctx.ops().matmul_backward(dinp.reshape({N, hidden_}), weight_->grad, TensorView(), dlogits,
-                            inp.reshape({N, hidden_}), weight_->compute);
+  ctx.ops().matmul_backward(dinp.reshape({Nl, hidden_}), weight_->grad, TensorView(), dlogits,
+                            inp.reshape({Nl, hidden_}), weight_->compute);
 }
 
 void Router::update_expert_bias(const std::vector<float>& tokens_per_expert) {

@@ -321,13 +321,13 @@ const std::vector<Flag>& flags() {
        }},
       {"--context-parallel-size", "N", "default 1",
        [](C& c, S v) { c.parallel.context_parallel_size = int(parse_int("--context-parallel-size", v)); }},
-      {"--expert-model-parallel-size", "N", "default 1; split mixture-of-experts experts over N ranks (needs "
-       "--num-experts, which this version does not have yet)",
+      {"--expert-model-parallel-size", "N", "default 1; split the experts of mixture-of-experts layers over N "
+       "ranks (needs --num-experts)",
        [](C& c, S v) {
          c.parallel.expert_model_parallel_size = int(parse_int("--expert-model-parallel-size", v));
        }},
       {"--expert-tensor-parallel-size", "N", "default: the tensor-model-parallel size; split each expert over N "
-       "ranks (needs --num-experts, which this version does not have yet)",
+       "ranks: 1 or the tensor-model-parallel size (needs --num-experts)",
        [](C& c, S v) {
          c.parallel.expert_tensor_parallel_size = int(parse_int("--expert-tensor-parallel-size", v));
          if (c.parallel.expert_tensor_parallel_size < 1)
@@ -524,6 +524,8 @@ std::vector<FlagSpec<TrainConfig>> specs() {
                      if (v.empty()) set(c, "");
                      for (const std::string& x : v) set(c, x);
                    }});
+    if (f.name == "--eod-mask-loss")  // the mixture-of-experts flags (args_moe.cpp)
+      for (auto& m : moe_flag_specs()) out.push_back(std::move(m));
     if (f.name == "--data-cache-path")  // the tokenizer flags, shared with generate and preprocess
       for (auto& t : tokenizer_flag_specs<TrainConfig>([](TrainConfig& c) -> TokenizerConfig& { return c.data.tokenizer; }))
         out.push_back(std::move(t));
@@ -562,6 +564,7 @@ TrainConfig parse_train_args(const std::vector<std::string>& args) {
         user_error("--num-query-groups needs --group-query-attention (without it every head has its own keys "
                    "and values)");
   cfg.data.tokenizer.vocab_size = cfg.data.vocab_size;  // NullTokenizer's and TikTokenizer's --vocab-size
+  resolve_moe_flags(cfg);
   check_sample_based_flags(cfg, given);
   apply_deepspeed_config(cfg, given);
   return cfg;

@@ -14,6 +14,49 @@ int64_t padded_vocab_size(int64_t vocab_size, int64_t divisible_by, int tp_size)
 
 namespace {
 
+// Mixture of experts against the layout (Megatron's validate_args rules, and Loom's own limits).
+void validate_moe_layout(const TrainConfig& c) {
+  const ParallelConfig& p = c.parallel;
+  const int TP = p.tensor_model_parallel_size, EP = p.expert_model_parallel_size;
+  const int ETP = p.expert_tensor_parallel_size == 0 ? TP : p.expert_tensor_parallel_size;
+  const MoeConfig& m = c.model.moe;
+  if (m.num_experts == 0) {
+    if (EP != 1) user_error("--expert-model-parallel-size ", EP, " needs --num-experts (mixture-of-experts layers)");
+    if (p.expert_tensor_parallel_size != 0 && p.expert_tensor_parallel_size != TP)
+      user_error("--expert-tensor-parallel-size ", p.expert_tensor_parallel_size,
+                 " needs --num-experts (mixture-of-experts layers)");
+    if (c.moe.shared_expert_overlap || c.moe.dispatcher != MoeDispatcher::kAllGather || c.moe.per_layer_logging)
+      user_error("--moe-token-dispatcher-type, --moe-shared-expert-overlap and --moe-per-layer-logging need "
+                 "--num-experts (mixture-of-experts layers)");
+    return;
+  }
+  if (EP < 1) user_error("--expert-model-parallel-size must be >= 1, got ", EP);
+  if (m.num_experts % EP != 0)
+    user_error("--num-experts (", m.num_experts, ") must be divisible by --expert-model-parallel-size (", EP, ")");
+  if (ETP != 1 && ETP != TP)
+    user_error("--expert-tensor-parallel-size ", ETP, ": Loom splits experts over 1 rank or over the tensor-parallel "
+               "group (--tensor-model-parallel-size ", TP, "); use 1 or ", TP);
+  if (TP > 1 && !c.dist.sequence_parallel && !(ETP == TP && EP == 1))
+    user_error("mixture of experts with --tensor-model-parallel-size ", TP, " and --expert-model-parallel-size ", EP,
+               " / --expert-tensor-parallel-size ", ETP, " needs --sequence-parallel (each rank must route its own "
+               "tokens), as Megatron requires with expert parallelism");
+  if (ETP > 1 && m.num_experts > 0 && c.model.moe_ffn_hidden_size() % ETP != 0)
+    user_error("--moe-ffn-hidden-size (", c.model.moe_ffn_hidden_size(), ") must be divisible by "
+               "--expert-tensor-parallel-size (", ETP, ")");
+  if (m.shared_expert_intermediate_size % TP != 0)
+    user_error("--moe-shared-expert-intermediate-size (", m.shared_expert_intermediate_size,
+               ") must be divisible by --tensor-model-parallel-size (", TP, ")");
+  if (EP > 1 && c.precision.fp16)
+    user_error("--expert-model-parallel-size > 1 does not support --fp16 (as Megatron); use --bf16");
+  if (c.moe.shared_expert_overlap && (c.moe.dispatcher != MoeDispatcher::kAllToAll || m.shared_expert_intermediate_size == 0))
+    user_error("--moe-shared-expert-overlap needs shared experts (--moe-shared-expert-intermediate-size) and "
+               "--moe-token-dispatcher-type alltoall");
+  if (!c.precision.fp8_format.empty())
+    user_error("--fp8-format with --num-experts: Loom's expert GEMMs have no FP8 path yet; train MoE models in --bf16");
+  if (c.lora.rank > 0)
+    user_error("--lora-rank with --num-experts: LoRA adapters on experts are not built; fine-tune MoE models in full");
+}
+
 // The layout flags against the model shape: every impossible combination named before anything is built.
 void dist_validate(const TrainConfig& c, int world_size) {
   const ParallelConfig& p = c.parallel;
@@ -25,15 +68,7 @@ void dist_validate(const TrainConfig& c, int world_size) {
   if (world_size % (TP * PP * CP) != 0)
     user_error("world size ", world_size, " is not divisible by --tensor-model-parallel-size (", TP,
                ") x --pipeline-model-parallel-size (", PP, ") x --context-parallel-size (", CP, ") = ", TP * PP * CP);
-  // The expert grid exists (ParallelState) but no model has mixture-of-experts layers yet: the flags are
-  // refused rather than accepted and ignored. Default values (EP 1, ETP unset or equal to TP) pass.
-  if (p.expert_model_parallel_size != 1)
-    user_error("--expert-model-parallel-size ", p.expert_model_parallel_size, " needs --num-experts (mixture-of-experts "
-               "layers), which this version of Loom does not have yet; use --expert-model-parallel-size 1");
-  if (p.expert_tensor_parallel_size != 0 && p.expert_tensor_parallel_size != TP)
-    user_error("--expert-tensor-parallel-size ", p.expert_tensor_parallel_size, " needs --num-experts "
-               "(mixture-of-experts layers), which this version of Loom does not have yet; leave it unset or equal to "
-               "--tensor-model-parallel-size (", TP, ")");
+  validate_moe_layout(c);
   validate_tensor_parallel(c.model, TP, d.sequence_parallel);
   if (PP > 1) {  // the stage split, as build time will do it
     int chunks = 1;

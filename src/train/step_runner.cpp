@@ -1,6 +1,8 @@
 // One training iteration (see step_runner.h).
 #include "train/step_runner.h"
 
+#include "train/moe_metrics.h"
+
 #include <cmath>
 
 #include "loom/pipeline/schedule.h"
@@ -70,6 +72,7 @@ StepOutcome StepRunner::step(Loader& loader) {
   double loss = last ? r.loss_sum / double(run_.nmb) : 0.0;
   loss = run_.ps->dp().all_reduce_scalar(loss) / double(run_.ps->dp_size());
   out.loss = run_.ps->pp().all_reduce_scalar(last ? loss : 0.0);
+  out.moe = collect_moe_figures(run_);
 
   timers_.start("optimizer", 1);
   timers_.start("optimizer-clip-main-grad", 1);
@@ -92,6 +95,7 @@ StepOutcome StepRunner::step(Loader& loader) {
     run_.dopt->step(float(run_.sched->lr()), float(run_.sched->wd()), scale);
     timers_.stop("optimizer-inner-step");
     run_.sched->step(run_.gbs);
+    update_expert_biases(run_);  // aux-loss-free balancing moves with the weights
     out.grad_norm = norm;
   }
   timers_.stop("optimizer");

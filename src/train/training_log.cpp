@@ -48,7 +48,7 @@ double iteration_flops(const GPTConfig& m, int64_t global_batch, int64_t seq_len
   if (r.granularity == "full") {
     // uniform: every layer runs forward twice; block: the first N layers only.
     const int64_t n = r.method == "block" ? std::min(r.num_layers.value_or(0), m.num_layers) : m.num_layers;
-    flops += double(n) * m.layer_forward_flops(global_batch, seq_length);
+    for (int64_t l = 0; l < n; ++l) flops += m.layer_forward_flops(global_batch, seq_length, l);
   }
   if (r.granularity == "selective")  // QKᵀ and PV of every layer again
     flops += double(m.num_layers) * m.attention_core_forward_flops(global_batch, seq_length);
@@ -121,6 +121,17 @@ void TrainingLog::write_tensorboard_step(const StepOutcome& s, double params_nor
   if (cfg.logging.log_learning_rate_to_tensorboard) both("learning-rate", run_.sched->lr());
   if (cfg.logging.log_batch_size_to_tensorboard) both("batch-size", double(run_.gbs));
   both("lm loss", s.loss);  // every iteration, skipped ones included, as Megatron
+  if (s.moe.present) {  // Megatron's MoE tags (per layer with --moe-per-layer-logging)
+    if (!std::isnan(s.moe.load_balancing_loss)) both("load_balancing_loss", s.moe.load_balancing_loss);
+    if (!std::isnan(s.moe.z_loss)) both("z_loss", s.moe.z_loss);
+    both("expert_load_imbalance", s.moe.load_imbalance);
+    if (cfg.moe.per_layer_logging)
+      for (size_t k = 0; k < s.moe.layers.size(); ++k) {
+        const std::string l = std::to_string(s.moe.layers[k]);
+        if (!std::isnan(s.moe.load_balancing_loss)) tb_->add_scalar("moe/load_balancing_loss_layer_" + l, s.moe.layer_lb[k], run_.progress.iteration);
+        if (!std::isnan(s.moe.z_loss)) tb_->add_scalar("moe/z_loss_layer_" + l, s.moe.layer_z[k], run_.progress.iteration);
+      }
+  }
   // As Megatron: the scale after this iteration's update, the value the log line prints.
   if (cfg.logging.log_loss_scale_to_tensorboard) both("loss-scale", run_.loss_scale());
   if (!s.skipped) both("grad-norm", s.grad_norm);
@@ -163,6 +174,12 @@ void TrainingLog::iteration(const StepOutcome& s, double step_ms) {
     if (!std::isfinite(s.loss)) ++interval_nan_;
   } else {
     interval_loss_ += s.loss;
+    if (s.moe.present) {
+      interval_lb_ += s.moe.load_balancing_loss;
+      interval_z_ += s.moe.z_loss;
+      interval_imbalance_ += s.moe.load_imbalance;
+      ++interval_moe_;
+    }
     ++interval_advanced_;
   }
   interval_ms_ += step_ms;
@@ -194,6 +211,12 @@ void TrainingLog::iteration(const StepOutcome& s, double step_ms) {
   line += fmt(" learning rate: %.6E |", run_.sched->lr());
   line += fmt(" global batch size: %5lld |", (long long)run_.gbs);
   if (interval_advanced_ > 0) line += fmt(" lm loss: %.6E |", avg_loss);
+  if (interval_moe_ > 0) {  // Megatron's MoE loss keys, then Loom's load-imbalance figure
+    const double n = double(interval_moe_);
+    if (!std::isnan(interval_lb_)) line += fmt(" load_balancing_loss: %.6E |", interval_lb_ / n);
+    if (!std::isnan(interval_z_)) line += fmt(" z_loss: %.6E |", interval_z_ / n);
+    line += fmt(" expert load imbalance: %.3f |", interval_imbalance_ / n);
+  }
   line += fmt(" loss scale: %.1f |", run_.loss_scale());
   if (!s.skipped) line += fmt(" grad norm: %.3f |", s.grad_norm);
   if (!std::isnan(s.num_zeros)) line += fmt(" num zeros: %.1f |", s.num_zeros);
@@ -214,6 +237,12 @@ void TrainingLog::iteration(const StepOutcome& s, double step_ms) {
       timers_.log(timer_names(), double(interval_iters_), run_.distributed ? &run_.ps->world() : nullptr);
   if (!timers_block.empty()) log_ << timers_block << "\n";
   if (run_.distributed && cfg.logging.timing_log_level >= 2) log_ << communication_block();
+  if (cfg.logging.timing_log_level >= 2 && s.moe.present)  // this iteration's routing, per MoE layer
+    for (size_t k = 0; k < s.moe.layers.size(); ++k) {
+      std::string t = fmt(" > MoE layer %lld tokens per expert:", (long long)s.moe.layers[k]);
+      for (double x : s.moe.tokens[k]) t += fmt(" %.0f", x);
+      log_ << t << "\n";
+    }
   if (!memory_reported_) {
     const AllocStats m = run_.ctx->memory_stats();
     // This (the printing) rank's memory; Megatron prints the same line per rank.
@@ -249,6 +278,8 @@ void TrainingLog::iteration(const StepOutcome& s, double step_ms) {
   }
   if (tb_) tb_->flush();
   interval_loss_ = interval_ms_ = 0;
+  interval_lb_ = interval_z_ = interval_imbalance_ = 0;
+  interval_moe_ = 0;
   interval_iters_ = interval_advanced_ = interval_skipped_ = interval_nan_ = 0;
 }
 

@@ -58,6 +58,8 @@ class TrainingLog {
   bool memory_reported_ = false;
   // Log interval accumulators (Megatron's total_loss_dict).
   double interval_loss_ = 0, interval_ms_ = 0;
+  double interval_lb_ = 0, interval_z_ = 0, interval_imbalance_ = 0;  // MoE router figures (sums)
+  int64_t interval_moe_ = 0;
   int64_t interval_iters_ = 0, interval_advanced_ = 0, interval_skipped_ = 0, interval_nan_ = 0;
 };
 

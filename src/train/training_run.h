@@ -47,6 +47,16 @@ struct StepOutcome {
   double lr = 0;          // the learning rate this step trained with
   bool skipped = false;   // inf/NaN gradients: no optimizer or scheduler step
   double num_zeros = NAN; // --log-num-zeros-in-grad: zeros in the gradients (NaN when skipped or not asked)
+  // Mixture of experts (empty otherwise): the router figures of this step's micro-batches, reduced over
+  // the data-parallel replicas and pipeline stages (moe_metrics.cpp).
+  struct Moe {
+    bool present = false;
+    double load_balancing_loss = NAN, z_loss = NAN;  // mean over MoE layers (NaN: coefficient 0)
+    double load_imbalance = NAN;  // max over layers of max_e tokens / mean_e tokens (1 = balanced)
+    std::vector<int64_t> layers;                // the MoE layers (global indices)
+    std::vector<double> layer_lb, layer_z;      // per MoE layer
+    std::vector<std::vector<double>> tokens;    // per MoE layer: tokens per expert over the global batch
+  } moe;
 };
 
 struct TrainingRun {

@@ -80,6 +80,17 @@ void build_model_chunks(TrainingRun& run, const ModelOptions& base, std::ostream
     mo.parallel.tp = TP > 1 ? &run.ps->tp() : nullptr;
     mo.parallel.sequence_parallel = cfg.dist.sequence_parallel;
     mo.parallel.cp = CP > 1 ? &run.ps->cp() : nullptr;
+    if (cfg.model.is_moe()) {
+      mo.parallel.tp_cp = &run.ps->tp_cp();
+      ExpertParallel& ep = mo.parallel.expert;
+      ep.kind = cfg.moe.dispatcher;
+      ep.ep = &run.ps->ep();
+      ep.etp = &run.ps->etp();
+      ep.etp_ep = &run.ps->etp_ep();
+      // Tokens replicated over the expert-tensor-parallel (= TP) ranks: tensor parallelism without SP.
+      ep.etp_replicated = run.ps->etp().size() > 1 && !cfg.dist.sequence_parallel;
+      mo.parallel.moe_shared_expert_overlap = cfg.moe.shared_expert_overlap;
+    }
     mo.parallel.first_layer = sl.first_layer;
     mo.parallel.num_layers = sl.num_layers;
     mo.parallel.pre_process = run.ps->is_pipeline_first_stage() && v == 0;

@@ -96,6 +96,9 @@ class ParallelState {
   const Communicator& embedding() const { return *embedding_; }
   const Communicator& ep() const { return *ep_view_; }
   const Communicator& etp() const { return *etp_view_; }
+  // The tensor x context-parallel group (tp fastest), when TP > 1 and CP > 1; else the one of them that is
+  // larger (a one-rank group when both are 1).
+  const Communicator& tp_cp() const { return tp_cp_ ? *tp_cp_ : cp_size() > 1 ? *cp_ : *tp_; }
   const Communicator& etp_ep() const { return *etp_ep_view_; }
   const Communicator& expert_dp() const { return *expert_dp_view_; }
   const Communicator& expert_mp() const { return *expert_mp_view_; }
@@ -111,6 +114,7 @@ class ParallelState {
   ParallelConfig cfg_;
   int world_size_ = 1, rank_ = 0, dp_size_ = 1, etp_size_ = 1, expert_dp_size_ = 1;
   std::unique_ptr<Communicator> world_, tp_, cp_, dp_, dp_cp_, pp_, mp_, embedding_;
+  std::unique_ptr<Communicator> tp_cp_;  // only when TP > 1 and CP > 1
   std::unique_ptr<Communicator> ep_, etp_, etp_ep_, expert_dp_, expert_mp_;  // etp_..: only when they differ
   const Communicator *ep_view_ = nullptr, *etp_view_ = nullptr, *etp_ep_view_ = nullptr, *expert_dp_view_ = nullptr,
                      *expert_mp_view_ = nullptr;

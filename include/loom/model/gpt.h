@@ -37,6 +37,7 @@
 // Gradient scratch (dres, dln, datt, dqkv, dfc, qk-norm) is shared by all layers since backward visits one
 // at a time.
 #pragma once
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -47,6 +48,8 @@
 #include "loom/fp8/fp8.h"
 #include "loom/nn/lora.h"
 #include "loom/nn/modules.h"
+#include "loom/nn/moe.h"
+#include "loom/parallel/moe_dispatch.h"
 #include "loom/parallel/parallel_linear.h"
 
 namespace loom {
@@ -66,6 +69,23 @@ const char* position_embedding_type_name(PositionEmbeddingType t);  // Megatron'
 // reachable through this config only.
 enum class MlpActivation { kGeLU, kSwiGLU, kGeGLU, kReGLU };
 const char* mlp_activation_name(MlpActivation a);  // "gelu", "swiglu", "geglu", "reglu"
+
+// Mixture of experts (Megatron-Core's MoELayer in place of the MLP; docs/models.md "Mixture of experts").
+// A MoE layer's MLP: the router (decoder.layers.N.mlp.router.weight (E, C)), E routed experts
+// (decoder.layers.N.mlp.experts.linear_fc1.weight<e> (F1, C), linear_fc2.weight<e> (C, F), F =
+// moe_ffn_hidden_size(), no biases, the model's activation) and optionally shared experts that see every
+// token (decoder.layers.N.mlp.shared_experts.linear_fc1/linear_fc2.weight, no biases; with the gate,
+// shared_experts.gate_weight (1, C): their output scaled by sigmoid(x · gate)). Layer output = routed
+// experts (prob-weighted) + shared experts, then the usual bias-dropout-add.
+struct MoeConfig {
+  int64_t num_experts = 0;  // --num-experts E; 0: a dense model
+  int64_t ffn_hidden_size = 0;  // --moe-ffn-hidden-size; 0: the model's ffn_hidden_size() (Megatron's default)
+  int64_t shared_expert_intermediate_size = 0;  // --moe-shared-expert-intermediate-size; 0: no shared experts
+  bool shared_expert_gate = false;  // --moe-shared-expert-gate
+  // --moe-layer-freq resolved per layer: 1 = MoE, 0 = dense MLP; empty: every layer is a MoE layer.
+  std::vector<int> layer_pattern;
+  RouterConfig router;  // --moe-router-*, --moe-*-loss-coeff, capacity; router.num_experts == num_experts
+};
 
 struct GPTConfig {
   int64_t num_layers = 12;               // L (--num-layers)
@@ -100,6 +120,14 @@ struct GPTConfig {
   // the right side must be 0 for causal attention). -1: no window.
   int64_t window_size_left = -1;
   bool qk_layernorm = false;           // --qk-layernorm: per-head norm of q and k (before RoPE)
+  MoeConfig moe;                       // mixture of experts (moe.num_experts > 0)
+
+  bool is_moe() const { return moe.num_experts > 0; }
+  bool is_moe_layer(int64_t layer) const {  // global layer index
+    return is_moe() && (moe.layer_pattern.empty() || moe.layer_pattern.at(size_t(layer)) != 0);
+  }
+  int64_t num_moe_layers() const;
+  int64_t moe_ffn_hidden_size() const { return moe.ffn_hidden_size > 0 ? moe.ffn_hidden_size : ffn_hidden_size(); }
 
   // Megatron's default for --ffn-hidden-size: 4C, or int(4C · 2/3 / 64) · 64 for gated MLPs (the same
   // parameter count with three matrices).
@@ -117,12 +145,16 @@ struct GPTConfig {
 
   // Parameters, counted exactly from the shapes (every option; see docs/models.md for the formula).
   int64_t num_parameters() const;
+  // The parameters one token uses: num_parameters() with each MoE layer's routed experts counted top-k
+  // times instead of E times (= num_parameters() for a dense model).
+  int64_t num_active_parameters() const;
   // Model FLOPs (matmuls only, causal attention counted in full, as Megatron's
   // num_floating_point_operations, which they equal for every option here):
   //   layer forward   2·B·T·(C·qkv_size + NH·HS·C + C·F·(2 if gated else 1) + F·C) + 4·B·T²·NH·HS
   //   logits forward  2·B·T·C·Vp
   // With the GPT-2 shapes the layer forward is 24·B·T·C² + 4·B·T²·C.
-  double layer_forward_flops(int64_t B, int64_t T) const;
+  // layer: the global layer index (a MoE layer counts its top-k routed experts and its shared experts).
+  double layer_forward_flops(int64_t B, int64_t T, int64_t layer = 0) const;
   double attention_core_forward_flops(int64_t B, int64_t T) const;  // 4·B·T²·NH·HS (selective recompute)
   double logits_forward_flops(int64_t B, int64_t T) const;
   // One forward+backward over B sequences of length T: 3 x (L · layer forward + logits forward).
@@ -130,6 +162,7 @@ struct GPTConfig {
   double flops_per_step(int64_t B, int64_t T) const;
   // Everything but the vocabulary (which the trainer resolves later); UserError naming the flag.
   void validate_architecture() const;
+  void validate_moe() const;  // the mixture-of-experts fields (part of validate_architecture)
   void validate() const;  // validate_architecture() and the vocabulary sizes
 };
 
@@ -165,6 +198,12 @@ struct ModelParallel {
   const Communicator* tp = nullptr;  // null or size 1: no tensor parallelism
   bool sequence_parallel = false;    // --sequence-parallel (needs TP > 1)
   const Communicator* cp = nullptr;  // null or size 1: no context parallelism
+  // SP and CP together: the group over which a micro-batch's tokens are spread (tp x cp, tp fastest); MoE
+  // routing gathers over it. Null: built from tp or cp alone when only one of them splits the tokens.
+  const Communicator* tp_cp = nullptr;
+  // Mixture of experts: the expert-parallel layout and dispatcher; --moe-shared-expert-overlap.
+  ExpertParallel expert;
+  bool moe_shared_expert_overlap = false;
   int64_t first_layer = 0;
   int64_t num_layers = -1;           // -1: every layer from first_layer on
   bool pre_process = true;
@@ -251,6 +290,17 @@ struct ForwardOptions {
   // micro-batches + micro-batch), mixed into every site's dropout stream so each micro-batch draws fresh
   // masks while the recomputed forward of the same micro-batch redraws the same ones.
   uint64_t micro_batch_index = 0;
+};
+
+// The router statistics of one MoE layer over the training micro-batches since the last reset (the log's
+// load_balancing_loss and z_loss, Megatron's figures without their coefficients, and the per-expert token
+// counts of the micro-batches' tokens).
+struct MoeLayerStats {
+  int64_t layer = 0;  // global layer index
+  double load_balancing_loss = 0;  // Σ over micro-batches
+  double z_loss = 0;
+  int64_t micro_batches = 0;
+  std::vector<double> tokens_per_expert;  // (E) Σ over micro-batches
 };
 
 // One buffer the model allocates.
@@ -364,6 +414,17 @@ class GPTModel {
   Tensor fp8_state(int site) const;            // (3, 1 + history length) f32, host
   void fp8_set_state(int site, TensorView st);  // the same shape
 
+  // ---- mixture of experts ----
+  // The statistics of every local MoE layer (in layer order) since reset_moe_stats().
+  std::vector<MoeLayerStats> moe_stats() const;
+  void reset_moe_stats();
+  // Aux-loss-free balancing (--moe-router-enable-expert-bias), after a step's optimizer update: each MoE
+  // layer's token counts since the last update, summed over the data-parallel replicas by `sum` (in place,
+  // the same call order on every rank), move its expert bias (Megatron's get_updated_expert_bias).
+  void update_expert_bias(const std::function<void(std::vector<float>&)>& sum);
+  // The expert biases of the local MoE layers (checkpoints: "decoder.layers.N.mlp.router.expert_bias").
+  std::vector<std::pair<std::string, std::vector<float>*>> expert_biases();
+
   // Every buffer a model built with (cfg, opts) allocates for (B, T) micro-batches; validates both.
   static GPTMemoryPlan memory_plan(const GPTConfig& cfg, const ModelOptions& opts, int64_t B, int64_t T);
   // Bytes of the activation buffers allocated now (0 before the first forward); equals
@@ -459,6 +520,12 @@ class GPTModel {
   // CP > 1: this rank's two chunks of the batch tensors (B, T / CP) and the global positions of its tokens.
   Tensor cp_tokens_, cp_targets_, cp_loss_mask_, cp_position_ids_, cp_segment_ids_, cp_positions_;
   GPTBatch local_batch(const GPTBatch& batch);  // the batch as this CP rank sees it (batch itself at CP = 1)
+  // MoE: the micro-batch's tokens over the SP/CP ranks (null when this rank has all of them); the
+  // forward's loss gradient scale (the router's aux-loss gradients use it); units of the layers.
+  std::unique_ptr<RoutingGroup> make_routing_group(int64_t B, int64_t T) const;
+  std::unique_ptr<RoutingGroup> routing_group_;
+  float dloss_scale_ = 0;
+  std::vector<int> layer_unit_;  // units_ index of each local layer
 };
 
 }  // namespace loom

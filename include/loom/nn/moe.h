@@ -32,6 +32,7 @@
 //   - the losses' gradients enter backward scaled by aux_grad_scale (Megatron's MoEAuxLossAutoScaler:
 //     the main loss's backward scale, loss_scale / num_micro_batches).
 #pragma once
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -98,15 +99,28 @@ void route_tokens_backward(const RouterConfig& cfg, const float* logits, const R
 std::vector<float> get_updated_expert_bias(const std::vector<float>& tokens_per_expert,
                                            const std::vector<float>& expert_bias, float update_rate);
 
+// The tokens of one micro-batch spread over several ranks (sequence or context parallelism): routing looks
+// across tokens (capacity, the load-balancing losses, the expert-bias counts), so every rank of the group
+// routes all of them, identically, and keeps its own rows: the same decisions as a single process.
+struct RoutingGroup {
+  int64_t num_tokens = 0;             // N: the micro-batch's tokens
+  std::vector<int64_t> local_tokens;  // the token index in [0, N) of each local row (N = b·T + t order)
+  // Fills all (N, width) (token order) from every rank's local (N_local, width) rows; collective.
+  std::function<void(float* all, const float* local, int64_t width)> gather;
+};
+
 // The router: a linear gate (E, C) without bias, <prefix>.router.weight (Megatron-Core's
 // decoder.layers.N.mlp.router.weight), and the routing above.
 class Router {
  public:
   struct Saved {
-    std::vector<float> logits;  // (N, E) host f32
-    Routing routing;
-    Tensor probs;               // (N, E) f32 on the device
-    Tensor row_id_map;          // (N, E) i32 on the device
+    std::vector<float> logits;  // (N, E) host f32: the micro-batch's (every rank's rows with a group)
+    Routing routing;            // of the micro-batch's N tokens
+    // This rank's rows (all of them without a group):
+    Tensor probs;               // (N_local, E) f32 on the device
+    Tensor row_id_map;          // (N_local, E) i32 on the device: rows of this rank's permutation
+    std::vector<int64_t> group_sizes;  // (E) this rank's permuted rows per expert
+    const RoutingGroup* group = nullptr;
     int64_t seq_length = 0;
     bool training = false;
   };
@@ -114,15 +128,18 @@ class Router {
   Router(ParameterSet& ps, const std::string& prefix, int64_t hidden, const RouterConfig& cfg, float init_std);
   // inp (N, C) (leading dims flattened); seq_length T (token n = b·T + t). training: compute the aux/z
   // losses and count tokens for the expert bias (Megatron does both only with gradients enabled).
-  void forward(const DeviceContext& ctx, Saved& s, TensorView inp, int64_t seq_length, bool training) const;
-  // dinp (N, C) (overwrite) and the gate's weight gradient (accumulate) from dprobs (N, E) f32 (the
+  // group: the micro-batch's tokens are spread over ranks (null: all are local); it must outlive backward.
+  void forward(const DeviceContext& ctx, Saved& s, TensorView inp, int64_t seq_length, bool training,
+               const RoutingGroup* group = nullptr) const;
+  // dinp (N_local, C) (overwrite) and the gate's weight gradient (accumulate) from dprobs (N_local, E) f32 (the
   // gradient of s.probs; may live on the host or the device), with the aux/z-loss gradients scaled by
   // aux_grad_scale.
   void backward(const DeviceContext& ctx, TensorView dinp, TensorView dprobs, TensorView inp, const Saved& s,
                 double aux_grad_scale) const;
   const RouterConfig& config() const { return cfg_; }
   Parameter& weight() const { return *weight_; }
-  // The expert bias (a non-trainable f32 buffer, zeros) and the tokens counted since the last update.
+  // The expert bias (a non-trainable f32 buffer, zeros) and the tokens counted since the last update (the
+  // caller counts them: Routing::tokens_per_expert of each training micro-batch, once).
   std::vector<float>& expert_bias() { return expert_bias_; }
   const std::vector<float>& expert_bias() const { return expert_bias_; }
   std::vector<float>& local_tokens_per_expert() const { return local_tokens_; }
@@ -148,9 +165,12 @@ class GroupedMLP {
     Tensor fc1_out;  // (M, F1)
     Tensor act_out;  // (M, F)
   };
-  // gated: SwiGLU (--swiglu); else GeLU (tanh). fc2_init_std: Megatron's output-layer init.
+  // gated: SwiGLU (--swiglu); else GeLU (tanh). fc2_init_std: Megatron's output-layer init. Expert
+  // parallelism: this rank holds num_experts experts from global index first_expert on; expert-tensor
+  // parallelism: each expert's FFN dimension split over etp ranks (fc1's rows — a gated fc1's gate and up
+  // rows — and fc2's columns, as column/row-parallel linears), this rank holding shard etp_rank.
   GroupedMLP(ParameterSet& ps, const std::string& prefix, int64_t num_experts, int64_t hidden, int64_t ffn_hidden,
-             bool gated, float init_std, float fc2_init_std);
+             bool gated, float init_std, float fc2_init_std, int64_t first_expert = 0, int etp = 1, int etp_rank = 0);
   // inp, out (M, C) expert-grouped rows; group_sizes (E) on the host.
   void forward(const DeviceContext& ctx, TensorView out, Saved& s, TensorView inp,
                const std::vector<int64_t>& group_sizes) const;
@@ -166,7 +186,7 @@ class GroupedMLP {
   const std::vector<Parameter*>& fc2() const { return fc2_; }
 
  private:
-  int64_t E_, C_, F_;
+  int64_t E_, C_, F_;  // local experts, hidden, this rank's FFN width
   bool gated_;
   std::vector<Parameter*> fc1_, fc2_;
 };

@@ -55,6 +55,9 @@ struct Parameter {
   // stage's embedding and on the last stage's copy alike, so the optimizer finds the pair whose gradients
   // it sums over the embedding group by this flag, never by name.
   bool tied_embedding = false;
+  // A routed expert's weight (mixture of experts): split over the expert-parallel ranks, its partition_dim /
+  // shard over the expert-tensor-parallel group, replicated over the expert-data-parallel group.
+  bool expert = false;
   int64_t offset = 0;          // element offset in the contiguous buffers (set by allocate)
   Tensor value;                // f32 master, view into ParameterSet::values()
   Tensor compute;              // view into ParameterSet::compute_values(); modules read this one
@@ -83,6 +86,7 @@ struct ParamUnit {
   // gradients its backward also writes: the head of a model with a tied word embedding reads the
   // embedding unit's weight. The hooks of this unit then cover them too.
   std::vector<int> reads;
+  bool expert = false;  // a MoE layer's routed experts only (reduced over the expert-data-parallel group)
 };
 
 // How allocate() backs the parameters (the data-parallel sharding strategy decides; see

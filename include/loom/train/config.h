@@ -142,6 +142,18 @@ struct DistConfig {
   std::optional<int64_t> local_rank;
 };
 
+// Mixture-of-experts run options (the architecture itself is GPTConfig::moe).
+struct MoeTrainConfig {
+  // --moe-layer-freq as given: an int N (every N-th layer, from layer 0, is a MoE layer) or Megatron's
+  // Python list expression ("[1,0,1,1]", "([0]+[1]*3)*2"); resolved into model.moe.layer_pattern once
+  // --num-layers is known. Empty: 1 (every layer).
+  std::string layer_freq;
+  MoeDispatcher dispatcher = MoeDispatcher::kAllGather;  // --moe-token-dispatcher-type (Megatron's default)
+  bool shared_expert_overlap = false;  // --moe-shared-expert-overlap (alltoall: shared experts run while the
+                                       // routed tokens are exchanged)
+  bool per_layer_logging = false;      // --moe-per-layer-logging: router losses per layer in TensorBoard
+};
+
 struct CheckpointConfig {
   std::string save;                    // --save DIR
   std::string load;                    // --load DIR
@@ -255,6 +267,7 @@ struct TrainConfig {
   ExitConfig exit;
   DeepSpeedConfig deepspeed;
   MlperfConfig mlperf;
+  MoeTrainConfig moe;
   uint64_t seed = 1234;  // --seed
   // --device auto|cpu|cuda (Loom's): where the run computes. auto = the GPU when this build has the CUDA
   // backend and one is visible (rank r uses GPU local_rank % visible GPUs), else the CPU.
