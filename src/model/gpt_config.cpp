@@ -231,6 +231,8 @@ void GPTConfig::validate_moe() const {
       user_error("--moe-layer-freq describes ", m.layer_pattern.size(), " layers but --num-layers is ", num_layers);
     if (num_moe_layers() == 0) user_error("--moe-layer-freq marks no layer as a MoE layer (1); drop --num-experts for a dense model");
   }
+  if (activation != MlpActivation::kGeLU && activation != MlpActivation::kSwiGLU)
+    user_error("--num-experts: experts run GeLU or SwiGLU (--swiglu), not ", mlp_activation_name(activation));
   if (add_bias_linear)
     user_error("--num-experts: Loom's experts run as grouped GEMMs without biases (as Megatron's grouped MLP); add "
                "--disable-bias-linear (and --add-qkv-bias for a qkv bias, as Qwen-MoE)");

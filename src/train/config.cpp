@@ -15,7 +15,7 @@ int64_t padded_vocab_size(int64_t vocab_size, int64_t divisible_by, int tp_size)
 namespace {
 
 // Mixture of experts against the layout (Megatron's validate_args rules, and Loom's own limits).
-void validate_moe_layout(const TrainConfig& c) {
+void validate_moe_layout(const TrainConfig& c, int world_size) {
   const ParallelConfig& p = c.parallel;
   const int TP = p.tensor_model_parallel_size, EP = p.expert_model_parallel_size;
   const int ETP = p.expert_tensor_parallel_size == 0 ? TP : p.expert_tensor_parallel_size;
@@ -33,6 +33,11 @@ void validate_moe_layout(const TrainConfig& c) {
   if (EP < 1) user_error("--expert-model-parallel-size must be >= 1, got ", EP);
   if (m.num_experts % EP != 0)
     user_error("--num-experts (", m.num_experts, ") must be divisible by --expert-model-parallel-size (", EP, ")");
+  const int PP = p.pipeline_model_parallel_size;
+  if (world_size % (ETP * EP * PP) != 0)
+    user_error("world size ", world_size, " is not divisible by --expert-tensor-parallel-size (", ETP,
+               ") x --expert-model-parallel-size (", EP, ") x --pipeline-model-parallel-size (", PP, ") = ",
+               ETP * EP * PP, " (the expert-parallel grid)");
   if (ETP != 1 && ETP != TP)
     user_error("--expert-tensor-parallel-size ", ETP, ": Loom splits experts over 1 rank or over the tensor-parallel "
                "group (--tensor-model-parallel-size ", TP, "); use 1 or ", TP);
@@ -68,7 +73,7 @@ void dist_validate(const TrainConfig& c, int world_size) {
   if (world_size % (TP * PP * CP) != 0)
     user_error("world size ", world_size, " is not divisible by --tensor-model-parallel-size (", TP,
                ") x --pipeline-model-parallel-size (", PP, ") x --context-parallel-size (", CP, ") = ", TP * PP * CP);
-  validate_moe_layout(c);
+  validate_moe_layout(c, world_size);
   validate_tensor_parallel(c.model, TP, d.sequence_parallel);
   if (PP > 1) {  // the stage split, as build time will do it
     int chunks = 1;
