@@ -6,8 +6,9 @@
 //   TP 2 with EP 2, ETP 2 (expert_dp 1, ETP-sharded experts);  EP 1 (the expert groups are the dense ones)
 // and every strategy (DDP, ZeRO-1/2/3, overlapped or not), every rank contributes rank-dependent gradients
 // over two micro-batches driven through the layer hooks; then:
-//   - the gradient norm equals the norm of every distinct element of the model, computed by hand over the
-//     union of all ranks' layouts (each element once, whoever holds it);
+//   - the gradient norm (and at initialisation the parameter norm and the weights' state statistics)
+//     equals the norm of every distinct element of the model, computed by hand over the union of all
+//     ranks' layouts (each element once, whoever holds it);
 //   - each step equals single-process AdamW / SGD on the expected gradients: dense ones averaged over
 //     dp_cp (TP-summed when sequence-parallel), expert ones summed over expert_dp and scaled by 1/(DP·CP);
 //     SGD is linear in the gradient, so a wrong scale or group shows in the values; every rank's
@@ -186,6 +187,23 @@ double hand_norm_sq(const Grid& g, int step) {
   return sq;
 }
 
+// Squared L2 and L1 norms of every distinct initial value of the model (initialisation is a function of
+// the name and the global index, so every rank can build every other rank's values).
+std::pair<double, double> hand_init_norms(const Grid& g, uint64_t seed) {
+  std::map<std::pair<std::string, int64_t>, float> distinct;
+  for (int r = 0; r < world().size(); ++r) {
+    ParameterSet s;
+    build_layout(s, coords_of(g, world().size(), r));
+    std::vector<float> v(size_t(s.numel()));
+    s.initialize_range(seed, 0, s.numel(), v.data());
+    for (const Parameter& p : s.all())
+      for (int64_t k = 0; k < p.shape.numel(); ++k) distinct.emplace(std::make_pair(p.name, global_index(p, k)), v[size_t(p.offset + k)]);
+  }
+  double sq = 0, l1 = 0;
+  for (const auto& [key, v] : distinct) sq += double(v) * double(v), l1 += std::abs(double(v));
+  return {sq, l1};
+}
+
 struct Case {
   ShardingStrategy sharding;
   bool overlap;
@@ -252,6 +270,13 @@ void run_case(const Grid& g, const Case& c, OptimizerKind kind, const std::strin
   ddp.overlap_param_gather = c.overlap_params;
   DistributedOptimizer opt(*ctx, {&set}, {units}, *ps, ddp, oc);
   opt.initialize(kSeed);
+  {  // The weights' figures count each distinct element once too.
+    const auto [sq, l1] = hand_init_norms(g, kSeed);
+    EXPECT_NEAR(opt.param_norm(), std::sqrt(sq), 1e-6 * std::sqrt(sq));
+    const OptimizerStateStats st = opt.state_stats();
+    EXPECT_NEAR(st.weight_l2, std::sqrt(sq), 1e-6 * std::sqrt(sq));
+    EXPECT_NEAR(st.weight_l1, l1, 1e-6 * l1);
+  }
   for (const auto& b : opt.bucket_info(0))
     EXPECT_EQ(b.group_size, b.expert ? ps->expert_dp().size() : ps->dp_cp().size());
   ParamHooks* hooks = opt.hooks(0);
