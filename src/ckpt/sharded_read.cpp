@@ -129,7 +129,7 @@ struct ShardedCheckpoint::Impl {
       }
     }
     world_size = 1;
-    layout = R"({"cp":1,"dp":1,"pp":1,"sharding":"no_shard","single_file":true,"tp":1})";
+    layout = R"({"cp":1,"dp":1,"ep":1,"etp":1,"pp":1,"sharding":"no_shard","single_file":true,"tp":1})";
   }
 
   void load_index(int r) {

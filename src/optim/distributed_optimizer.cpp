@@ -8,7 +8,13 @@
 //     grads or a padded copy, ZeRO-3's unit gradient buffer) and its output are untouched meanwhile; the
 //     hooks complete it before the next micro-batch's backward writes into the same bucket;
 //   - gradients are pre-scaled by 1/DP before the sum (Megatron's gradient_scaling_factor), which keeps
-//     fp16 gradients in range.
+//     fp16 gradients in range. DP is dp_cp's size for expert buckets too (Megatron's
+//     expert_gradient_scaling_factor): an expert's gradient already sums the tokens its EP peers routed to
+//     it, so the sum over expert_dp covers all DP·CP micro-batches;
+//   - a bucket holds dense units only or expert units only (ParamUnit::expert), and each parameter's flag
+//     matches its unit's: expert buckets are reduced, sharded and gathered over expert_dp. Dense and expert
+//     units alternate in a MoE model's flat buffer (a layer's dense part, then its experts), so a bucket
+//     there is one layer's dense part or one layer's experts, whatever --ddp-bucket-size says.
 // This file holds the strategy names, the bucket/shard layout built by the constructor, the lifecycle
 // (initialisation, step count, optimizer-state views) and the memory accounting; the per-step reduction
 // and Adam step are in distributed_optimizer_reduce.cpp, the parameter gathers and hooks in
@@ -71,6 +77,15 @@ ParamStorage param_storage_for(ShardingStrategy s) {
 
 using namespace dist_optim_detail;
 
+namespace {
+// The name of the unit holding flat element `offset` (error messages).
+std::string unit_name_at(const Chunk& ch, int64_t offset) {
+  for (const ParamUnit& u : ch.units)
+    if (offset >= u.offset && offset < u.offset + u.numel) return u.name;
+  return "?";
+}
+}  // namespace
+
 void DistributedOptimizer::Impl::note_buffers() {
   int64_t live = 0;
   for (const Chunk& ch : chunks)
@@ -87,9 +102,8 @@ DistributedOptimizer::DistributedOptimizer(const DeviceContext& ctx, std::vector
   LOOM_CHECK(units.size() == sets.size(), "[DistributedOptimizer] ", units.size(), " unit lists for ", sets.size(),
              " chunks");
   if (ddp.bucket_size < 0) user_error("--ddp-bucket-size: must be > 0, got ", ddp.bucket_size);
-  const int dp = im.dp(), dp_rank = ps.dp_cp().rank();
   const int64_t bucket_size =
-      ddp.bucket_size > 0 ? ddp.bucket_size : std::max<int64_t>(40'000'000, 1'000'000 * int64_t(dp));
+      ddp.bucket_size > 0 ? ddp.bucket_size : std::max<int64_t>(40'000'000, 1'000'000 * int64_t(im.dp()));
 
   // The tied embedding: the last stage's copy is flagged; both stages must agree to sum over the group.
   bool has_copy = false;
@@ -110,7 +124,7 @@ DistributedOptimizer::DistributedOptimizer(const DeviceContext& ctx, std::vector
     Chunk& ch = im.chunks.emplace_back();
     ch.set = set;
     ch.units = std::move(units[c]);
-    if (ch.units.empty()) ch.units.push_back({"all", 0, set->numel(), {}});
+    if (ch.units.empty()) ch.units.push_back({"all", 0, set->numel(), {}, false});
     int64_t covered = 0;
     for (const ParamUnit& u : ch.units) {
       LOOM_CHECK(u.offset == covered && u.numel >= 0, "[DistributedOptimizer] units must tile chunk ", c,
@@ -119,18 +133,31 @@ DistributedOptimizer::DistributedOptimizer(const DeviceContext& ctx, std::vector
     }
     LOOM_CHECK(covered == set->numel(), "[DistributedOptimizer] units cover ", covered, " of ", set->numel(),
                " elements of chunk ", c);
+    ch.covered_by.assign(ch.units.size(), -1);
+    for (size_t u = 0; u < ch.units.size(); ++u)
+      for (int r : ch.units[u].reads) {
+        LOOM_CHECK(r >= 0 && r < int(ch.units.size()) && r != int(u), "[DistributedOptimizer] unit ",
+                   ch.units[u].name, " of chunk ", c, " reads unit ", r, ", which is not another unit of the chunk");
+        if (!ch.units[size_t(r)].expert) continue;
+        LOOM_CHECK(ch.covered_by[size_t(r)] == -1, "[DistributedOptimizer] expert unit ", ch.units[size_t(r)].name,
+                   " is read by both ", ch.units[size_t(ch.covered_by[size_t(r)])].name, " and ", ch.units[u].name,
+                   "; the hooks of one unit must cover it");
+        ch.covered_by[size_t(r)] = int(u);
+      }
 
-    // Buckets: runs of whole units in backward order (ZeRO-3: one unit each).
+    // Buckets: runs of whole units in backward order (ZeRO-3: one unit each), never mixing dense and
+    // expert units.
     ch.unit_bucket.assign(ch.units.size(), -1);
     for (int u = int(ch.units.size()) - 1; u >= 0;) {
       Bucket& b = ch.buckets.emplace_back();
       b.last_unit = u;
+      b.expert = ch.units[size_t(u)].expert;
       int64_t n = 0;
       do {
         n += ch.units[size_t(u)].numel;
         ch.unit_bucket[size_t(u)] = int(ch.buckets.size()) - 1;
         --u;
-      } while (u >= 0 && !im.zero3() && n < bucket_size);
+      } while (u >= 0 && !im.zero3() && n < bucket_size && ch.units[size_t(u)].expert == b.expert);
       b.first_unit = u + 1;
       b.begin = ch.units[size_t(b.first_unit)].offset;
       b.end = b.begin + n;
@@ -140,6 +167,8 @@ DistributedOptimizer::DistributedOptimizer(const DeviceContext& ctx, std::vector
     int64_t shard_off = 0;
     for (Bucket& b : ch.buckets) {
       const int64_t n = b.numel();
+      b.group = b.expert ? &ps.expert_dp() : &ps.dp_cp();
+      const int dp = b.group->size(), dp_rank = b.group->rank();
       if (im.sharded()) {
         b.padded = (n + dp - 1) / dp * dp;
         b.shard = b.padded / dp;
@@ -160,6 +189,12 @@ DistributedOptimizer::DistributedOptimizer(const DeviceContext& ctx, std::vector
           continue;
         }
         LOOM_CHECK(pe <= b.end, "[DistributedOptimizer] parameter ", p.name, " crosses a unit boundary");
+        LOOM_CHECK(p.expert == b.expert, "[DistributedOptimizer] parameter ", p.name, (p.expert ? " is" : " is not"),
+                   " an expert's (Parameter::expert) but its unit ", unit_name_at(ch, p.offset),
+                   (b.expert ? " is" : " is not"), " an expert unit (ParamUnit::expert): expert and dense parameters "
+                   "are reduced over different groups and need units of their own");
+        LOOM_CHECK(!p.expert || !(p.sequence_parallel || p.tied_embedding || p.tied_embedding_copy),
+                   "[DistributedOptimizer] expert parameter ", p.name, " cannot be sequence-parallel or tied");
         if (p.sequence_parallel) b.sp.push_back({p.offset - b.begin, p.shape.numel()});
         if (im.tied_embedding && p.tied_embedding)
           b.emb.push_back({p.offset - b.begin, p.shape.numel()});
@@ -171,7 +206,11 @@ DistributedOptimizer::DistributedOptimizer(const DeviceContext& ctx, std::vector
         piece.flat_end = hi;
         piece.shard_off = b.shard_off + (lo - b.own_begin);
         piece.weight_decay = !p.no_weight_decay;
-        piece.count_in_norm = !(p.partition_dim == -1 && ps.tp_rank() != 0) && !p.tied_embedding_copy;
+        // Replicated over (E)TP: counted on its rank 0 only. Dense parameters are replicated over dp_cp,
+        // expert ones over expert_dp; model_sum reduces each kind over the groups that hold it once.
+        const int tp_rank = p.expert ? ps.etp_rank() : ps.tp_rank();
+        piece.count_in_norm = !(p.partition_dim == -1 && tp_rank != 0) && !p.tied_embedding_copy;
+        piece.expert = p.expert;
         ch.pieces.push_back(piece);
       }
       b.deferred = !b.emb.empty();
@@ -207,6 +246,11 @@ DistributedOptimizer::~DistributedOptimizer() {
 
 ShardingStrategy DistributedOptimizer::sharding() const { return impl_->ddp.sharding; }
 int DistributedOptimizer::num_buckets(int chunk) const { return int(impl_->chunks.at(size_t(chunk)).buckets.size()); }
+std::vector<DistributedOptimizer::BucketInfo> DistributedOptimizer::bucket_info(int chunk) const {
+  std::vector<BucketInfo> out;
+  for (const Bucket& b : impl_->chunks.at(size_t(chunk)).buckets) out.push_back({b.begin, b.end, b.expert, b.group->size(), b.padded});
+  return out;
+}
 ParamHooks* DistributedOptimizer::hooks(int chunk) { return impl_->hooks.at(size_t(chunk)).get(); }
 OptimizerKind DistributedOptimizer::kind() const { return impl_->optim.kind; }
 int64_t DistributedOptimizer::num_steps() const { return impl_->steps; }

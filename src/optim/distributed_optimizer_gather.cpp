@@ -43,7 +43,7 @@ void DistributedOptimizer::Impl::start_param_gather(Chunk& ch, Bucket& b) {
     recv = b.gather_recv.view();
   }
   note_buffers();
-  b.gather_work = ps.dp_cp().all_gather_async(recv, b.gather_send);
+  b.gather_work = b.group->all_gather_async(recv, b.gather_send);
 }
 void DistributedOptimizer::Impl::finish_param_gather(Chunk& ch, Bucket& b) {
   if (!b.gather_work) return;
@@ -61,7 +61,7 @@ void DistributedOptimizer::Impl::start_unit_gather(Chunk& ch, Bucket& b) {
   b.params_buf = ctx.empty({b.padded}, cdt);
   const Tensor& src = ch.compute_shard.defined() ? ch.compute_shard : ch.master_shard;
   note_buffers();
-  b.gather_work = ps.dp_cp().all_gather_async(b.params_buf, src.view().slice_flat(b.shard_off, Shape{b.shard}));
+  b.gather_work = b.group->all_gather_async(b.params_buf, src.view().slice_flat(b.shard_off, Shape{b.shard}));
 }
 void DistributedOptimizer::Impl::bind_params(Chunk& ch, Bucket& b) {
   if (b.gather_work) {
@@ -133,9 +133,19 @@ Bucket& DistributedOptimizer::Impl::bucket_of(int c, int unit) {
              ch.units.size(), " units in chunk ", c, ")");
   return ch.buckets[size_t(ch.unit_bucket[size_t(unit)])];
 }
+int DistributedOptimizer::Impl::next_hooked_unit(int c, int unit, int step) const {
+  const Chunk& ch = chunks[size_t(c)];
+  for (int u = unit + step; u >= 0 && u < int(ch.units.size()); u += step)
+    if (ch.covered_by[size_t(u)] < 0) return u;
+  return -1;
+}
 // The buckets a unit's computation touches: its own, then those of the units it reads.
 std::vector<Bucket*> DistributedOptimizer::Impl::buckets_used(int c, int unit) {
   std::vector<Bucket*> out{&bucket_of(c, unit)};
+  const Chunk& ch = chunks[size_t(c)];
+  if (const int reader = ch.covered_by[size_t(unit)]; reader >= 0)
+    LOOM_FAIL("[DistributedOptimizer] hooks called for expert unit ", ch.units[size_t(unit)].name, ", which unit ",
+              ch.units[size_t(reader)].name, " reads: call the reader's hooks only (they cover it)");
   for (int r : chunks[size_t(c)].units[size_t(unit)].reads) {
     Bucket* b = &bucket_of(c, r);
     if (std::find(out.begin(), out.end(), b) == out.end()) out.push_back(b);
@@ -154,7 +164,11 @@ void DistributedOptimizer::Impl::before_forward(int c, int unit) {
     else
       finish_param_gather(ch, *b);
   }
-  if (zero3() && ddp.overlap_param_gather && unit + 1 < int(ch.units.size())) prefetch(ch, bucket_of(c, unit + 1));
+  if (zero3() && ddp.overlap_param_gather) {
+    const int next = next_hooked_unit(c, unit, +1);
+    if (next >= 0)
+      for (Bucket* b : buckets_used(c, next)) prefetch(ch, *b);
+  }
 }
 void DistributedOptimizer::Impl::after_forward(int c, int unit) {
   if (!zero3()) return;
@@ -170,26 +184,38 @@ void DistributedOptimizer::Impl::before_backward(int c, int unit) {
     if (bucket_grads_only()) bind_grads(ch, *b);
     if (zero3()) gather(ch, *b);
   }
-  if (zero3() && ddp.overlap_param_gather && unit > 0) prefetch(ch, bucket_of(c, unit - 1));
+  if (zero3() && ddp.overlap_param_gather) {
+    const int next = next_hooked_unit(c, unit, -1);
+    if (next >= 0)
+      for (Bucket* b : buckets_used(c, next)) prefetch(ch, *b);
+  }
 }
 void DistributedOptimizer::Impl::after_backward(int c, int unit) {
   Chunk& ch = chunks[size_t(c)];
+  const std::vector<Bucket*> used = buckets_used(c, unit);
   if (zero3())
-    for (Bucket* b : buckets_used(c, unit)) release(ch, *b);
-  Bucket& b = bucket_of(c, unit);
-  if (bucket_grads_only()) {
-    // Reduced every micro-batch once all of the bucket's units are done; the tied embedding's bucket
-    // keeps accumulating until finish_grad_sync.
-    if (b.deferred || ++b.units_done < b.last_unit - b.first_unit + 1) return;
-    launch(ch, b);
-    if (!ddp.overlap_grad_reduce)
-      complete(ch, b);
-    else
-      track_inflight(c, int(&b - ch.buckets.data()));
-    return;
+    for (Bucket* b : used) release(ch, *b);
+  // The units whose gradients are final now: this one and the expert units it covers (its own bucket
+  // first, so a dense bucket launches before the experts' when both complete).
+  std::vector<int> done{unit};
+  for (int r : ch.units[size_t(unit)].reads)
+    if (ch.covered_by[size_t(r)] == unit) done.push_back(r);
+  for (int u : done) {
+    Bucket& b = bucket_of(c, u);
+    if (bucket_grads_only()) {
+      // Reduced every micro-batch once all of the bucket's units are done; the tied embedding's bucket
+      // keeps accumulating until finish_grad_sync.
+      if (b.deferred || ++b.units_done < b.last_unit - b.first_unit + 1) continue;
+      launch(ch, b);
+      if (!ddp.overlap_grad_reduce)
+        complete(ch, b);
+      else
+        track_inflight(c, int(&b - ch.buckets.data()));
+      continue;
+    }
+    if (!launches_now(ch, b)) continue;
+    if (++b.units_done == b.last_unit - b.first_unit + 1) launch(ch, b);
   }
-  if (!launches_now(ch, b)) return;
-  if (++b.units_done == b.last_unit - b.first_unit + 1) launch(ch, b);
 }
 
 // ---- parameter sync after the step ----

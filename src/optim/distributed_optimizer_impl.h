@@ -24,7 +24,10 @@ struct Piece {
   int64_t flat_begin = 0, flat_end = 0;  // in the chunk's flat buffer
   int64_t shard_off = 0;                 // where flat_begin lives in shard space
   bool weight_decay = true;
-  bool count_in_norm = true;  // false for TP duplicates (tp_rank > 0) and the tied embedding's copy
+  // false for duplicates: dense replicated parameters on tp_rank > 0, the tied embedding's copy, expert
+  // replicated parameters on etp_rank > 0.
+  bool count_in_norm = true;
+  bool expert = false;  // an expert's (Parameter::expert): its norm partials are summed over the expert grid
 };
 
 struct Range {
@@ -34,6 +37,10 @@ struct Range {
 struct Bucket {
   int64_t begin = 0, end = 0;     // flat range (whole units)
   int first_unit = 0, last_unit = 0;  // forward-order unit indices, inclusive
+  // Expert units only (ParamUnit::expert): reduced, sharded and gathered over expert_dp; otherwise dense
+  // units only, over dp_cp. `group` is that communicator ("DP" below means its size).
+  bool expert = false;
+  const Communicator* group = nullptr;
   int64_t padded = 0;             // end - begin rounded up to a multiple of DP
   int64_t shard = 0;              // padded / DP: each rank's slice
   int64_t own_begin = 0, own_end = 0;  // this rank's slice clipped to the bucket (flat)
@@ -66,6 +73,9 @@ struct Chunk {
   ParameterSet* set = nullptr;
   std::vector<ParamUnit> units;
   std::vector<int> unit_bucket;  // unit -> bucket index
+  // An expert unit listed in another unit's reads has no hooks of its own: the reader's hooks gather,
+  // bind and complete it (its gradients are final when the reader's backward is). -1: hooked itself.
+  std::vector<int> covered_by;
   std::vector<Bucket> buckets;   // backward order
   int64_t shard_numel = 0;       // size of shard space
   Tensor exp_avg, exp_avg_sq;    // (shard_numel) f32: Adam's moments
@@ -107,6 +117,9 @@ struct DistributedOptimizer::Impl {
     return ddp.sharding == ShardingStrategy::kOptimGrads || ddp.sharding == ShardingStrategy::kOptimGradsParams;
   }
   int dp() const { return ps.dp_cp().size(); }
+  // The world-wide sum (kSum) or maximum (kMax) of per-rank partials over the pieces counted in norms:
+  // `dense` over dense pieces, `expert` over expert pieces (see model_sum).
+  double reduce_partials(double dense, double expert, ReduceOp op) const;
 
   // ---- distributed_optimizer.cpp ----
   void note_buffers();
@@ -141,6 +154,9 @@ struct DistributedOptimizer::Impl {
   void unbind_grads(Chunk& ch, Bucket& b);
   Bucket& bucket_of(int c, int unit);
   std::vector<Bucket*> buckets_used(int c, int unit);
+  // The unit whose hooks run next after `unit` in direction step (+1 forward, -1 backward), skipping
+  // covered expert units; -1 when none.
+  int next_hooked_unit(int c, int unit, int step) const;
   bool launches_now(const Chunk& ch, const Bucket& b) const;
   void before_forward(int c, int unit);
   void after_forward(int c, int unit);

@@ -1,6 +1,6 @@
 // DistributedOptimizer, per step: the data-parallel gradient reduction of each bucket (TP and
-// embedding-group sums, the 1/DP pre-scale, all-reduce or reduce-scatter, moving the result where Adam
-// reads it), the global gradient and parameter norms, the inf/NaN check and the Adam step over the owned
+// embedding-group sums, the 1/DP pre-scale, all-reduce or reduce-scatter over dp_cp or, for expert
+// buckets, expert_dp, moving the result where Adam reads it), the global gradient and parameter norms, the inf/NaN check and the Adam step over the owned
 // pieces. The layout these work on is built in distributed_optimizer.cpp; the invariants are listed there.
 #include <algorithm>
 #include <cmath>
@@ -40,27 +40,38 @@ TensorView DistributedOptimizer::Impl::piece_master(Chunk& ch, const Piece& p) c
   return ch.set->values().view().slice_flat(p.flat_begin, s);
 }
 
-// L2 norm over the whole model of what view(chunk, piece) gives for every owned piece, replicas (TP
-// duplicates, the tied embedding's copy) counted once. ZeRO shards are disjoint across dp_cp, so the
-// whole world holds each element once; without sharding every DP replica has all of it.
+// Per-rank partials -> the world's figure. ZeRO shards are disjoint across dp_cp (dense) and expert_dp
+// (expert), so the whole world holds each counted element once: one sum over the world. Without sharding
+// every replica has all of it: dense partials are summed over mp (TP x PP: one model), expert partials over
+// expert_mp (ETP x EP x PP: every expert once) — the same communicator, so one reduction, when there is
+// no expert parallelism (EP = 1, ETP = TP).
+double DistributedOptimizer::Impl::reduce_partials(double dense, double expert, ReduceOp op) const {
+  const auto combine = [op](double a, double b) { return op == ReduceOp::kMax ? (!(b <= a) ? b : a) : a + b; };
+  if (sharded()) return ps.world().all_reduce_scalar(combine(dense, expert), op);
+  if (&ps.expert_mp() == &ps.mp()) return ps.mp().all_reduce_scalar(combine(dense, expert), op);
+  return combine(ps.mp().all_reduce_scalar(dense, op), ps.expert_mp().all_reduce_scalar(expert, op));
+}
+
+// L2 norm over the whole model of what view(chunk, piece) gives for every owned piece, replicas (TP / ETP
+// duplicates, the tied embedding's copy, DP and expert-DP replicas) counted once.
 template <typename View, typename F>
 double DistributedOptimizer::Impl::model_sum(View view, F f) {
-  double local = 0.0;
+  double dense = 0.0, expert = 0.0;
   for (Chunk& ch : chunks) {
-    // Without sharding, a chunk whose pieces all count tiles its whole flat buffer: one reduction over
-    // it (one device read-back instead of one per parameter; a world of one sums as plain AdamW would).
-    const bool all_count = std::all_of(ch.pieces.begin(), ch.pieces.end(), [](const Piece& p) { return p.count_in_norm; });
+    // Without sharding, a dense chunk whose pieces all count tiles its whole flat buffer: one reduction
+    // over it (one device read-back instead of one per parameter; a world of one sums as plain AdamW would).
+    const bool all_count = std::all_of(ch.pieces.begin(), ch.pieces.end(),
+                                       [](const Piece& p) { return p.count_in_norm && !p.expert; });
     if (!sharded() && all_count) {
       Piece whole;
       whole.flat_end = ch.set->numel();
-      if (whole.flat_end > 0) local += f(view(ch, whole));
+      if (whole.flat_end > 0) dense += f(view(ch, whole));
       continue;
     }
     for (const Piece& p : ch.pieces)
-      if (p.count_in_norm) local += f(view(ch, p));
+      if (p.count_in_norm) (p.expert ? expert : dense) += f(view(ch, p));
   }
-  const Communicator& group = sharded() ? ps.world() : ps.mp();
-  return group.all_reduce_scalar(local, ReduceOp::kSum);
+  return reduce_partials(dense, expert, ReduceOp::kSum);
 }
 
 // ---- reductions ----
@@ -76,11 +87,12 @@ void DistributedOptimizer::Impl::launch(Chunk& ch, Bucket& b) {
   b.units_done = 0;
   if (b.numel() == 0) return;
   TensorView g = bucket_grads(ch, b);
-  if (ps.tp().size() > 1) sum_over(ps.tp(), g, b.sp);
-  const Communicator& group = ps.dp_cp();
+  if (ps.tp().size() > 1) sum_over(ps.tp(), g, b.sp);  // expert buckets have no sequence-parallel ranges
+  const Communicator& group = *b.group;
+  // 1/(DP·CP) for expert buckets too, whatever expert_dp's size (see the invariants).
   if (dp() > 1) ctx.ops().scale_(g, 1.0f / float(dp()));
   if (!sharded()) {
-    if (dp() > 1) b.work = group.all_reduce_async(g, ReduceOp::kSum);
+    if (group.size() > 1) b.work = group.all_reduce_async(g, ReduceOp::kSum);
     return;
   }
   TensorView inp = g;
@@ -207,44 +219,46 @@ OptimizerStateStats DistributedOptimizer::state_stats() {
   const Chunk& first = im.chunks.front();
   st.has_variance = first.exp_avg_sq.defined();
   st.has_momentum = first.exp_avg.defined() || first.momentum.defined();
-  // Local sums (squares, |x|, sqrt|x|) and maxima of each state over the pieces counted in norms.
-  double sq[3] = {0, 0, 0}, l1[3] = {0, 0, 0}, sqrt_l1 = 0, mx[3] = {0, 0, 0};
-  auto add = [&](int k, TensorView v) {
-    sq[k] += im.ctx.ops().sum_squares(v);
+  // Local sums (squares, |x|, sqrt|x|) and maxima of each state over the pieces counted in norms, dense
+  // ([0]) and expert ([1]) pieces apart (they are reduced over different groups).
+  double sq[2][3] = {}, l1[2][3] = {}, sqrt_l1[2] = {}, mx[2][3] = {};
+  auto add = [&](int e, int k, TensorView v) {
+    sq[e][k] += im.ctx.ops().sum_squares(v);
     const AbsStats a = im.ctx.ops().abs_stats(v);
-    l1[k] += a.sum_abs;
-    if (k == 0) sqrt_l1 += a.sum_sqrt_abs;
-    if (!(a.max_abs <= mx[k])) mx[k] = a.max_abs;
+    l1[e][k] += a.sum_abs;
+    if (k == 0) sqrt_l1[e] += a.sum_sqrt_abs;
+    if (!(a.max_abs <= mx[e][k])) mx[e][k] = a.max_abs;
   };
   for (Chunk& ch : im.chunks)
     for (const Piece& p : ch.pieces) {
       if (!p.count_in_norm) continue;
+      const int e = p.expert ? 1 : 0;
       const Shape n{p.flat_end - p.flat_begin};
-      if (ch.exp_avg_sq.defined()) add(0, ch.exp_avg_sq.view().slice_flat(p.shard_off, n));
-      if (ch.exp_avg.defined()) add(1, ch.exp_avg.view().slice_flat(p.shard_off, n));
-      if (ch.momentum.defined()) add(1, ch.momentum.view().slice_flat(p.shard_off, n));
-      add(2, im.piece_master(ch, p));
+      if (ch.exp_avg_sq.defined()) add(e, 0, ch.exp_avg_sq.view().slice_flat(p.shard_off, n));
+      if (ch.exp_avg.defined()) add(e, 1, ch.exp_avg.view().slice_flat(p.shard_off, n));
+      if (ch.momentum.defined()) add(e, 1, ch.momentum.view().slice_flat(p.shard_off, n));
+      add(e, 2, im.piece_master(ch, p));
     }
-  const Communicator& g = im.sharded() ? im.ps.world() : im.ps.mp();
+  double tot_sq[3], tot_l1[3], tot_mx[3];
   for (int k = 0; k < 3; ++k) {
-    sq[k] = g.all_reduce_scalar(sq[k], ReduceOp::kSum);
-    l1[k] = g.all_reduce_scalar(l1[k], ReduceOp::kSum);
-    mx[k] = g.all_reduce_scalar(mx[k], ReduceOp::kMax);
+    tot_sq[k] = im.reduce_partials(sq[0][k], sq[1][k], ReduceOp::kSum);
+    tot_l1[k] = im.reduce_partials(l1[0][k], l1[1][k], ReduceOp::kSum);
+    tot_mx[k] = im.reduce_partials(mx[0][k], mx[1][k], ReduceOp::kMax);
   }
-  sqrt_l1 = g.all_reduce_scalar(sqrt_l1, ReduceOp::kSum);
+  const double tot_sqrt_l1 = im.reduce_partials(sqrt_l1[0], sqrt_l1[1], ReduceOp::kSum);
   // ||sqrt(v)||_2^2 = Σ v = ||v||_1 (v >= 0); max sqrt(v) = sqrt(max v).
-  st.variance_l2 = std::sqrt(sq[0]);
-  st.variance_sqrt_l2 = std::sqrt(l1[0]);
-  st.variance_l1 = l1[0];
-  st.variance_sqrt_l1 = sqrt_l1;
-  st.variance_abs_max = mx[0];
-  st.variance_sqrt_abs_max = std::sqrt(mx[0]);
-  st.momentum_l2 = std::sqrt(sq[1]);
-  st.momentum_l1 = l1[1];
-  st.momentum_abs_max = mx[1];
-  st.weight_l2 = std::sqrt(sq[2]);
-  st.weight_l1 = l1[2];
-  st.weight_abs_max = mx[2];
+  st.variance_l2 = std::sqrt(tot_sq[0]);
+  st.variance_sqrt_l2 = std::sqrt(tot_l1[0]);
+  st.variance_l1 = tot_l1[0];
+  st.variance_sqrt_l1 = tot_sqrt_l1;
+  st.variance_abs_max = tot_mx[0];
+  st.variance_sqrt_abs_max = std::sqrt(tot_mx[0]);
+  st.momentum_l2 = std::sqrt(tot_sq[1]);
+  st.momentum_l1 = tot_l1[1];
+  st.momentum_abs_max = tot_mx[1];
+  st.weight_l2 = std::sqrt(tot_sq[2]);
+  st.weight_l1 = tot_l1[2];
+  st.weight_abs_max = tot_mx[2];
   return st;
 }
 

@@ -10,6 +10,7 @@
 #include "loom/train/model_io.h"
 #include "train/checkpoint_format.h"
 #include "train/checkpoint_manager.h"
+#include "train/checkpoint_pieces.h"
 
 namespace loom {
 
@@ -121,36 +122,6 @@ std::string fmt_ms(double ms) {
   return b;
 }
 
-// The box of a parameter this rank holds: the whole tensor, or its TP ranges along partition_dim.
-TensorPiece param_box(const Parameter& p, const std::string& name) {
-  TensorPiece t;
-  t.name = name;
-  t.global_shape = p.global_shape;
-  if (!p.shard.empty()) {
-    t.partition_dim = p.partition_dim;
-    for (const ShardRange& r : p.shard) t.ranges.push_back({r.start, r.size});
-  }
-  return t;
-}
-
-// Who saves a replicated piece: one rank per distinct box. Model parameters are replicated over DP and CP
-// (unless ZeRO-3 shards them: then the optimizer's flat ranges are the pieces), over TP for unsharded
-// ones; the last stage's copy of the tied embedding is never saved.
-bool saves_model_piece(const ParallelState& ps, const Parameter& p) {
-  if (p.tied_embedding_copy) return false;
-  if (p.shard.empty() && ps.tp_rank() != 0) return false;
-  return ps.dp_rank() == 0 && ps.cp_rank() == 0;
-}
-
-// The piece of optimizer-owned state `s` (its flat range of the parameter's box) under `name`.
-TensorPiece state_piece(const StateShard& s, const std::string& name, TensorView v) {
-  TensorPiece t = param_box(*s.param, name);
-  t.flat_begin = s.begin;
-  t.flat_end = s.end;
-  t.data = v;
-  return t;
-}
-
 // Checkpoint pieces are written from and read into host memory: a device-resident piece is replaced by a
 // host tensor (kept alive by `holder`), filled from the device when `fill` (saving).
 std::vector<size_t> stage_on_host(const DeviceContext& ctx, std::vector<TensorPiece>& pieces,
@@ -228,29 +199,12 @@ void CheckpointManager::save() {
   const std::string& root = cfg.checkpoint.save;
   log_ << "saving checkpoint at iteration " << std::setw(7) << run_.progress.iteration << " to " << root << " ("
        << run_.ps->world_size() << (run_.ps->world_size() == 1 ? " rank)\n" : " ranks)\n") << std::flush;
-  // With any ZeRO strategy the weights are saved from the masters each rank owns (flat ranges): a 16-bit
-  // run's full f32 values exist nowhere else. Without sharding, from the model's full values.
-  const bool from_masters = run_.sharding() != ShardingStrategy::kNone;
-  std::vector<TensorPiece> pieces;
-  // Optimizer state is saved by whoever owns it; without sharding every data-parallel replica owns all
-  // of it, so only the first one saves.
-  const bool owner_saves = from_masters || (run_.ps->dp_rank() == 0 && run_.ps->cp_rank() == 0);
-  for (const StateShard& s : run_.dopt->state_shards()) {
-    const Parameter& p = *s.param;
-    if (p.tied_embedding_copy || (p.shard.empty() && run_.ps->tp_rank() != 0) || !owner_saves) continue;
-    auto add = [&](const std::string& name, TensorView v) { pieces.push_back(state_piece(s, name, v)); };
-    if (from_masters) add(p.name, s.master);
-    if (!cfg.checkpoint.no_save_optim)
-      for (const auto& [state, view] : s.optimizer_state()) add(std::string("optimizer.") + state + "." + p.name, view);
-  }
-  if (!from_masters)
-    for (const auto& m : run_.chunks)
-      for (const Parameter& p : m->trainable().all()) {  // LoRA: the adapters only
-        if (!saves_model_piece(*run_.ps, p)) continue;
-        TensorPiece t = param_box(p, p.name);
-        t.data = p.value;
-        pieces.push_back(std::move(t));
-      }
+  // Weights (ZeRO: from the masters each rank owns) and optimizer state, each element by one rank
+  // (owners in checkpoint_pieces.h; LoRA: the adapters only).
+  std::vector<const ParameterSet*> trainable;
+  for (const auto& m : run_.chunks) trainable.push_back(&m->trainable());
+  std::vector<TensorPiece> pieces =
+      checkpoint_save_pieces(*run_.ps, *run_.dopt, trainable, !cfg.checkpoint.no_save_optim);
   // FP8 scaling state: identical on the TP and DP x CP replicas after the amax reduction; one rank of
   // them saves it, under per-layer names (any layout reads it back).
   std::vector<Tensor> fp8_holder;
@@ -265,34 +219,19 @@ void CheckpointManager::save() {
   std::vector<Tensor> host;
   std::vector<TensorView> device;
   stage_on_host(*run_.ctx, pieces, host, device, /*fill=*/true);
-  const std::string layout = "{\"tp\":" + std::to_string(run_.ps->tp_size()) + ",\"pp\":" + std::to_string(run_.ps->pp_size()) +
-                             ",\"cp\":" + std::to_string(run_.ps->cp_size()) + ",\"dp\":" + std::to_string(run_.ps->dp_size()) +
-                             ",\"sharding\":\"" + sharding_strategy_name(run_.sharding()) + "\"}";
-  save_sharded_checkpoint(root, run_.progress.iteration, pieces, layout, metadata_json(), run_.ps->world());
+  save_sharded_checkpoint(root, run_.progress.iteration, pieces, checkpoint_layout_json(*run_.ps, run_.sharding()),
+                          metadata_json(), run_.ps->world());
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   log_ << "  successfully saved checkpoint from iteration " << std::setw(7) << run_.progress.iteration << " to " << root
        << " [ t " << fmt_ms(ms) << " ms ]\n" << std::flush;
 }
 
 void CheckpointManager::load_pieces(const ShardedCheckpoint& ck, bool load_optim) {
-  std::vector<TensorPiece> targets;
   // Weights: every trained parameter value this rank has (ZeRO-3: none; LoRA: the adapters), and the
-  // master shards.
-  for (const auto& m : run_.chunks)
-    for (const Parameter& p : m->trainable().all()) {
-      if (!p.value.defined()) continue;
-      TensorPiece t = param_box(p, p.name);
-      t.data = p.value;
-      targets.push_back(std::move(t));
-    }
-  for (const StateShard& s : run_.dopt->state_shards()) {
-    const Parameter& p = *s.param;
-    auto add = [&](const std::string& name, TensorView v) { targets.push_back(state_piece(s, name, v)); };
-    // The masters (views of the weights or a shard of their own): filled from the same saved tensor.
-    if (s.master.defined()) add(p.name, s.master);
-    if (load_optim)
-      for (const auto& [state, view] : s.optimizer_state()) add(std::string("optimizer.") + state + "." + p.name, view);
-  }
+  // master shards; by name and global box, so a rank holding some experts only reads those.
+  std::vector<const ParameterSet*> trainable;
+  for (const auto& m : run_.chunks) trainable.push_back(&m->trainable());
+  std::vector<TensorPiece> targets = checkpoint_load_targets(*run_.dopt, trainable, load_optim);
   std::vector<Tensor> host;
   std::vector<TensorView> device;
   const std::vector<size_t> staged = stage_on_host(*run_.ctx, targets, host, device, /*fill=*/false);

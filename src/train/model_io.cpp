@@ -238,7 +238,7 @@ void write_weights_checkpoint(const std::string& root, const GPTConfig& cfg,
     LOOM_CHECK(!meta.contains(key), "[write_weights_checkpoint] metadata key ", key, " given twice");
     meta[key] = value;
   }
-  save_sharded_checkpoint(root, 0, pieces, R"({"tp":1,"pp":1,"cp":1,"dp":1,"sharding":"no_shard"})",
+  save_sharded_checkpoint(root, 0, pieces, R"({"tp":1,"pp":1,"cp":1,"dp":1,"ep":1,"etp":1,"sharding":"no_shard"})",
                           meta.dump(), /*rank=*/0, /*world_size=*/1, [] {});
 }
 

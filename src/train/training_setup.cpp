@@ -140,7 +140,10 @@ void build_model_chunks(TrainingRun& run, const ModelOptions& base, std::ostream
       frozen += base.compute_values().nbytes();
   }
   log << " > data-parallel sharding: " << sharding_strategy_name(sharding) << " over " << run.ps->dp_cp().size()
-       << " ranks; memory per rank (MB): ";
+       << " ranks";
+  if (&run.ps->expert_dp() != &run.ps->dp_cp())  // expert parallelism: experts are replicated over expert_dp only
+    log << " (expert parameters over " << run.ps->expert_dp().size() << ")";
+  log << "; memory per rank (MB): ";
   if (run.chunks.front()->lora()) log << "frozen base weights " << double(frozen) / 1048576.0 << ", LoRA adapter ";
   log << "parameters " << double(mem.params) / 1048576.0 << ", gradients " << double(mem.grads) / 1048576.0
        << ", optimizer state " << double(mem.optimizer) / 1048576.0 << " (model states " << frozen + mem.states()

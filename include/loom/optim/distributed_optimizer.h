@@ -24,14 +24,24 @@
 // layer in the same chunk as the embedding (ParamUnit::reads) keeps the embedding's gathered parameters
 // (ZeRO-3) and gradient bucket (ZeRO-2/3) bound while the head runs.
 //
+// Mixture-of-experts (Parameter::expert, ParamUnit::expert; Megatron-Core's expert-parallel buffers):
+// expert units get buckets of their own, never shared with dense units. An expert bucket skips the TP/SP
+// sums, is reduced (DDP), reduce-scattered and all-gathered (ZeRO-1/2/3) over expert_dp instead of dp_cp,
+// with the same 1/(DP·CP) pre-scale as dense ones (an expert's gradient already sums the tokens that every
+// EP peer routed to it). Norms, zero counts and state statistics count each element once in the world:
+// expert pieces are replicated over expert_dp (and over ETP when unsharded along a partition dim). An
+// expert unit listed in another unit's reads (a MoE layer's "decoder.layers.N.mlp.experts" in the reads of
+// "decoder.layers.N") has no hooks of its own: its reader's hooks gather, bind and complete it.
+//
 // Sharding is per bucket (as Megatron's DistributedOptimizer): a bucket of L elements is padded to a
 // multiple of DP and rank r owns its r-th 1/DP slice, so each bucket is one reduce-scatter/all-gather
-// with contiguous pieces. ZeRO-3 uses one bucket per unit (what is gathered together is reduced
+// with contiguous pieces (DP, r: the bucket's group, dp_cp or expert_dp). ZeRO-3 uses one bucket per unit (what is gathered together is reduced
 // together). Optimizer-owned state is laid out as the concatenation of this rank's bucket slices
 // ("shard space", padding included): exp_avg, exp_avg_sq, the f32 gradient shard (ZeRO-2/3) and the f32
 // master shard (ZeRO-3, and ZeRO-1/2 with bf16/f16 compute).
 //
-// Memory per rank, bytes per local parameter (Ψ = local parameters, d = DP·CP, c = 2 for bf16/f16;
+// Memory per rank, bytes per local parameter (Ψ = local parameters, d = DP·CP (expert parameters:
+// expert_dp's size), c = 2 for bf16/f16;
 // memory() reports what is allocated, nothing estimated; `loom calc` prints the same formulas):
 //   kNone              f32: 4 values + 4 grads + 8 Adam = 16; bf16: 4 + 2 + 4 + 8 = 18
 //   kOptim             f32: 4 values (the rank updates its range of them) + 4 grads + 8/d;
@@ -120,13 +130,21 @@ class DistributedOptimizer {
   void initialize(uint64_t seed);
   ShardingStrategy sharding() const;
   int num_buckets(int chunk) const;
+  // Chunk c's buckets in backward (reduction) order.
+  struct BucketInfo {
+    int64_t begin = 0, end = 0;  // flat range of whole units
+    bool expert = false;         // expert units only (else dense units only)
+    int group_size = 1;          // the group it is reduced and sharded over: expert_dp or dp_cp
+    int64_t padded = 0;          // its length padded to a multiple of group_size (sharded strategies)
+  };
+  std::vector<BucketInfo> bucket_info(int chunk) const;
 
   // Before the first micro-batch of a step.
   void start_step();
   // The schedule tells which micro-batch's backward comes next (grads of the last one are final).
   void set_last_microbatch(int chunk, bool last);
   // Completes every gradient reduction of this step; afterwards the gradients this rank owns are the
-  // dp_cp-averaged full-batch gradients.
+  // dp_cp-averaged full-batch gradients (expert ones: summed over expert_dp, scaled by 1/(DP·CP)).
   void finish_grad_sync();
   // L2 norm over the whole model (every rank computes the same value), replicas counted once.
   double grad_norm();

@@ -55,8 +55,11 @@ struct Parameter {
   // stage's embedding and on the last stage's copy alike, so the optimizer finds the pair whose gradients
   // it sums over the embedding group by this flag, never by name.
   bool tied_embedding = false;
-  // A routed expert's weight (mixture of experts): split over the expert-parallel ranks, its partition_dim /
-  // shard over the expert-tensor-parallel group, replicated over the expert-data-parallel group.
+  // A mixture-of-experts expert's weight (decoder.layers.N.mlp.experts.linear_fc1.weight<e>, e the GLOBAL
+  // expert index): split over the expert-parallel (EP) group (each EP rank holds its own experts), its
+  // partition_dim / shard over the expert-tensor-parallel (ETP) group instead of TP, and replicated over
+  // expert_dp only. The optimizer reduces its gradient over expert_dp (never dp_cp, no TP/SP sums); the
+  // checkpoint is saved by expert_dp rank 0 (and etp rank 0 when unsharded). See ParallelState's grid.
   bool expert = false;
   int64_t offset = 0;          // element offset in the contiguous buffers (set by allocate)
   Tensor value;                // f32 master, view into ParameterSet::values()
@@ -86,7 +89,10 @@ struct ParamUnit {
   // gradients its backward also writes: the head of a model with a tied word embedding reads the
   // embedding unit's weight. The hooks of this unit then cover them too.
   std::vector<int> reads;
-  bool expert = false;  // a MoE layer's routed experts only (reduced over the expert-data-parallel group)
+  // Every parameter of the unit is an expert's (Parameter::expert): an MoE layer's experts,
+  // "decoder.layers.N.mlp.experts", listed in the reads of their layer unit "decoder.layers.N" so that the
+  // layer's hooks cover them. Data-parallel buckets never mix expert and dense units (different groups).
+  bool expert = false;
 };
 
 // How allocate() backs the parameters (the data-parallel sharding strategy decides; see
