@@ -298,7 +298,7 @@ TransformerLayerContext GPTModel::layer_context(TensorView segment_ids) const {
   c.moe.group = routing_group_.get();
   c.moe.seq_length = T_;
   c.moe.training = fwd_.training;
-  c.moe.aux_grad_scale = double(dloss_scale_);
+  c.moe.aux_grad_scale = double(moe_aux_scale_);
   c.moe.sp_gathered = sp_gathered_;
   c.moe.sp_grad = sp_grad_;
   c.moe.overlap_shared = opts_.parallel.moe_shared_expert_overlap;
@@ -445,7 +445,11 @@ float GPTModel::forward(const GPTBatch& batch, float dloss_scale, const ForwardO
   backward_ready_ = false;
   ensure_buffers(B, T);
   fwd_ = opts;
-  dloss_scale_ = dloss_scale;
+  // The aux losses' gradient on this rank's rows; x CP as the cross-entropy's below (the data-parallel
+  // average runs over DP x CP ranks, each holding part of the micro-batch's tokens).
+  moe_aux_scale_ = (std::isnan(opts.moe_aux_loss_scale) ? dloss_scale * float(batch.tokens.numel())
+                                                         : (dloss_scale == 0.0f ? 0.0f : opts.moe_aux_loss_scale)) *
+                   float(opts_.parallel.cp_size());
   const OpTable& ops = ctx_.ops();
   const GPTBatch batch_in = batch;
   const GPTBatch local = local_batch(batch_in);

@@ -26,6 +26,7 @@ class GptStage final : public PipelineStage {
     fo.training = !cfg_.forward_only;
     fo.dropout_seed = cfg_.dropout_seed;
     fo.micro_batch_index = cfg_.first_microbatch_index + uint64_t(m);
+    fo.moe_aux_loss_scale = cfg_.moe_aux_loss_scale;
     const float scale = cfg_.forward_only ? 0.0f : cfg_.dloss_scale ? cfg_.dloss_scale(m) : 1.0f;
     return model_.forward(batch(m), scale, fo);
   }

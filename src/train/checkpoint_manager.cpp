@@ -216,6 +216,20 @@ void CheckpointManager::save() {
       t.data = view;
       pieces.push_back(std::move(t));
     }
+  // The routers' expert biases (--moe-router-enable-expert-bias): buffers, not parameters, identical on
+  // every rank of a pipeline stage after the data-parallel update; saved like the FP8 state.
+  std::vector<Tensor> bias_holder;
+  if (run_.ps->tp_rank() == 0 && run_.ps->dp_rank() == 0 && run_.ps->cp_rank() == 0)
+    for (GPTModel* m : run_.models())
+      for (const auto& [name, bias] : m->expert_biases()) {
+        bias_holder.push_back(Tensor::empty({int64_t(bias->size())}, DType::kF32));
+        std::copy(bias->begin(), bias->end(), static_cast<float*>(bias_holder.back().raw()));
+        TensorPiece t;
+        t.name = name;
+        t.global_shape = bias_holder.back().shape();
+        t.data = bias_holder.back();
+        pieces.push_back(std::move(t));
+      }
   std::vector<Tensor> host;
   std::vector<TensorView> device;
   stage_on_host(*run_.ctx, pieces, host, device, /*fill=*/true);
@@ -240,6 +254,18 @@ void CheckpointManager::load_pieces(const ShardedCheckpoint& ck, bool load_optim
   for (GPTModel* m : run_.models())
     for (int s = 0; s < m->fp8_num_sites(); ++s)
       if (ck.contains(m->fp8_state_name(s))) m->fp8_set_state(s, ck.read_full(m->fp8_state_name(s), DType::kF32));
+  for (GPTModel* m : run_.models())
+    for (const auto& [name, bias] : m->expert_biases()) {
+      if (!ck.contains(name)) {  // a checkpoint of a run without expert bias: the biases start at zero
+        log_ << " > note: checkpoint has no " << name << "; the expert bias starts at zero\n";
+        continue;
+      }
+      const Tensor t = ck.read_full(name, DType::kF32);
+      LOOM_CHECK(t.numel() == int64_t(bias->size()), "checkpoint ", name, " has ", t.numel(), " values, the model ",
+                 bias->size(), " experts");
+      const float* v = static_cast<const float*>(t.raw());
+      bias->assign(v, v + t.numel());
+    }
   run_.dopt->sync_params_from_masters();
   for (const auto& m : run_.chunks)
     if (m->trainable().storage() == ParamStorage::kFull) m->sync_compute();

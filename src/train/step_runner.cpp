@@ -49,6 +49,7 @@ StepOutcome StepRunner::step(Loader& loader) {
   pc.first_microbatch_index = run_.progress.micro_batches_done;
   const double loss_scale = out.loss_scale;
   pc.dloss_scale = [&](int64_t m) { return micro_batch_dloss(batches[size_t(m)], loss_scale); };
+  pc.moe_aux_loss_scale = float(loss_scale / double(run_.nmb));  // Megatron's MoEAuxLossAutoScaler scale
   PipelineCallbacks cb;
   cb.batch = [&](int64_t m) { return run_.model_batch(batches[size_t(m)]); };
   cb.before_backward = [&](int chunk, int64_t, bool last) { run_.dopt->set_last_microbatch(chunk, last); };

@@ -38,6 +38,7 @@
 // at a time.
 #pragma once
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -290,6 +291,11 @@ struct ForwardOptions {
   // micro-batches + micro-batch), mixed into every site's dropout stream so each micro-batch draws fresh
   // masks while the recomputed forward of the same micro-batch redraws the same ones.
   uint64_t micro_batch_index = 0;
+  // Mixture of experts: the factor the router's load-balancing and z-loss gradients are scaled by, the
+  // main loss's backward scale as Megatron's MoEAuxLossAutoScaler sets it (loss scale / micro-batches per
+  // step: the aux losses are per micro-batch, averaged like the LM loss). NaN: dloss_scale x B x T (the
+  // same when the loss has no mask).
+  float moe_aux_loss_scale = std::numeric_limits<float>::quiet_NaN();
 };
 
 // The router statistics of one MoE layer over the training micro-batches since the last reset (the log's
@@ -524,7 +530,7 @@ class GPTModel {
   // forward's loss gradient scale (the router's aux-loss gradients use it); units of the layers.
   std::unique_ptr<RoutingGroup> make_routing_group(int64_t B, int64_t T) const;
   std::unique_ptr<RoutingGroup> routing_group_;
-  float dloss_scale_ = 0;
+  float moe_aux_scale_ = 0;
   std::vector<int> layer_unit_;  // units_ index of each local layer
 };
 

@@ -21,6 +21,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <vector>
 
 #include "loom/dist/communicator.h"
@@ -35,6 +36,7 @@ struct PipelineStepConfig {
   std::function<float(int64_t m)> dloss_scale;
   bool forward_only = false;        // evaluation: no backward, no dropout (ForwardOptions::training false)
   uint64_t dropout_seed = 0;        // ForwardOptions::dropout_seed
+  float moe_aux_loss_scale = std::numeric_limits<float>::quiet_NaN();  // ForwardOptions::moe_aux_loss_scale
   uint64_t first_microbatch_index = 0;  // micro-batch m uses ForwardOptions::micro_batch_index = this + m
 };
 
