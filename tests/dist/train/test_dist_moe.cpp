@@ -6,6 +6,8 @@
 // across EP sizes (4 -> 2 -> 1 -> 4).
 #include <gtest/gtest.h>
 
+#include <sstream>
+
 #include "dist/train/dist_train_util.h"
 
 namespace loom::e2e {
@@ -98,6 +100,49 @@ TEST(DistMoe, CheckpointsReshardAcrossExpertParallelSizes) {
   expect_close({ref.begin() + 8, ref.begin() + 12}, c, 1e-5, "EP2 -> one process");
   const std::vector<double> d = leg(4, "--expert-model-parallel-size 4", 16);
   expect_close({ref.begin() + 12, ref.end()}, d, 1e-5, "one process -> EP4");
+}
+
+// The alltoall dispatcher's traffic equals the analytic figure. Per MoE layer and micro-batch a rank sends
+// its M = B·T·k routed rows twice (dispatch, the backward of combine) and the R rows its experts received
+// twice (combine, the backward of dispatch), C floats each, plus the (EP x E/EP) i32 count exchange; R over
+// a step is the logged token count of its experts (EP = DP: the EP group sees every token of the step).
+TEST(DistMoe, AllToAllVolumeMatchesTheAnalyticFigure) {
+  std::string log;
+  const std::string flags = "--expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall --timing-log-level 2";
+  const std::vector<double> losses = train_losses(kMoe, flags, 2, 3, &log);
+  ASSERT_EQ(losses.size(), 3u);
+  const int64_t C = 32, k = 2, BT = 2 * 16, nmb = 2, E = 4, EP = 2;
+  // Per iteration: the printing (last) rank's all_to_all megabytes, and the tokens per expert of each layer.
+  std::vector<double> measured;
+  std::vector<std::vector<std::vector<int64_t>>> tokens(1);
+  for (const std::string& line : lines_of(log)) {
+    const size_t a = line.find("expert-model-parallel all_to_all: ");
+    if (a != std::string::npos) {
+      const std::string rest = line.substr(a + 35);
+      measured.push_back(std::stod(rest.substr(rest.find('|') + 1)));
+      tokens.emplace_back();
+    }
+    const size_t t = line.find("tokens per expert:");
+    if (t != std::string::npos) {
+      std::istringstream in(line.substr(t + 18));
+      std::vector<int64_t> v;
+      for (int64_t x; in >> x;) v.push_back(x);
+      ASSERT_EQ(v.size(), size_t(E)) << line;
+      tokens.back().push_back(v);
+    }
+  }
+  // The communication block comes before the token lines of the same iteration.
+  ASSERT_EQ(measured.size(), 3u) << log;
+  for (size_t it = 0; it < measured.size(); ++it) {
+    const auto& layers = tokens[it + 1];
+    ASSERT_EQ(layers.size(), 3u) << "iteration " << it + 1 << "\n" << log;
+    double bytes = 0;
+    for (const auto& v : layers) {
+      const int64_t M = nmb * BT * k, R = v[2] + v[3];  // rank 1 holds experts 2 and 3
+      bytes += double(2 * M + 2 * R) * double(C) * 4.0 + double(nmb) * double(EP * (E / EP)) * 4.0;
+    }
+    EXPECT_NEAR(measured[it], bytes / 1048576.0, 0.0006) << "iteration " << it + 1;
+  }
 }
 
 }  // namespace
