@@ -46,6 +46,8 @@ TEST(DistMoe, LayoutsMatchSingleProcess) {
       {2, "--expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall"},       // EP2, alltoall
       {2, "--tensor-model-parallel-size 2"},                                            // ETP = TP, tokens replicated
       {2, "--tensor-model-parallel-size 2 --sequence-parallel --moe-token-dispatcher-type alltoall"},  // ETP 2 split
+      {2, "--tensor-model-parallel-size 2 --sequence-parallel"},                        // ETP 2 split, allgather
+      {2, "--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1"},  // interleaved 1F1B
       {4, "--tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 2 "
           "--expert-tensor-parallel-size 1 --moe-token-dispatcher-type alltoall --moe-shared-expert-overlap"},
       {4, "--tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 2"},  // ETP2 x EP2 allgather
