@@ -1,8 +1,8 @@
 // GPTModel with mixture-of-experts layers (model/moe_mlp.cpp): the parameter gradients of the router, an
 // expert and the shared-expert gate against central differences of the training objective (mean loss +
 // every MoE layer's aux and z losses), full and selective activation recomputation reproducing losses,
-// gradients and router statistics bit for bit, and gradient accumulation over two micro-batches equal to
-// one micro-batch twice the size. The golden test (tests/golden/test_golden_moe_model.cpp) checks the
+// gradients and router statistics bit for bit, gradient accumulation over two micro-batches equal to one
+// micro-batch twice the size, and the router losses' gradient scale under a loss mask. The golden test (tests/golden/test_golden_moe_model.cpp) checks the
 // numerics against PyTorch.
 //
 // Two MoE variants, Llama-style (RMSNorm, SwiGLU, GQA, RoPE, untied), one dense layer each:
@@ -328,4 +328,36 @@ TEST(MoeModelAccumulation, TwoMicroBatchesEqualOneDoubleMicroBatch) {
     mag = std::max(mag, std::fabs(double(b[size_t(router->offset + i)])));
   }
   EXPECT_GT(d, 1e-3 * mag) << "Switch aux_loss: the two should differ";
+}
+
+// The router losses' gradients enter with the main loss's backward scale (the factor on d(mean loss)),
+// whatever the loss mask: their share of the gradient (with coefficients minus without) is the same for a
+// micro-batch without a mask (dloss_scale 1 / (B·T)) and with a mask of 5 tokens (dloss_scale 1 / 5).
+TEST(MoeModelLossMask, RouterLossGradientsIgnoreTheMask) {
+  auto ctx = make_cpu_context();
+  const GPTConfig cfg = moe_config("softmax_shared");
+  GPTConfig off = cfg;
+  off.moe.router.aux_loss_coeff = off.moe.router.z_loss_coeff = 0;
+  const MicroBatch mb = make_batch(kB, cfg.vocab_size, 9);
+  Tensor mask = Tensor::empty({kB, kT}, DType::kF32);
+  for (int64_t i = 0; i < kB * kT; ++i) mask.data<float>()[i] = i % 3 == 1 ? 1.0f : 0.0f;  // 5 tokens
+  auto router_loss_grads = [&](bool masked) {
+    GPTBatch b = mb.batch();
+    if (masked) b.loss_mask = mask;
+    const float dloss = masked ? 1.0f / 5.0f : 1.0f / float(kB * kT);
+    std::unique_ptr<GPTModel> with = make_model(cfg, *ctx), without = make_model(off, *ctx);
+    with->forward(b, dloss);
+    with->backward(b);
+    without->forward(b, dloss);
+    without->backward(b);
+    std::vector<float> g = grads_of(with->params());
+    const std::vector<float> g0 = grads_of(without->params());
+    for (size_t i = 0; i < g.size(); ++i) g[i] -= g0[i];
+    return g;
+  };
+  const std::vector<float> plain = router_loss_grads(false), masked = router_loss_grads(true);
+  ASSERT_GT(max_abs(plain), 1e-3);
+  const double rel = max_abs_diff(plain, masked) / max_abs(plain);
+  std::printf("  [loss mask] router-loss gradients, masked vs not: max diff / max = %.2e\n", rel);
+  EXPECT_LE(rel, 1e-4);  // differences of f32 gradients of size ~1 and ~0.1
 }
