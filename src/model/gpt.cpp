@@ -8,6 +8,21 @@
 
 namespace loom {
 
+// The tokens a micro-batch's mean loss runs over: the sum of its loss mask (B, T), B·T without one.
+double GPTModel::loss_token_count(TensorView loss_mask, int64_t B, int64_t T) const {
+  if (!loss_mask.defined()) return double(B * T);
+  Tensor host;
+  if (!loss_mask.device().is_cpu()) {
+    host = Tensor::empty(loss_mask.shape(), DType::kF32);
+    ctx_.copy(host, loss_mask);
+    ctx_.synchronize();
+  }
+  const float* m = host.defined() ? host.data<float>() : loss_mask.data<float>();
+  double sum = 0;
+  for (int64_t i = 0; i < loss_mask.numel(); ++i) sum += double(m[i]);
+  return sum;
+}
+
 GPTModel::GPTModel(const GPTConfig& cfg, const DeviceContext& ctx, const ModelOptions& opts)
     : cfg_(cfg), opts_(opts), ctx_(ctx) {
   cfg_.validate();
@@ -298,7 +313,7 @@ TransformerLayerContext GPTModel::layer_context(TensorView segment_ids) const {
   c.moe.group = routing_group_.get();
   c.moe.seq_length = T_;
   c.moe.training = fwd_.training;
-  c.moe.aux_grad_scale = double(moe_aux_scale_);
+  c.moe.aux_grad_scale = moe_aux_grad_scale_;
   c.moe.sp_gathered = sp_gathered_;
   c.moe.sp_grad = sp_grad_;
   c.moe.overlap_shared = opts_.parallel.moe_shared_expert_overlap;
@@ -445,11 +460,16 @@ float GPTModel::forward(const GPTBatch& batch, float dloss_scale, const ForwardO
   backward_ready_ = false;
   ensure_buffers(B, T);
   fwd_ = opts;
-  // The aux losses' gradient on this rank's rows; x CP as the cross-entropy's below (the data-parallel
-  // average runs over DP x CP ranks, each holding part of the micro-batch's tokens).
-  moe_aux_scale_ = (std::isnan(opts.moe_aux_loss_scale) ? dloss_scale * float(batch.tokens.numel())
-                                                         : (dloss_scale == 0.0f ? 0.0f : opts.moe_aux_loss_scale)) *
-                   float(opts_.parallel.cp_size());
+  // MoE: the router losses' gradients enter with the main loss's backward scale as Megatron's
+  // MoEAuxLossAutoScaler has it (loss scale / micro-batches), given by the caller (the trainer), or else the
+  // factor on d(mean loss): dloss_scale times the tokens the mean runs over (dloss_scale is the factor on
+  // d(sum of losses)). Times CP as for the main loss below (each CP rank holds its tokens' share;
+  // gradients are averaged over DP x CP).
+  moe_aux_grad_scale_ = 0;
+  if (cfg_.is_moe() && dloss_scale != 0.0f)
+    moe_aux_grad_scale_ = (std::isnan(opts.moe_aux_loss_scale) ? double(dloss_scale) * loss_token_count(batch.loss_mask, B, T)
+                                                                : double(opts.moe_aux_loss_scale)) *
+                          double(mp.cp_size());
   const OpTable& ops = ctx_.ops();
   const GPTBatch batch_in = batch;
   const GPTBatch local = local_batch(batch_in);

@@ -293,8 +293,8 @@ struct ForwardOptions {
   uint64_t micro_batch_index = 0;
   // Mixture of experts: the factor the router's load-balancing and z-loss gradients are scaled by, the
   // main loss's backward scale as Megatron's MoEAuxLossAutoScaler sets it (loss scale / micro-batches per
-  // step: the aux losses are per micro-batch, averaged like the LM loss). NaN: dloss_scale x B x T (the
-  // same when the loss has no mask).
+  // step: the aux losses are per micro-batch, averaged like the LM loss). NaN: dloss_scale x the loss
+  // tokens (Σ loss_mask, B x T without a mask; the mask is then read on the host).
   float moe_aux_loss_scale = std::numeric_limits<float>::quiet_NaN();
 };
 
@@ -367,7 +367,11 @@ class GPTModel {
   // loss mask is given: sum(loss · mask) / sum(mask), as Megatron). dloss_scale != 0 prepares
   // backward: the logits buffer becomes dlogits = dloss_scale · d(sum of mask · losses).
   // With dloss_scale == 0 the logits stay available through logits(). Dropout applies when
-  // opts.training and the config's probability is > 0.
+  // opts.training and the config's probability is > 0. MoE layers add the gradients of their router losses
+  // (aux and z; not part of the returned loss) with Megatron's MoEAuxLossAutoScaler scale, the factor
+  // on d(mean loss): opts.moe_aux_loss_scale (the trainer's loss scale / micro-batches), or without it
+  // dloss_scale · Σ loss_mask (B·T without a mask; then a pipeline stage with MoE layers needs the
+  // micro-batch's loss mask too, whenever the loss has one).
   float forward(const GPTBatch& batch, float dloss_scale, const ForwardOptions& opts);
   float forward(const GPTBatch& batch, float dloss_scale) { return forward(batch, dloss_scale, ForwardOptions{}); }
   float forward(TensorView tokens, TensorView targets, float dloss_scale) {
@@ -526,11 +530,12 @@ class GPTModel {
   // CP > 1: this rank's two chunks of the batch tensors (B, T / CP) and the global positions of its tokens.
   Tensor cp_tokens_, cp_targets_, cp_loss_mask_, cp_position_ids_, cp_segment_ids_, cp_positions_;
   GPTBatch local_batch(const GPTBatch& batch);  // the batch as this CP rank sees it (batch itself at CP = 1)
-  // MoE: the micro-batch's tokens over the SP/CP ranks (null when this rank has all of them); the
-  // forward's loss gradient scale (the router's aux-loss gradients use it); units of the layers.
+  // MoE: the micro-batch's tokens over the SP/CP ranks (null when this rank has all of them); the router
+  // losses' gradient scale of the last forward (see forward()); units of the layers.
   std::unique_ptr<RoutingGroup> make_routing_group(int64_t B, int64_t T) const;
   std::unique_ptr<RoutingGroup> routing_group_;
-  float moe_aux_scale_ = 0;
+  double moe_aux_grad_scale_ = 0;
+  double loss_token_count(TensorView loss_mask, int64_t B, int64_t T) const;
   std::vector<int> layer_unit_;  // units_ index of each local layer
 };
 
