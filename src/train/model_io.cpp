@@ -356,7 +356,7 @@ void convert_loom_to_hf(const std::string& loom_dir, const std::string& hf_dir, 
   std::map<std::string, TensorView> loom;
   for (const auto& [name, t] : tensors) loom[name] = t;
   log << "converting Loom checkpoint " << ck << " (" << loom.size() << " parameters) to a Hugging Face "
-      << (hf_family_for(cfg) == HfFamily::kGPT2 ? "gpt2" : cfg.window_size_left >= 0 ? "mistral" : "llama")
+      << hf_model_type(cfg)
       << " model in " << hf_dir << " (" << torch_dtype_name(opts.dtype) << ")\n";
   export_tensors(loom, cfg, hf_dir, opts, file);
   log << "wrote " << hf_dir << "\n";
