@@ -1,5 +1,5 @@
 // Tiny model configurations shared by the model and train unit tests (KV-cached inference, generation,
-// Hugging Face model I/O): two layers, hidden size 32, four heads, so a forward takes microseconds; and
+// Hugging Face model I/O, MoE): two layers, hidden size 32, four heads, so a forward takes microseconds; and
 // the synthetic micro-batches the model, stage and pipeline tests feed them.
 #pragma once
 #include <cstdint>
@@ -49,6 +49,15 @@ inline GPTConfig llama_variant(GPTConfig c) {
   c.add_bias_linear = false;
   c.untie_embeddings_and_output_weights = true;
   c.position_embedding_type = PositionEmbeddingType::kRope;
+  return c;
+}
+
+// `c` (a Llama variant) as a mixture of experts: E experts of width F in every layer, top-k softmax routing
+// (Mixtral's), no shared experts.
+inline GPTConfig moe_variant(GPTConfig c, int64_t E, int64_t k, int64_t F) {
+  c.moe.num_experts = c.moe.router.num_experts = E;
+  c.moe.router.topk = k;
+  c.moe.ffn_hidden_size = F;
   return c;
 }
 

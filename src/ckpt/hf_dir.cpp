@@ -1,8 +1,8 @@
-// Hugging Face model directories (layout and guarantees in include/loom/ckpt/hf_dir.h).
-// Every value taken from config.json or the index is type- and range-checked before use, and dimensions
-// are capped at 2^31 - 1, so later arithmetic on them (4 * n_embd, hidden / heads) cannot overflow. A
-// JSON object with a repeated key is rejected: Python's json keeps the last value silently, and a
-// weight_map that lists a tensor twice is exactly the inconsistency this reader exists to catch.
+// Hugging Face model directories (layout and guarantees in include/loom/ckpt/hf_dir.h): the index, the
+// shards, the reader and the writer; config.json's fields are hf_config.cpp's.
+// Every value taken from the index is type- and range-checked before use. A JSON object with a repeated
+// key is rejected: Python's json keeps the last value silently, and a weight_map that lists a tensor
+// twice is exactly the inconsistency this reader exists to catch.
 #include "loom/ckpt/hf_dir.h"
 
 #include <cerrno>
@@ -26,228 +26,22 @@ namespace {
 
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
+using ckpt_io::parse_json_strict;
+using ckpt_io::shown;
 
 constexpr const char* kSingleFile = "model.safetensors";
 constexpr const char* kIndexFile = "model.safetensors.index.json";
 constexpr const char* kConfigFile = "config.json";
-constexpr int64_t kMaxDim = std::numeric_limits<int32_t>::max();
 // config.json and the index are a few KB to a few hundred KB; anything this big is the wrong file.
 constexpr int64_t kMaxJsonFileBytes = int64_t(256) << 20;
 
 std::string join(const std::string& dir, const std::string& name) { return (fs::path(dir) / name).string(); }
 
-// Parses JSON text, rejecting a key repeated within one object. `where` prefixes every error.
-Json parse_json_strict(const std::string& text, const std::string& where) {
-  std::string duplicate;
-  Json j;
-  try {
-    j = ckpt_io::parse_json_noting_duplicates(text, &duplicate);
-  } catch (const Json::exception& e) {
-    user_error(where, ": not valid JSON: ", e.what());
-  }
-  if (!duplicate.empty()) user_error(where, ": the key '", duplicate, "' appears twice in one object");
-  if (!j.is_object()) user_error(where, ": expected a JSON object at the top level, got ", j.type_name());
-  return j;
-}
-
 std::string read_small_file(const std::string& path, const std::string& what) {
   return read_file(path, what, kMaxJsonFileBytes);
 }
 
-// Short JSON rendering of a bad value for error messages.
-std::string shown(const Json& v) {
-  std::string s = v.dump(-1, ' ', false, Json::error_handler_t::replace);
-  if (s.size() > 60) s = s.substr(0, 57) + "...";
-  return s;
-}
-
-// Typed access to config.json's fields with errors naming the file and the field.
-class Fields {
- public:
-  Fields(const Json& j, std::string path) : j_(j), path_(std::move(path)) {}
-
-  [[noreturn]] void fail(const std::string& field, const std::string& what) const {
-    user_error(path_, ": field '", field, "': ", what);
-  }
-
-  // Present and not null.
-  bool has(const std::string& key) const { return j_.contains(key) && !j_.at(key).is_null(); }
-
-  const Json& required(const std::string& key) const {
-    if (!j_.contains(key)) user_error(path_, ": missing field '", key, "'");
-    if (j_.at(key).is_null()) fail(key, "must not be null");
-    return j_.at(key);
-  }
-
-  int64_t integer(const std::string& key, const Json& v, int64_t min, int64_t max) const {
-    const bool is_int = v.is_number_integer();
-    const bool in_range =
-        is_int && (v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t(max) && int64_t(v.get<uint64_t>()) >= min
-                                          : v.get<int64_t>() >= min && v.get<int64_t>() <= max);
-    if (!in_range)
-      fail(key, detail::concat("expected an integer in [", min, ", ", max, "], got ", shown(v)));
-    return v.is_number_unsigned() ? int64_t(v.get<uint64_t>()) : v.get<int64_t>();
-  }
-
-  int64_t dim(const std::string& key) const { return integer(key, required(key), 1, kMaxDim); }
-  std::optional<int64_t> optional_dim(const std::string& key) const {
-    if (!has(key)) return std::nullopt;
-    return integer(key, j_.at(key), 1, kMaxDim);
-  }
-  std::optional<int64_t> optional_token(const std::string& key) const {
-    if (!has(key)) return std::nullopt;
-    return integer(key, j_.at(key), 0, kMaxDim);
-  }
-
-  double positive_number(const std::string& key, const Json& v) const {
-    if (!v.is_number() || !(v.get<double>() > 0.0) || !std::isfinite(v.get<double>()))
-      fail(key, "expected a positive number, got " + shown(v));
-    return v.get<double>();
-  }
-  double positive_number(const std::string& key) const { return positive_number(key, required(key)); }
-  double positive_number_or(const std::string& key, double dflt) const {
-    return has(key) ? positive_number(key, j_.at(key)) : dflt;
-  }
-
-  bool boolean_or(const std::string& key, bool dflt) const {
-    if (!has(key)) return dflt;
-    const Json& v = j_.at(key);
-    if (!v.is_boolean()) fail(key, "expected true or false, got " + shown(v));
-    return v.get<bool>();
-  }
-
-  std::string string_or(const std::string& key, const std::string& dflt) const {
-    if (!has(key)) return dflt;
-    const Json& v = j_.at(key);
-    if (!v.is_string()) fail(key, "expected a string, got " + shown(v));
-    return v.get<std::string>();
-  }
-
-  const Json& json() const { return j_; }
-  const std::string& path() const { return path_; }
-
- private:
-  const Json& j_;
-  std::string path_;
-};
-
-void parse_gpt2(const Fields& f, HfConfig& c) {
-  c.vocab_size = f.dim("vocab_size");
-  c.max_position_embeddings = f.dim("n_positions");
-  c.hidden_size = f.dim("n_embd");
-  c.num_hidden_layers = f.dim("n_layer");
-  c.num_attention_heads = f.dim("n_head");
-  c.num_key_value_heads = c.num_attention_heads;
-  if (c.hidden_size % c.num_attention_heads != 0)
-    f.fail("n_head", detail::concat("n_embd ", c.hidden_size, " is not divisible by n_head ", c.num_attention_heads));
-  c.head_dim = c.hidden_size / c.num_attention_heads;
-  c.intermediate_size = f.optional_dim("n_inner").value_or(4 * c.hidden_size);
-  c.norm_eps = f.positive_number_or("layer_norm_epsilon", 1e-5);
-  c.activation = f.string_or("activation_function", "gelu_new");
-  c.tie_word_embeddings = f.boolean_or("tie_word_embeddings", true);
-  c.attention_bias = c.mlp_bias = true;  // every GPT-2 linear has a bias
-}
-
-std::optional<HfRopeScaling> parse_rope_scaling(const Fields& f) {
-  if (!f.has("rope_scaling")) return std::nullopt;
-  const Json& v = f.json().at("rope_scaling");
-  if (!v.is_object()) f.fail("rope_scaling", "expected null or an object, got " + shown(v));
-  // transformers accepts the older key "type" for "rope_type".
-  const char* type_key = v.contains("rope_type") ? "rope_type" : "type";
-  if (!v.contains(type_key)) f.fail("rope_scaling", "has neither 'rope_type' nor 'type'");
-  const Json& t = v.at(type_key);
-  if (!t.is_string()) f.fail(std::string("rope_scaling.") + type_key, "expected a string, got " + shown(t));
-  const std::string type = t.get<std::string>();
-  if (type == "default") return std::nullopt;
-  if (type != "llama3")
-    f.fail(std::string("rope_scaling.") + type_key,
-           "'" + type + "' is not supported (supported: llama3, default)");
-  const Fields sub(v, f.path());
-  HfRopeScaling r;
-  r.rope_type = type;
-  auto num = [&](const char* key) {
-    if (!v.contains(key)) user_error(f.path(), ": missing field 'rope_scaling.", key, "'");
-    return sub.positive_number(std::string("rope_scaling.") + key, v.at(key));
-  };
-  r.factor = num("factor");
-  r.low_freq_factor = num("low_freq_factor");
-  r.high_freq_factor = num("high_freq_factor");
-  if (!(r.high_freq_factor > r.low_freq_factor))
-    f.fail("rope_scaling.high_freq_factor",
-           detail::concat("must be greater than low_freq_factor (", r.high_freq_factor, " <= ", r.low_freq_factor, ")"));
-  if (!v.contains("original_max_position_embeddings"))
-    user_error(f.path(), ": missing field 'rope_scaling.original_max_position_embeddings'");
-  r.original_max_position_embeddings = sub.integer("rope_scaling.original_max_position_embeddings",
-                                                   v.at("original_max_position_embeddings"), 1, kMaxDim);
-  return r;
-}
-
-void parse_llama_like(const Fields& f, HfConfig& c) {
-  const bool mistral = c.model_type == "mistral";
-  c.vocab_size = f.dim("vocab_size");
-  c.hidden_size = f.dim("hidden_size");
-  c.intermediate_size = f.dim("intermediate_size");
-  c.num_hidden_layers = f.dim("num_hidden_layers");
-  c.num_attention_heads = f.dim("num_attention_heads");
-  // transformers' MistralConfig assumes 8 KV heads when the key is missing, LlamaConfig assumes one per
-  // query head; real Mistral configs always say, so a missing key there is an error instead of a guess.
-  if (mistral && !f.json().contains("num_key_value_heads")) f.required("num_key_value_heads");
-  c.num_key_value_heads = f.optional_dim("num_key_value_heads").value_or(c.num_attention_heads);
-  if (c.num_attention_heads % c.num_key_value_heads != 0)
-    f.fail("num_key_value_heads", detail::concat(c.num_key_value_heads, " does not divide num_attention_heads ",
-                                                 c.num_attention_heads));
-  if (const auto hd = f.optional_dim("head_dim")) {
-    c.head_dim = *hd;
-  } else {
-    if (c.hidden_size % c.num_attention_heads != 0)
-      f.fail("num_attention_heads", detail::concat("hidden_size ", c.hidden_size, " is not divisible by ",
-                                                   c.num_attention_heads, " heads and there is no head_dim"));
-    c.head_dim = c.hidden_size / c.num_attention_heads;
-  }
-  if (c.head_dim % 2 != 0) f.fail("head_dim", detail::concat("RoPE needs an even head dimension, got ", c.head_dim));
-  c.max_position_embeddings = f.dim("max_position_embeddings");
-  c.norm_eps = f.positive_number("rms_norm_eps");
-  c.activation = f.string_or("hidden_act", "silu");
-  c.tie_word_embeddings = f.boolean_or("tie_word_embeddings", false);
-  c.rope_theta = f.positive_number_or("rope_theta", 10000.0);
-  c.rope_scaling = parse_rope_scaling(f);
-  if (mistral) {
-    // MistralConfig's default when the key is absent is 4096; an explicit null means full attention.
-    if (!f.json().contains("sliding_window")) c.sliding_window = 4096;
-    else c.sliding_window = f.optional_dim("sliding_window");
-  } else {
-    c.attention_bias = f.boolean_or("attention_bias", false);
-    c.mlp_bias = f.boolean_or("mlp_bias", false);
-  }
-}
-
 }  // namespace
-
-HfConfig parse_hf_config(const std::string& json_text, const std::string& path) {
-  const Json j = parse_json_strict(json_text, path);
-  const Fields f(j, path);
-  HfConfig c;
-  const Json& mt = f.required("model_type");
-  if (!mt.is_string()) f.fail("model_type", "expected a string, got " + shown(mt));
-  c.model_type = mt.get<std::string>();
-  if (c.model_type == "gpt2") parse_gpt2(f, c);
-  else if (c.model_type == "llama" || c.model_type == "mistral") parse_llama_like(f, c);
-  else f.fail("model_type", "'" + c.model_type + "' is not supported (supported: gpt2, llama, mistral)");
-
-  // Newer transformers write "dtype" where older ones wrote "torch_dtype".
-  c.torch_dtype = f.has("torch_dtype") ? f.string_or("torch_dtype", "") : f.string_or("dtype", "");
-  c.bos_token_id = f.optional_token("bos_token_id");
-  if (f.has("eos_token_id")) {
-    const Json& e = j.at("eos_token_id");
-    if (e.is_array()) {
-      for (const Json& x : e) c.eos_token_ids.push_back(f.integer("eos_token_id", x, 0, kMaxDim));
-    } else {
-      c.eos_token_ids.push_back(*f.optional_token("eos_token_id"));
-    }
-  }
-  c.raw_json = json_text;
-  return c;
-}
 
 HfIndex parse_hf_index(const std::string& json_text, const std::string& path) {
   const Json j = parse_json_strict(json_text, path);

@@ -1,21 +1,63 @@
 // Hugging Face <-> Loom layouts (see hf_mapping.h). Everything is a row gather: a Loom parameter's row r
 // is one row of the stacked HF parts (or zero), so both directions are exact copies and a round trip
-// reproduces every byte.
+// reproduces every byte. The sparse MoE blocks (Mixtral, Qwen-MoE) are hf_mapping_moe.cpp's.
 #include "loom/model/hf_mapping.h"
 
 #include <cctype>
 #include <cstring>
 #include <map>
 
+#include "model/hf_mapping_impl.h"
+
 namespace loom {
+
+namespace hf_detail {
+
+std::vector<int64_t> identity_rows(int64_t stacked, int64_t loom_rows) {
+  std::vector<int64_t> rows(static_cast<size_t>(loom_rows), -1);
+  for (int64_t r = 0; r < stacked && r < loom_rows; ++r) rows[size_t(r)] = r;
+  return rows;
+}
+
+int64_t part_rows(const HfPart& p) { return p.transposed ? p.shape[1] : p.shape[0]; }
+
+HfParamMap one_to_one(std::string loom_name, Shape loom_shape, std::string hf_name, Shape hf_shape, bool transposed) {
+  HfParamMap m;
+  m.loom_name = std::move(loom_name);
+  m.loom_shape = loom_shape;
+  m.parts.push_back({std::move(hf_name), hf_shape, transposed});
+  m.row_source = identity_rows(part_rows(m.parts[0]), loom_shape[0]);
+  m.note = transposed ? "transposed" : "";
+  return m;
+}
+
+HfParamMap gated_fc1(std::string loom_name, int64_t F, int64_t C, const std::string& gate, const std::string& up) {
+  HfParamMap m;
+  m.loom_name = std::move(loom_name);
+  m.loom_shape = {2 * F, C};
+  for (const std::string& proj : {gate, up}) m.parts.push_back({proj, {F, C}});
+  m.row_source = identity_rows(2 * F, 2 * F);
+  m.note = "concatenated [gate | up]";
+  return m;
+}
+
+}  // namespace hf_detail
 
 namespace {
 
-std::string layer_name(int64_t i) { return "decoder.layers." + std::to_string(i) + "."; }
+using hf_detail::gated_fc1;
+using hf_detail::identity_rows;
+using hf_detail::layer_name;
+using hf_detail::one_to_one;
+using hf_detail::part_rows;
 
-// Replaces each ".<digits>." by ".*." so that all layers of one kind print as one line.
+// Replaces each ".<digits>." by ".*." and a trailing "weight<digits>" (a Loom expert) by "weight*", so
+// that all layers and experts of one kind print as one line.
 std::string fold_layers(const std::string& s) {
   std::string out;
+  size_t end = s.size();
+  while (end > 0 && std::isdigit(static_cast<unsigned char>(s[end - 1]))) --end;
+  if (end < s.size() && end >= 6 && s.compare(end - 6, 6, "weight") == 0) return fold_layers(s.substr(0, end)) + "*";
   for (size_t i = 0; i < s.size();) {
     if (s[i] == '.' && i + 1 < s.size() && std::isdigit(static_cast<unsigned char>(s[i + 1]))) {
       size_t j = i + 1;
@@ -31,8 +73,7 @@ std::string fold_layers(const std::string& s) {
   return out;
 }
 
-// Rows and columns of a part after the optional transpose (a 1-D tensor is n rows of one element).
-int64_t part_rows(const HfPart& p) { return p.transposed ? p.shape[1] : p.shape[0]; }
+// Columns of a part after the optional transpose (a 1-D tensor is n rows of one element).
 int64_t part_cols(const HfPart& p) {
   if (p.shape.ndim() == 1) return 1;
   return p.transposed ? p.shape[0] : p.shape[1];
@@ -52,23 +93,6 @@ std::vector<RowRef> stacked_rows(const HfParamMap& m) {
 }
 
 int64_t loom_cols(const HfParamMap& m) { return m.loom_shape.ndim() == 1 ? 1 : m.loom_shape[1]; }
-
-std::vector<int64_t> identity_rows(int64_t stacked, int64_t loom_rows) {
-  std::vector<int64_t> rows(static_cast<size_t>(loom_rows), -1);
-  for (int64_t r = 0; r < stacked && r < loom_rows; ++r) rows[size_t(r)] = r;
-  return rows;
-}
-
-HfParamMap one_to_one(std::string loom_name, Shape loom_shape, std::string hf_name, Shape hf_shape,
-                      bool transposed = false) {
-  HfParamMap m;
-  m.loom_name = std::move(loom_name);
-  m.loom_shape = loom_shape;
-  m.parts.push_back({std::move(hf_name), hf_shape, transposed});
-  m.row_source = identity_rows(part_rows(m.parts[0]), loom_shape[0]);
-  m.note = transposed ? "transposed" : "";
-  return m;
-}
 
 // Word embedding or untied output layer: HF has V rows, Loom Vp >= V (the rest is zero padding).
 HfParamMap vocab_table(std::string loom_name, const GPTConfig& c, std::string hf_name) {
@@ -121,9 +145,10 @@ HfLayout gpt2_layout(const GPTConfig& c, const std::string& pre) {
   return l;
 }
 
-HfLayout llama_layout(const GPTConfig& c, const std::string& pre) {
+// Llama, Mistral and the MoE families (the same attention; Qwen3-MoE's q/k norms; MoE layers' blocks).
+HfLayout llama_layout(const GPTConfig& c, const std::string& pre, HfFamily family) {
   HfLayout l;
-  l.family = HfFamily::kLlama;
+  l.family = family;
   const int64_t C = c.hidden_size, F = c.ffn_hidden_size(), HS = c.head_dim(), NH = c.num_attention_heads,
                 NKV = c.num_kv_heads(), QKV = c.qkv_size();
   const std::vector<int64_t> qkv_rows = hf_qkv_row_source(NH, NKV, HS, c.rotary_interleaved, c.rotary_dim());
@@ -150,8 +175,16 @@ HfLayout llama_layout(const GPTConfig& c, const std::string& pre) {
         one_to_one(L + "self_attention.linear_proj.weight", {C, NH * HS}, H + "self_attn.o_proj.weight", {C, NH * HS}));
     if (c.add_bias_linear)
       l.params.push_back(one_to_one(L + "self_attention.linear_proj.bias", {C}, H + "self_attn.o_proj.bias", {C}));
-    else if (c.add_qkv_bias)
+    else if (c.add_qkv_bias && family != HfFamily::kQwen2Moe)  // Qwen2-MoE's o_proj never has a bias
       l.zero_tensors.push_back({H + "self_attn.o_proj.bias", {C}});
+    if (c.qk_layernorm)  // Qwen3-MoE (RMSNorm, no bias)
+      for (const char* qk : {"q", "k"})
+        l.params.push_back(one_to_one(L + "self_attention." + qk + "_layernorm.weight", {HS},
+                                      H + "self_attn." + qk + "_norm.weight", {HS}));
+    if (c.is_moe_layer(i)) {
+      hf_detail::add_moe_mlp(l, c, family, L, H);
+      continue;
+    }
     for (const char* kind : {"weight", "bias"}) {
       const bool weight = std::string(kind) == "weight";
       if (!weight && !c.add_bias_linear) continue;
@@ -178,12 +211,26 @@ HfLayout llama_layout(const GPTConfig& c, const std::string& pre) {
 
 }  // namespace
 
-const char* hf_family_name(HfFamily f) { return f == HfFamily::kGPT2 ? "gpt2" : "llama"; }
+const char* hf_family_name(HfFamily f) {
+  switch (f) {
+    case HfFamily::kGPT2: return "gpt2";
+    case HfFamily::kLlama: return "llama";
+    case HfFamily::kMixtral: return "mixtral";
+    case HfFamily::kQwen2Moe: return "qwen2_moe";
+    case HfFamily::kQwen3Moe: return "qwen3_moe";
+  }
+  return "?";
+}
 
 const char* hf_default_prefix(HfFamily f) { return f == HfFamily::kGPT2 ? "transformer." : "model."; }
 
 HfFamily hf_family_for(const GPTConfig& c) {
-  if (c.qk_layernorm) user_error("--qk-layernorm has no Hugging Face GPT-2 or Llama counterpart; cannot convert");
+  if (c.qk_layernorm && !c.is_moe())
+    user_error("--qk-layernorm has no Hugging Face GPT-2 or Llama counterpart (only the mixture-of-experts "
+               "Qwen3-MoE has per-head q/k norms); cannot convert");
+  if (c.is_moe() && c.position_embedding_type != PositionEmbeddingType::kRope)
+    user_error("--position-embedding-type ", position_embedding_type_name(c.position_embedding_type),
+               " with --num-experts: Hugging Face Mixtral and Qwen-MoE use RoPE; cannot convert");
   switch (c.position_embedding_type) {
     case PositionEmbeddingType::kNone:
       user_error("--position-embedding-type none has no Hugging Face GPT-2 or Llama counterpart; cannot convert "
@@ -207,8 +254,9 @@ HfFamily hf_family_for(const GPTConfig& c) {
       else if (!c.gated_mlp()) why = "a GeLU MLP (Llama's MLP is gated: --swiglu)";
       else if (c.rotary_dim() != c.head_dim()) why = "--rotary-percent below 1 (Llama rotates whole heads)";
       if (why)
-        user_error("a model with RoPE converts to Hugging Face Llama, which has no ", why, "; cannot convert");
-      return HfFamily::kLlama;
+        user_error("a model with RoPE converts to Hugging Face ", c.is_moe() ? "Mixtral or Qwen-MoE" : "Llama",
+                   ", which has no ", why, "; cannot convert");
+      return c.is_moe() ? hf_detail::moe_family_for(c) : HfFamily::kLlama;
     }
   }
   LOOM_CHECK(false, "[hf_family_for] unknown position embedding type");
@@ -219,7 +267,7 @@ HfLayout hf_layout(const GPTConfig& cfg, const std::string& prefix) {
   const HfFamily f = hf_family_for(cfg);
   LOOM_CHECK(cfg.padded_vocab_size >= cfg.vocab_size, "[hf_layout] padded vocabulary ", cfg.padded_vocab_size,
              " < vocabulary ", cfg.vocab_size);
-  return f == HfFamily::kGPT2 ? gpt2_layout(cfg, prefix) : llama_layout(cfg, prefix);
+  return f == HfFamily::kGPT2 ? gpt2_layout(cfg, prefix) : llama_layout(cfg, prefix, f);
 }
 
 HfLayout hf_layout(const GPTConfig& cfg) { return hf_layout(cfg, hf_default_prefix(hf_family_for(cfg))); }
@@ -319,6 +367,9 @@ std::vector<Tensor> loom_to_hf(const HfParamMap& m, TensorView loom) {
 
 std::vector<HfLoraMap> hf_lora_layout(const GPTConfig& cfg, const std::vector<LoraTarget>& targets, int64_t rank) {
   LOOM_CHECK(rank >= 1, "[hf_lora_layout] rank ", rank);
+  if (cfg.is_moe())
+    user_error("Hugging Face PEFT adapters are mapped for dense Llama-family models only; this is a mixture-of-experts "
+               "model. Merge the adapters instead: loom convert --from loom:DIR --merge-lora --to hf:OUT");
   if (hf_family_for(cfg) != HfFamily::kLlama)
     user_error("Hugging Face PEFT adapters map to Llama-family models only (q_proj, k_proj, v_proj, o_proj, "
                "gate_proj, up_proj, down_proj); this is a GPT-2 model, whose attention is one Conv1D c_attn that "

@@ -1,7 +1,7 @@
 // `loom calc` arithmetic (see loom/train/calc.h and docs/calc.md for the formulas): the GPU table, the
 // validation of the flags into a CalcInput, and compute_calc's model, memory and time figures, LoRA's
-// included (the adapters' shapes and FLOPs per token are calc_lora.cpp's); the printed report is
-// calc_report.cpp's.
+// and MoE's included (the adapters' shapes and FLOPs per token are calc_lora.cpp's, the expert layout and
+// MoE buffers calc_moe.cpp's); the printed report is calc_report.cpp's.
 // Counts that are exact integers (parameters, model-state bytes) are int64; the paper's activation and
 // FLOP formulas divide by TP and are kept in double.
 #include "loom/train/calc.h"
@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <functional>
 #include <memory>
 
 #include "loom/core/check.h"
@@ -178,6 +179,7 @@ CalcInput make_calc_input(const TrainConfig& cfg, const CalcOptions& opts) {
   }
   in.model.padded_vocab_size = padded_vocab_size(in.model.vocab_size, cfg.data.make_vocab_size_divisible_by, t);
   in.model.validate();
+  calc_detail::validate_moe_calc(in, cfg);
   if (cfg.lora.enabled()) {
     in.lora = LoraOptions{{cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout},
                           parse_lora_targets(cfg.lora.targets_or_default(), in.model)};
@@ -241,19 +243,27 @@ CalcReport compute_calc(const CalcInput& in) {
   const int64_t L_stage = L / p;
   const int64_t QKV = m.qkv_size(), F = m.ffn_hidden_size(), F1 = (m.gated_mlp() ? 2 : 1) * F,
                 HSA = m.num_attention_heads * m.head_dim(), norm = Norm::num_parameters(m.normalization, H);
-  const int64_t layer_split =
-      H * QKV + (m.qkv_bias() ? QKV : 0) + HSA * H + H * F1 + (m.add_bias_linear ? F1 : 0) + F * H;
+  const int64_t attention_split = H * QKV + (m.qkv_bias() ? QKV : 0) + HSA * H;
+  const int64_t layer_split = attention_split + H * F1 + (m.add_bias_linear ? F1 : 0) + F * H;
   const int64_t layer_replicated = 2 * norm + (m.add_bias_linear ? 2 * H : 0) +
                                    (m.qk_layernorm ? 2 * Norm::num_parameters(m.normalization, m.head_dim()) : 0);
   const int64_t layer_per_rank = layer_split / t + layer_replicated;
+  // A MoE layer: the same attention and norms, then its router, shared experts and E/EP routed experts.
+  calc_detail::moe_figures(in, L_stage, r);
+  const int64_t moe_layer_per_rank =
+      r.moe ? attention_split / t + layer_replicated + r.moe->layer_shared_per_rank + r.moe->layer_experts_per_rank : 0;
+  const auto stage_layers = [&](int64_t moe_layers) {
+    return (L_stage - moe_layers) * layer_per_rank + moe_layers * moe_layer_per_rank;
+  };
+  const int64_t moe_first = r.moe ? r.moe->layers_first_stage : 0, moe_last = r.moe ? r.moe->layers_last_stage : 0;
   const int64_t word_emb = m.padded_vocab_size * H / t, final_norm = norm;
   const int64_t pos_emb =
       m.position_embedding_type == PositionEmbeddingType::kLearnedAbsolute ? m.max_position_embeddings * H : 0;
   const int64_t output_layer = m.untie_embeddings_and_output_weights ? word_emb : 0;  // vocab-parallel too
-  r.params_first_stage = L_stage * layer_per_rank + word_emb + pos_emb + (p == 1 ? final_norm + output_layer : 0);
+  r.params_first_stage = stage_layers(moe_first) + word_emb + pos_emb + (p == 1 ? final_norm + output_layer : 0);
   // With PP > 1 the last stage holds the output layer: its own one when untied, else a copy of the tied
   // word embedding; the same count either way.
-  r.params_last_stage = p == 1 ? r.params_first_stage : L_stage * layer_per_rank + word_emb + final_norm;
+  r.params_last_stage = p == 1 ? r.params_first_stage : stage_layers(moe_last) + word_emb + final_norm;
   if (in.lora) {
     const int64_t rank = in.lora->config.rank;
     r.lora_adapters = lora_layer_adapters(m, *in.lora);
@@ -268,15 +278,29 @@ CalcReport compute_calc(const CalcInput& in) {
 
   // FLOPs per iteration. One layer's forward (GPT-2: 24*B*s*h^2 matmuls + 4*B*s^2*h attention core).
   r.flops_model = m.flops_per_step(in.global_batch_size, in.seq_length);
+  // One layer's forward (a dense model's layers are all alike; a MoE layer's differs from a dense one).
   const double layer_forward = m.layer_forward_flops(in.global_batch_size, in.seq_length);
+  const auto forward_of = [&](const std::function<bool(int64_t)>& which) {  // Σ over the layers `which` picks
+    double f = 0;
+    int64_t n = 0;
+    for (int64_t i = 0; i < L; ++i)
+      if (which(i)) {
+        ++n;
+        if (m.is_moe()) f += m.layer_forward_flops(in.global_batch_size, in.seq_length, i);
+      }
+    return m.is_moe() ? f : double(n) * layer_forward;
+  };
   r.flops_selective = r.flops_model + l * m.attention_core_forward_flops(in.global_batch_size, in.seq_length);
-  r.flops_full = r.flops_model + l * layer_forward;
+  r.flops_full = r.flops_model + forward_of([](int64_t) { return true; });
   const std::string& g = in.recompute.granularity;
+  double recomputed_forward = 0;  // the forward FLOPs of the recomputed layers
   if (g == "full") {
     const int64_t n = in.recompute.num_layers.value_or(L);
-    r.recomputed_layers = in.recompute.method == "block" ? std::min(n, L_stage) * p : L;
+    const bool block = in.recompute.method == "block";
+    r.recomputed_layers = block ? std::min(n, L_stage) * p : L;
+    recomputed_forward = forward_of([&](int64_t i) { return !block || i % L_stage < n; });
   }
-  r.flops_run = g == "selective" ? r.flops_selective : r.flops_model + double(r.recomputed_layers) * layer_forward;
+  r.flops_run = g == "selective" ? r.flops_selective : r.flops_model + recomputed_forward;
   if (in.lora) {
     // Executed work: the base's linears (and the logits) forward once and backward once for the input
     // gradients; the attention core forward and its usual 2x backward; the adapters as counted per token.
@@ -340,6 +364,17 @@ CalcReport compute_calc(const CalcInput& in) {
     r.last_frozen_bytes = cb * r.params_last_stage;
   }
   r.layer_params = in.lora ? r.lora_layer_params : layer_per_rank;
+  if (r.moe) {
+    // The routed experts' states are sharded over the expert-data-parallel group instead of DP x CP.
+    const int64_t e1 = r.moe->experts_first_stage, elast = r.moe->experts_last_stage, de = r.moe->expert_dp;
+    r.weight_bytes = r.weight_per_param.bytes(P1 - e1, d) + r.weight_per_param.bytes(e1, de);
+    r.grad_bytes = r.grad_per_param.bytes(P1 - e1, d) + r.grad_per_param.bytes(e1, de);
+    r.optimizer_bytes = r.optimizer_per_param.bytes(P1 - e1, d) + r.optimizer_per_param.bytes(e1, de);
+    r.last_weight_bytes = r.weight_per_param.bytes(Plast - elast, d) + r.weight_per_param.bytes(elast, de);
+    r.last_grad_bytes = r.grad_per_param.bytes(Plast - elast, d) + r.grad_per_param.bytes(elast, de);
+    r.last_optimizer_bytes = r.optimizer_per_param.bytes(Plast - elast, d) + r.optimizer_per_param.bytes(elast, de);
+    r.layer_params = std::max(layer_per_rank, moe_layer_per_rank);
+  }
   if (in.sharding == ShardingStrategy::kOptimGrads) {
     // The same default as the trainer's DDP buckets (Megatron's), over the dp_cp group.
     r.bucket_size = in.ddp_bucket_size > 0 ? in.ddp_bucket_size : std::max<int64_t>(40'000'000, 1'000'000 * d);
@@ -369,10 +404,19 @@ CalcReport compute_calc(const CalcInput& in) {
   const auto row = [&](const std::string& label, const std::string& formula, double per_layer, double stage) {
     r.activations.push_back({label, formula, per_layer, stage * in_flight, extra});
   };
+  // A MoE layer: the paper's layer with its MLP internals (16*s*b*h/t) replaced by the MoE buffers; the
+  // per-layer column shows a MoE layer when the stage has no dense one.
+  const double moe_delta = r.moe ? r.moe->layer_bytes - r.moe->dense_mlp_bytes : 0.0;
+  const double moe_first_d = double(moe_first);
+  const bool all_moe = moe_first == L_stage;
+  const std::string moe_formula = r.moe ? " (MoE layer: - 16*s*b*h/t + its buffers, below)" : "";
   // Formulas as the paper writes them for this layout (at TP 1 all three forms agree).
-  row("none", t == 1 ? "s*b*h*(34 + 5*a*s/h)" : sp ? "s*b*h/t*(34 + 5*a*s/h)" : "s*b*h*(10 + 24/t + 5*a*s/(h*t))",
-      per.none, Ls * per.none);
-  row("selective", t == 1 ? "34*s*b*h" : sp ? "34*s*b*h/t" : "s*b*h*(10 + 24/t)", per.selective, Ls * per.selective);
+  row("none",
+      (t == 1 ? "s*b*h*(34 + 5*a*s/h)" : sp ? "s*b*h/t*(34 + 5*a*s/h)" : "s*b*h*(10 + 24/t + 5*a*s/(h*t))") +
+          moe_formula,
+      per.none + (all_moe ? moe_delta : 0.0), Ls * per.none + moe_first_d * moe_delta);
+  row("selective", (t == 1 ? "34*s*b*h" : sp ? "34*s*b*h/t" : "s*b*h*(10 + 24/t)") + moe_formula,
+      per.selective + (all_moe ? moe_delta : 0.0), Ls * per.selective + moe_first_d * moe_delta);
   std::string full_formula = sp ? "2*s*b*h/t" : "2*s*b*h";
   double full_stage = Ls * per.full;
   if (g == "full") {
@@ -385,7 +429,8 @@ CalcReport compute_calc(const CalcInput& in) {
     } else {
       // block: the first n layers of each stage keep their input, the rest keep everything.
       const int64_t kept = std::min(n, L_stage);
-      full_stage = double(kept) * per.full + double(L_stage - kept) * per.none;
+      full_stage = double(kept) * per.full + double(L_stage - kept) * per.none +
+                   double(calc_detail::moe_layers_in(m, kept, L_stage - kept)) * moe_delta;
       if (kept < L_stage) full_formula += " for " + std::to_string(kept) + " of " + std::to_string(L_stage) + " layers";
     }
   }
@@ -394,7 +439,7 @@ CalcReport compute_calc(const CalcInput& in) {
 
   // Loom's exact buffers (one process only: the model has no parallel layout yet).
   if (in.parallel.tensor_model_parallel_size == 1 && in.parallel.pipeline_model_parallel_size == 1 &&
-      in.parallel.context_parallel_size == 1) {
+      in.parallel.context_parallel_size == 1 && (!r.moe || r.moe->ep == 1)) {
     ModelOptions mo;
     mo.compute_dtype = in.precision.compute_dtype();
     mo.grad_dtype = in.precision.grad_dtype();
@@ -413,6 +458,7 @@ CalcReport compute_calc(const CalcInput& in) {
       lp.adapter_scratch_bytes =
           calc_detail::lora_scratch_bytes(r.lora_adapters, in.lora->config, in.micro_batch_size * in.seq_length,
                                           int64_t(dtype_size(mo.compute_dtype)), int64_t(dtype_size(mo.grad_dtype)));
+    if (r.moe) lp.moe_bytes = r.moe->loom_layers * std::llround(r.moe->layer_bytes);
     r.loom_plan = lp;
   }
 
@@ -428,7 +474,8 @@ CalcReport compute_calc(const CalcInput& in) {
   const double cluster = double(in.num_gpus) * r.achieved_tflops * 1e12;  // n*X in FLOP/s
   r.seconds_per_iteration = r.flops_run / cluster;
   if (in.train_tokens) {
-    const double T = *in.train_tokens, P = double(r.params);
+    // 6*T*P counts the parameters a token passes through: with MoE the active ones (top-k experts).
+    const double T = *in.train_tokens, P = double(r.moe ? r.moe->active_params : r.params);
     r.iterations = T / (B * s);
     r.seconds_6tp = 6.0 * T * P / cluster;
     r.seconds_8tp = 8.0 * T * P / cluster;

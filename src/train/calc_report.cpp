@@ -137,6 +137,51 @@ void lora_flops_lines(std::ostream& os, const CalcReport& r) {
      << "  3*(l*layer + 2*B*s*h*V), as without LoRA\n";
 }
 
+// "mixture of experts: 8 experts, top-2, ..." (GPTConfig::moe).
+void moe_architecture_line(std::ostream& os, const GPTConfig& m) {
+  const RouterConfig& rc = m.moe.router;
+  os << "mixture of experts: " << m.moe.num_experts << " experts (E) of FFN " << m.moe_ffn_hidden_size() << ", top-"
+     << rc.topk << " (k), " << m.num_moe_layers() << " of " << m.num_layers << " layers; routing "
+     << (rc.score_function == MoeScoreFunction::kSigmoid ? "sigmoid"
+         : rc.pre_softmax                                 ? "softmax, pre-softmax"
+                                                          : "softmax")
+     << (rc.topk_scaling_factor != 0 ? ", scaled by " + sig(rc.topk_scaling_factor) : std::string())
+     << (rc.enable_expert_bias ? ", expert bias" : "");
+  if (m.moe.shared_expert_intermediate_size > 0)
+    os << "; shared experts " << m.moe.shared_expert_intermediate_size << (m.moe.shared_expert_gate ? " (gated)" : "");
+  os << "\n";
+}
+
+// The MoE rows of the parameter section.
+void moe_parameter_lines(std::ostream& os, const CalcReport& r) {
+  const CalcReport::Moe& o = *r.moe;
+  const GPTConfig& m = r.input.model;
+  os << "  active parameters:      " << rpad(commas(o.active_params), 20) << "  ("
+     << short_count(double(o.active_params)) << ")  what one token passes through: each MoE layer's top-"
+     << m.moe.router.topk << " routed experts instead of all " << m.moe.num_experts
+     << " (FLOPs and the 6*T*P times count these)\n";
+  os << "  routed experts:         " << rpad(commas(o.expert_params), 20) << "  ("
+     << short_count(double(o.expert_params)) << ")  " << m.num_moe_layers() << " MoE layers x " << m.moe.num_experts
+     << " experts x " << commas(o.expert_params / std::max<int64_t>(1, m.num_moe_layers() * m.moe.num_experts))
+     << " (fc1 + fc2); the rest is dense\n";
+}
+
+// The MoE rows of the memory section: where the experts live and whose states shard where.
+void moe_memory_lines(std::ostream& os, const CalcReport& r) {
+  const CalcReport::Moe& o = *r.moe;
+  const GPTConfig& m = r.input.model;
+  const int pp = r.input.parallel.pipeline_model_parallel_size;
+  os << "  of which routed experts:" << rpad(commas(o.experts_first_stage), 20) << "  ("
+     << short_count(double(o.experts_first_stage)) << ")  " << o.layers_first_stage << " MoE layers x "
+     << m.moe.num_experts / o.ep << " experts (E/EP, EP " << o.ep << ") x " << commas(o.layer_experts_per_rank /
+     std::max<int64_t>(1, m.moe.num_experts / o.ep)) << " (FFN / ETP, ETP " << o.etp << ")";
+  if (pp > 1) os << "; last stage " << commas(o.experts_last_stage);
+  os << "\n";
+  os << "  expert data parallel:   d_e = n / (ETP x EP x PP) = " << o.expert_dp
+     << " ranks hold the same experts: their gradients are reduced, and ZeRO shards their states, over d_e (the "
+        "rest over d)\n";
+}
+
 }  // namespace
 
 std::string format_calc_report(const CalcReport& r) {
@@ -162,6 +207,7 @@ std::string format_calc_report(const CalcReport& r) {
        << (m.untie_embeddings_and_output_weights ? ", untied output layer" : "")
        << (m.qk_layernorm ? ", qk-layernorm" : "")
        << (m.window_size_left >= 0 ? ", window " + std::to_string(m.window_size_left) + ",0" : std::string()) << "\n";
+  if (m.is_moe()) moe_architecture_line(os, m);
   os << "vocabulary: " << m.vocab_size << ", padded to " << m.padded_vocab_size << " (V)\n";
   os << "layout: " << in.num_gpus << " GPUs = TP " << t << " x PP " << p << " x CP " << c << " x DP "
      << in.data_parallel_size() << "; sequence parallel " << (in.sequence_parallel && t > 1 ? "on" : "off") << "\n";
@@ -188,6 +234,7 @@ std::string format_calc_report(const CalcReport& r) {
      << short_count(r.params_formula)
      << ")  12*l*h^2*(1 + 13/(12*h) + (V+s)/(12*l*h)), s = position embeddings " << m.max_position_embeddings
      << " (the paper's s is the sequence length, equal to it there)\n";
+  if (r.moe) moe_parameter_lines(os, r);
   if (lora) {
     const int64_t rank = lora->config.rank;
     os << "  LoRA adapters (exact):  " << rpad(commas(r.lora_params), 20) << "  (" << short_count(double(r.lora_params))
@@ -228,6 +275,7 @@ std::string format_calc_report(const CalcReport& r) {
      << short_count(double(r.params_first_stage)) << ")" << (lora ? " of the frozen base" : "");
   if (p > 1) os << "; last stage " << commas(r.params_last_stage);
   os << "\n";
+  if (r.moe) moe_memory_lines(os, r);
   if (lora)
     os << "  LoRA adapters on it:    " << rpad(commas(r.lora_params_stage), 20) << "  ("
        << short_count(double(r.lora_params_stage)) << ")  " << m.num_layers / p << " layers x "
@@ -247,7 +295,10 @@ std::string format_calc_report(const CalcReport& r) {
     os << "  data-parallel sharding: no_shard (no ZeRO) over d = " << d << " ranks (" << group
        << "): every rank holds all its stage's model states\n";
   // "(ZeRO-1, d = 8)" after each per-parameter figure of a sharded run.
-  const std::string zero_tag = zero ? " (" + std::string(zero_stage_name(sh)) + ", d = " + std::to_string(d) + ")" : "";
+  const std::string zero_tag =
+      zero ? " (" + std::string(zero_stage_name(sh)) + ", d = " + std::to_string(d) +
+                 (r.moe ? "; routed experts d_e = " + std::to_string(r.moe->expert_dp) : std::string()) + ")"
+           : "";
   const bool grads_f32 = r.grad_per_param.full + r.grad_per_param.sharded == 4;
   std::string weights_what, grads_what, optimizer_what;
   switch (sh) {
@@ -324,6 +375,15 @@ std::string format_calc_report(const CalcReport& r) {
     os << "    " << pad("", 10) << rpad("", 18) << rpad(paren(gib(double(act))), 24)
        << rpad(paren(gib(double(tot))), 26) << "\n";
   }
+  if (r.moe) {
+    const CalcReport::Moe& o = *r.moe;
+    os << "    MoE layers (" << o.layers_first_stage << " of the stage's " << m.num_layers / p << "): "
+       << commas(std::llround(o.layer_bytes)) << " B each in place of the MLP's "
+       << commas(std::llround(o.dense_mlp_bytes)) << " B: M = " << commas(o.rows) << " expert rows (k x n, n = "
+       << commas(o.tokens) << " tokens routed on the rank; balanced routing), cb*M*(2h + (F1 + F)/ETP)"
+       << (o.rows_move ? " + 2*cb*M*h (rows sent to the experts' ranks and back)" : "") << " + 8*n*E (router)"
+       << (m.moe.shared_expert_intermediate_size > 0 ? " + shared experts' fc1 output and output" : "") << "\n";
+  }
   os << "    activations include " << commas(std::llround(r.activations[0].extra))
      << " B outside the layers: embedding dropout masks"
      << (p == 1 ? ", final norm and output-layer inputs, FP32 logits" : "") << "\n";
@@ -342,6 +402,10 @@ std::string format_calc_report(const CalcReport& r) {
       os << "  LoRA adapter scratch:   " << bytes_line(lp.adapter_scratch_bytes)
          << "  transient: the most one adapter holds at once (dropped input, h, the up GEMM's output; in backward "
             "dh and the input gradient)\n";
+    if (r.moe)
+      os << "  MoE layers' buffers:    " << bytes_line(lp.moe_bytes) << "  " << r.moe->loom_layers << " x "
+         << commas(std::llround(r.moe->layer_bytes))
+         << " B: allocated per call (sized by the routing; an estimate for balanced routing)\n";
     os << "  total:                  " << bytes_line(lp.total()) << "\n";
   }
 
@@ -377,6 +441,9 @@ std::string format_calc_report(const CalcReport& r) {
     } else {
       os << "  6*T*P/(n*X) (no recomputation):    " << duration(r.seconds_6tp) << (g.empty() ? mark : "") << "\n";
       os << "  8*T*P/(n*X) (full recomputation):  " << duration(r.seconds_8tp) << (g == "full" ? mark : "") << "\n";
+      if (r.moe)
+        os << "  (P = the " << commas(r.moe->active_params) << " active parameters: a token passes through its top-"
+           << m.moe.router.topk << " experts only)\n";
     }
     os << "  from this run's FLOPs per iteration: " << duration(r.seconds_run) << "\n";
   }

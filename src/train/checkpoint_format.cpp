@@ -8,7 +8,15 @@ namespace loom {
 using nlohmann::json;
 
 json model_config_json(const GPTConfig& m) {
-  return {{"num_layers", m.num_layers},
+  // A dense model's MoE fields at their defaults, whatever --moe-* flags the run had (they do nothing).
+  const MoeConfig dense;
+  const MoeConfig& moe = m.is_moe() ? m.moe : dense;
+  json pattern = nullptr;
+  if (m.is_moe()) {
+    pattern = json::array();
+    for (int64_t l = 0; l < m.num_layers; ++l) pattern.push_back(m.is_moe_layer(l) ? 1 : 0);
+  }
+  json j = {{"num_layers", m.num_layers},
           {"hidden_size", m.hidden_size},
           {"num_attention_heads", m.num_attention_heads},
           {"max_position_embeddings", m.max_position_embeddings},
@@ -33,7 +41,20 @@ json model_config_json(const GPTConfig& m) {
           {"use_rope_scaling", m.use_rope_scaling},
           {"rope_scaling_factor", m.rope_scaling_factor},
           {"window_size", m.window_size_left < 0 ? json(nullptr) : json::array({m.window_size_left, 0})},
-          {"qk_layernorm", m.qk_layernorm}};
+          {"qk_layernorm", m.qk_layernorm},
+          {"num_experts", moe.num_experts},
+          {"moe_ffn_hidden_size", m.is_moe() ? m.moe_ffn_hidden_size() : 0},
+          {"moe_router_topk", m.is_moe() ? moe.router.topk : 0},
+          {"moe_shared_expert_intermediate_size", moe.shared_expert_intermediate_size},
+          {"moe_shared_expert_gate", moe.shared_expert_gate},
+          {"moe_layer_pattern", pattern},
+          {"moe_router_score_function",
+           moe.router.score_function == MoeScoreFunction::kSigmoid ? "sigmoid" : "softmax"},
+          {"moe_router_pre_softmax", moe.router.pre_softmax},
+          {"moe_router_topk_scaling_factor", moe.router.topk_scaling_factor},
+          {"moe_router_enable_expert_bias", moe.router.enable_expert_bias},
+          {"moe_aux_loss_coeff", moe.router.aux_loss_coeff}};
+  return j;
 }
 
 json read_json_file(const std::string& path, const char* what) {

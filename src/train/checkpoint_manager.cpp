@@ -58,6 +58,17 @@ void check_model_config(const json& saved, const GPTConfig& m, const std::string
       {"use_rope_scaling", "--use-rope-scaling", false, false},
       {"rope_scaling_factor", "--rope-scaling-factor", false, false},
       {"window_size", "--window-size", false, false},
+      // Mixture of experts: absent in checkpoints written before Loom saved them (see below).
+      {"num_experts", "--num-experts", false, true},
+      {"moe_ffn_hidden_size", "--moe-ffn-hidden-size", false, true},
+      {"moe_shared_expert_intermediate_size", "--moe-shared-expert-intermediate-size", false, true},
+      {"moe_shared_expert_gate", "--moe-shared-expert-gate", false, true},
+      {"moe_layer_pattern", "--moe-layer-freq (as a 0/1 list per layer)", false, true},
+      {"moe_router_topk", "--moe-router-topk", false, false},
+      {"moe_router_score_function", "--moe-router-score-function", false, false},
+      {"moe_router_pre_softmax", "--moe-router-pre-softmax", false, false},
+      {"moe_router_topk_scaling_factor", "--moe-router-topk-scaling-factor", false, false},
+      {"moe_router_enable_expert_bias", "--moe-router-enable-expert-bias", false, false},
   };
   GPTConfig gpt2 = m;  // the architecture fields at their defaults, shapes from this run
   const GPTConfig defaults;
@@ -76,9 +87,25 @@ void check_model_config(const json& saved, const GPTConfig& m, const std::string
   gpt2.rope_scaling_factor = defaults.rope_scaling_factor;
   gpt2.window_size_left = defaults.window_size_left;
   gpt2.qk_layernorm = defaults.qk_layernorm;
+  gpt2.moe = defaults.moe;
   const json now = model_config_json(m), old = model_config_json(gpt2);
+  // A checkpoint without "num_experts" predates the MoE fields: it was written either by a dense run or by a
+  // MoE run of the first MoE builds, so its MoE fields are not checked (the parameter names and shapes still
+  // are, when its tensors are read).
+  const bool has_moe_fields = saved.contains("num_experts");
+  // --ffn-hidden-size shapes only dense MLPs: a model with a MoE block in every layer has none.
+  const auto all_moe = [](const json& j) {
+    if (!j.contains("moe_layer_pattern") || !j["moe_layer_pattern"].is_array()) return false;
+    for (const json& v : j["moe_layer_pattern"])
+      if (v != 1) return false;
+    return true;
+  };
+  const bool no_dense_mlp = all_moe(saved) && all_moe(now);
   for (const Field& f : fields) {
     if (finetune && !f.shapes) continue;
+    const std::string key = f.key;
+    if (!has_moe_fields && (key == "num_experts" || key.rfind("moe_", 0) == 0)) continue;
+    if (key == "ffn_hidden_size" && no_dense_mlp) continue;
     if (!saved.contains(f.key) && f.required) user_error(file, ": model_config has no ", f.key);
     const json& was = saved.contains(f.key) ? saved[f.key] : old[f.key];
     if (was != now[f.key])

@@ -278,7 +278,12 @@ void run_generate(const GenerateConfig& cfg, std::ostream& out, std::ostream& lo
   std::unique_ptr<GPTModel> model =
       load_model_for_inference(cfg.load, *ctx, cfg.bf16 ? DType::kBF16 : DType::kF32, cfg.pretrained_checkpoint, &log);
   log << "loaded " << cfg.load << " (" << mcfg.num_layers << " layers, hidden " << mcfg.hidden_size << ", "
-      << mcfg.num_parameters() << " parameters, " << (cfg.bf16 ? "bf16" : "f32") << ") in " << std::fixed
+      << mcfg.num_parameters() << " parameters, "
+      << (mcfg.is_moe() ? std::to_string(mcfg.num_active_parameters()) + " active (" +
+                              std::to_string(mcfg.moe.num_experts) + " experts, top-" +
+                              std::to_string(mcfg.moe.router.topk) + "), "
+                        : std::string())
+      << (cfg.bf16 ? "bf16" : "f32") << ") in " << std::fixed
       << std::setprecision(2) << seconds_since(t_load) << " s\n"
       << std::defaultfloat << std::flush;
 

@@ -51,6 +51,80 @@ int64_t round_up(int64_t v, int64_t multiple) {
 constexpr double kRopeLowFreqFactor = 1.0, kRopeHighFreqFactor = 4.0;
 constexpr int64_t kRopeOriginalContext = 8192;
 
+// The mixture-of-experts fields of model_config (checkpoint_format.h); absent: a dense model (checkpoints
+// written before Loom had MoE).
+void read_moe_fields(const json& j, const std::string& file, GPTConfig& c) {
+  const int64_t E = field_or<int64_t>(j, "num_experts", 0, file);
+  if (E == 0) return;
+  MoeConfig& m = c.moe;
+  m.num_experts = m.router.num_experts = E;
+  m.ffn_hidden_size = field_or<int64_t>(j, "moe_ffn_hidden_size", 0, file);
+  m.router.topk = field_or<int64_t>(j, "moe_router_topk", m.router.topk, file);
+  m.shared_expert_intermediate_size = field_or<int64_t>(j, "moe_shared_expert_intermediate_size", 0, file);
+  m.shared_expert_gate = field_or<bool>(j, "moe_shared_expert_gate", false, file);
+  if (j.contains("moe_layer_pattern") && !j.at("moe_layer_pattern").is_null())
+    m.layer_pattern = field<std::vector<int>>(j, "moe_layer_pattern", file);
+  for (int v : m.layer_pattern)
+    if (v != 0 && v != 1) user_error(file, ": model_config moe_layer_pattern must hold 0 (dense) or 1 (MoE), got ", v);
+  const std::string score = field_or<std::string>(j, "moe_router_score_function", "softmax", file);
+  if (score != "softmax" && score != "sigmoid")
+    user_error(file, ": model_config moe_router_score_function '", score, "' is not softmax or sigmoid");
+  m.router.score_function = parse_moe_score_function(score);
+  m.router.pre_softmax = field_or<bool>(j, "moe_router_pre_softmax", false, file);
+  m.router.topk_scaling_factor = field_or<double>(j, "moe_router_topk_scaling_factor", 0.0, file);
+  m.router.enable_expert_bias = field_or<bool>(j, "moe_router_enable_expert_bias", false, file);
+  m.router.aux_loss_coeff = field_or<double>(j, "moe_aux_loss_coeff", 0.0, file);
+}
+
+// The sparse MoE block of mixtral / qwen2_moe / qwen3_moe: loom/model/hf_mapping.h has the routing each
+// setting reproduces (norm_topk_prob true: softmax over the top-k logits; false: --moe-router-pre-softmax).
+void moe_config_from_hf(const HfConfig& hf, const std::string& where, GPTConfig& c) {
+  if (hf.num_experts_per_tok == 1 && hf.norm_topk_prob)
+    user_error(where, ": num_experts_per_tok 1 with renormalised top-k probabilities (norm_topk_prob true, or "
+               "mixtral) gives every token probability 1; Loom's softmax router, as Megatron's, builds top-1 only "
+               "with --moe-router-pre-softmax (norm_topk_prob false)");
+  MoeConfig& m = c.moe;
+  m.num_experts = m.router.num_experts = hf.num_experts;
+  m.ffn_hidden_size = hf.moe_intermediate_size;
+  m.router.topk = hf.num_experts_per_tok;
+  m.router.pre_softmax = !hf.norm_topk_prob;
+  m.router.aux_loss_coeff = hf.router_aux_loss_coef;
+  m.shared_expert_intermediate_size = hf.shared_expert_intermediate_size;
+  m.shared_expert_gate = hf.shared_expert_intermediate_size > 0;  // Qwen2-MoE's shared expert is always gated
+  m.layer_pattern = hf.moe_layers;
+}
+
+// config.json's MoE keys (hf_model_type() mixtral, qwen2_moe or qwen3_moe), HF's defaults written out.
+void moe_config_json(const GPTConfig& cfg, HfFamily family, json& j) {
+  const MoeConfig& m = cfg.moe;
+  j["num_experts_per_tok"] = m.router.topk;
+  j["router_aux_loss_coef"] = tidy(float(m.router.aux_loss_coeff));
+  j["output_router_logits"] = false;
+  if (family == HfFamily::kMixtral) {
+    j["num_local_experts"] = m.num_experts;
+    j["intermediate_size"] = cfg.moe_ffn_hidden_size();  // every layer is a MoE layer
+    j["router_jitter_noise"] = 0.0;
+    j["sliding_window"] = cfg.window_size_left >= 0 ? json(cfg.window_size_left + 1) : json(nullptr);
+    return;
+  }
+  j["num_experts"] = m.num_experts;
+  j["moe_intermediate_size"] = cfg.moe_ffn_hidden_size();
+  j["norm_topk_prob"] = !m.router.pre_softmax;
+  j["decoder_sparse_step"] = 1;
+  j["mlp_only_layers"] = json::array();
+  for (int64_t l = 0; l < cfg.num_layers; ++l)
+    if (!cfg.is_moe_layer(l)) j["mlp_only_layers"].push_back(l);
+  j["use_sliding_window"] = false;
+  j["sliding_window"] = nullptr;
+  j["max_window_layers"] = cfg.num_layers;
+  if (family == HfFamily::kQwen2Moe) {
+    j["shared_expert_intermediate_size"] = m.shared_expert_intermediate_size;
+    j["qkv_bias"] = true;  // hf_family_for: shared experts come with --add-qkv-bias
+  } else {
+    j["attention_bias"] = cfg.qkv_bias();
+  }
+}
+
 }  // namespace
 
 namespace model_io_detail {
@@ -92,6 +166,7 @@ GPTConfig model_config_from_json(const json& j, const std::string& file) {
     c.window_size_left = w[0];
   }
   c.qk_layernorm = field_or<bool>(j, "qk_layernorm", c.qk_layernorm, file);
+  read_moe_fields(j, file, c);
   c.validate();
   return c;
 }
@@ -210,6 +285,9 @@ GPTConfig gpt_config_from_hf(const HfConfig& hf, int64_t divisible_by) {
       c.rope_scaling_factor = float(r.factor);
     }
     if (hf.sliding_window) c.window_size_left = *hf.sliding_window - 1;  // HF: keys j > i - W
+    if (hf.qkv_bias) c.add_qkv_bias = true;  // qwen2_moe: q/k/v biases, none on o_proj
+    c.qk_layernorm = hf.qk_norm;            // qwen3_moe: RMSNorm per head (the model's norm and epsilon)
+    if (hf.is_moe()) moe_config_from_hf(hf, where, c);
   }
   try {
     c.validate();
@@ -255,12 +333,18 @@ std::string hf_config_json(const GPTConfig& cfg, const HfExportOptions& opts) {
     j["attn_pdrop"] = tidy(cfg.attention_dropout);
     j["scale_attn_weights"] = true;
   } else {
-    const bool mistral = cfg.window_size_left >= 0;
+    const std::string type = hf_model_type(cfg);
+    const bool mistral = type == "mistral";
     if (mistral && cfg.qkv_bias())
       user_error("a model with --window-size converts to Hugging Face Mistral, which has no linear biases; drop "
                  "the window or the biases");
-    j["architectures"] = json::array({mistral ? "MistralForCausalLM" : "LlamaForCausalLM"});
-    j["model_type"] = mistral ? "mistral" : "llama";
+    const char* arch = mistral ? "MistralForCausalLM"
+                       : type == "llama" ? "LlamaForCausalLM"
+                       : type == "mixtral" ? "MixtralForCausalLM"
+                       : type == "qwen2_moe" ? "Qwen2MoeForCausalLM"
+                                             : "Qwen3MoeForCausalLM";
+    j["architectures"] = json::array({arch});
+    j["model_type"] = type;
     j["hidden_size"] = cfg.hidden_size;
     j["intermediate_size"] = cfg.ffn_hidden_size();
     j["num_hidden_layers"] = cfg.num_layers;
@@ -281,7 +365,9 @@ std::string hf_config_json(const GPTConfig& cfg, const HfExportOptions& opts) {
                            {"high_freq_factor", kRopeHighFreqFactor},
                            {"original_max_position_embeddings", kRopeOriginalContext}};
     j["attention_dropout"] = tidy(cfg.attention_dropout);
-    if (mistral) {
+    if (family != HfFamily::kLlama) {
+      moe_config_json(cfg, family, j);
+    } else if (mistral) {
       j["sliding_window"] = cfg.window_size_left + 1;
     } else {
       j["attention_bias"] = cfg.qkv_bias();
@@ -289,6 +375,12 @@ std::string hf_config_json(const GPTConfig& cfg, const HfExportOptions& opts) {
     }
   }
   return j.dump(2) + "\n";
+}
+
+std::string hf_model_type(const GPTConfig& cfg) {
+  const HfFamily family = hf_family_for(cfg);
+  if (family == HfFamily::kLlama) return cfg.window_size_left >= 0 ? "mistral" : "llama";
+  return hf_family_name(family);
 }
 
 }  // namespace loom

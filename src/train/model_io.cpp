@@ -351,12 +351,13 @@ void convert_loom_to_hf(const std::string& loom_dir, const std::string& hf_dir, 
   opts.log = &log;
   // Token ids of a model that came from HF go back into its config.json.
   model_io_detail::token_ids_from_metadata(meta, opts);
+  const std::string type = hf_model_type(cfg);  // refuses an architecture with no HF counterpart, before any work
   const std::string file = ck + "/metadata.json";
   const LoomTensors tensors = read_checkpoint_weights(ShardedCheckpoint::open(ck));
   std::map<std::string, TensorView> loom;
   for (const auto& [name, t] : tensors) loom[name] = t;
   log << "converting Loom checkpoint " << ck << " (" << loom.size() << " parameters) to a Hugging Face "
-      << (hf_family_for(cfg) == HfFamily::kGPT2 ? "gpt2" : cfg.window_size_left >= 0 ? "mistral" : "llama")
+      << type
       << " model in " << hf_dir << " (" << torch_dtype_name(opts.dtype) << ")\n";
   export_tensors(loom, cfg, hf_dir, opts, file);
   log << "wrote " << hf_dir << "\n";

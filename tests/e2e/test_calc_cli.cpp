@@ -1,6 +1,7 @@
 // `loom calc` end to end: the built binary takes `loom train`'s flags (data flags and --train-iters
 // included, none required) plus calc's own, prints the report with exit 0, and answers bad flags with
-// exit 2 and one error line. With LoRA flags its model-state bytes are the ones `loom train` logs.
+// exit 2 and one error line. With LoRA flags its model-state bytes are the ones `loom train` logs; a MoE preset
+// gives its total and active parameters and the expert-parallel split.
 #include <gtest/gtest.h>
 
 #include <sstream>
@@ -170,6 +171,25 @@ TEST(CalcCli, LoraModelStatesAreTheTrainers) {
     EXPECT_NE(log.find("3072 trainable adapter parameters on this rank"), std::string::npos) << log;
     EXPECT_NE(log.find("frozen base weights "), std::string::npos) << log;
   }
+}
+
+TEST(CalcCli, MixtureOfExpertsPreset) {
+  // configs/mixtral-8x7b.yaml on 64 GPUs with EP 8: exact total and active parameters, one expert per layer
+  // on each rank, the routed experts' ZeRO shards over d_e = 64 / 8.
+  const CliResult r = calc("--config " + std::string(LOOM_SOURCE_DIR) +
+                           "/configs/mixtral-8x7b.yaml --bf16 --num-gpus 64 --expert-model-parallel-size 8 "
+                           "--use-distributed-optimizer --train-tokens 1T");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(line(r.out, "parameters (exact):").find("46,702,792,704  (46.70B)"), std::string::npos) << r.out;
+  EXPECT_NE(line(r.out, "active parameters:").find("12,879,925,248  (12.88B)"), std::string::npos) << r.out;
+  EXPECT_NE(line(r.out, "parameters on the rank:").find("7,242,780,672"), std::string::npos) << r.out;
+  EXPECT_NE(line(r.out, "of which routed experts:").find("5,637,144,576"), std::string::npos) << r.out;
+  EXPECT_NE(line(r.out, "expert data parallel:").find("= 8 ranks"), std::string::npos) << r.out;
+  EXPECT_NE(line(r.out, "model states:").find("(ZeRO-1, d = 64; routed experts d_e = 8)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(P = the 12,879,925,248 active parameters"), std::string::npos) << r.out;
+  expect_calc_error(calc("--config " + std::string(LOOM_SOURCE_DIR) +
+                         "/configs/mixtral-8x7b.yaml --num-gpus 12 --expert-model-parallel-size 3"),
+                    "--num-experts (8) must be divisible by --expert-model-parallel-size (3)");
 }
 
 TEST(CalcCli, Help) {

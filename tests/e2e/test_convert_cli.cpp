@@ -2,7 +2,8 @@
 // tests/golden/gen_hf_models.py: HF -> Loom -> HF through the binary reproduces model.safetensors byte for
 // byte (and, sharded, tensor for tensor); --dtype bf16 writes BF16; training starts from an HF directory and
 // from its converted checkpoint with identical losses (neither is the random init's); bad flags, an existing
-// destination and an architecture mismatch fail with exit 2 and one error line naming the flag.
+// destination and an architecture mismatch fail with exit 2 and one error line naming the flag. The MoE
+// directories of tests/golden/gen_hf_moe_models.py round-trip too, and train from the HF Mixtral directory.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -166,4 +167,26 @@ TEST(ConvertCli, HfDirectoryAndItsConversionTrainIdentically) {
   EXPECT_EQ(from_hf.losses, from_loom.losses);
   EXPECT_NE(from_hf.losses[0], scratch.losses[0]);
   EXPECT_TRUE(std::isfinite(from_hf.losses[1]));
+}
+
+TEST(ConvertCli, MixtureOfExpertsRoundTripsAndFinetunes) {
+  for (const char* name : {"hf_mixtral", "hf_qwen2_moe", "hf_qwen3_moe"}) {
+    TempDir tmp;
+    const std::string dir = kFixtures + "/" + name;
+    const CliResult to_loom = run_loom("convert --from hf:" + dir + " --to loom:" + (tmp / "ck"));
+    ASSERT_EQ(to_loom.code, 0) << to_loom.err;
+    ASSERT_EQ(run_loom("convert --from loom:" + (tmp / "ck") + " --to hf:" + (tmp / "hf")).code, 0);
+    EXPECT_EQ(slurp(tmp / "hf/model.safetensors"), slurp(dir + "/model.safetensors")) << name;
+  }
+  // The fixture's Mixtral as `loom train` flags.
+  const std::string mixtral =
+      "train --num-layers 2 --hidden-size 32 --num-attention-heads 4 --group-query-attention --num-query-groups 2 "
+      "--ffn-hidden-size 48 --swiglu --normalization RMSNorm --norm-epsilon 1e-5 --position-embedding-type rope "
+      "--rotary-base 1000000 --disable-bias-linear --untie-embeddings-and-output-weights --seq-length 16 "
+      "--max-position-embeddings 32 --micro-batch-size 2 --global-batch-size 4 --train-iters 2 --lr 1e-3 --mock-data "
+      "--vocab-size 101 --log-interval 1 --moe-router-topk 2 --load " + kFixtures + "/hf_mixtral --finetune ";
+  const CliResult r = run_loom(mixtral + "--num-experts 4");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("iteration        2/       2"), std::string::npos) << r.out;
+  expect_one_line_error(run_loom(mixtral + "--num-experts 8"), "train", "--num-experts");
 }

@@ -37,9 +37,11 @@ struct HfRopeScaling {
 };
 
 // The fields of config.json that Loom's models need, under one set of names for every family. GPT-2's
-// keys map as noted; a field a family does not have takes what that architecture implies.
+// keys map as noted; a field a family does not have takes what that architecture implies. The
+// mixture-of-experts families (mixtral, qwen2_moe, qwen3_moe) are Llama's layer with a sparse MoE block in
+// place of the MLP (in every layer, or in those the pattern marks); parsing is src/ckpt/hf_config.cpp's.
 struct HfConfig {
-  std::string model_type;               // "gpt2" | "llama" | "mistral"
+  std::string model_type;               // "gpt2" | "llama" | "mistral" | "mixtral" | "qwen2_moe" | "qwen3_moe"
   int64_t vocab_size = 0;               // vocab_size
   int64_t hidden_size = 0;              // hidden_size | gpt2: n_embd
   int64_t intermediate_size = 0;        // intermediate_size | gpt2: n_inner (null: 4 * n_embd)
@@ -56,13 +58,28 @@ struct HfConfig {
   std::optional<HfRopeScaling> rope_scaling;
   bool attention_bias = false;          // q/k/v/o biases | gpt2: always true
   bool mlp_bias = false;                // MLP biases | gpt2: always true
-  std::optional<int64_t> sliding_window;  // mistral: tokens a query sees, itself included (null: none)
+  std::optional<int64_t> sliding_window;  // mistral, mixtral: tokens a query sees, itself included (null: none)
+  bool qkv_bias = false;                // qwen2_moe: q/k/v biases, no o_proj bias (qkv_bias, default true)
+  bool qk_norm = false;                 // qwen3_moe: RMSNorm over each q and k head (q_norm, k_norm) before RoPE
+  // Mixture of experts (num_experts 0: a dense model).
+  int64_t num_experts = 0;              // num_experts | mixtral: num_local_experts
+  int64_t num_experts_per_tok = 0;      // top-k
+  int64_t moe_intermediate_size = 0;    // each expert's width | mixtral: intermediate_size
+  int64_t shared_expert_intermediate_size = 0;  // qwen2_moe: the shared expert (always gated); else 0
+  // Renormalise the top-k probabilities (norm_topk_prob, default false; mixtral: always). false: the
+  // top-k of the softmax over all experts as they are.
+  bool norm_topk_prob = true;
+  // Per layer: 1 a sparse MoE block, 0 a dense MLP of intermediate_size (qwen: layer i is sparse unless
+  // listed in mlp_only_layers, when (i + 1) % decoder_sparse_step == 0; mixtral: every layer).
+  std::vector<int> moe_layers;
+  double router_aux_loss_coef = 0.0;    // router_aux_loss_coef (training only; default 0.001)
   std::string torch_dtype;              // "float32", "bfloat16", ... ("" when absent)
   std::optional<int64_t> bos_token_id;
   std::vector<int64_t> eos_token_ids;   // eos_token_id: an id or a list of ids (Llama 3.1 Instruct)
   std::string raw_json;                 // the file's text, unchanged, for writing it back
 
   bool is_gpt2() const { return model_type == "gpt2"; }
+  bool is_moe() const { return num_experts > 0; }
 };
 
 // Parses config.json's text; `path` names the file in errors ("<path>: field 'n_embd': ...").

@@ -1,6 +1,7 @@
-// Hugging Face <-> Loom parameter mapping for GPT-2 and Llama-family (Llama, Mistral) models: which HF
-// tensors make up each Loom parameter and how their rows are laid out. Pure layout code: no files (the
-// train layer's model_io.h reads and writes HF directories and Loom checkpoints with it).
+// Hugging Face <-> Loom parameter mapping for GPT-2, Llama-family (Llama, Mistral) and mixture-of-experts
+// (Mixtral, Qwen2-MoE, Qwen3-MoE) models: which HF tensors make up each Loom parameter and how their rows
+// are laid out. Pure layout code: no files (the train layer's model_io.h reads and writes HF directories
+// and Loom checkpoints with it).
 //
 // GPT-2 (HF names under "transformer."; the Hub's gpt2 files have no prefix):
 //   wte (V, C) -> embedding.word_embeddings.weight (Vp, C): rows V..Vp-1 are zero padding (dropped on export)
@@ -15,6 +16,14 @@
 //   o_proj -> linear_proj; mlp.gate_proj + up_proj -> linear_fc1 = [gate | up]; down_proj -> linear_fc2;
 //   input_layernorm / post_attention_layernorm / norm -> input_layernorm / pre_mlp_layernorm /
 //   final_layernorm; lm_head -> output_layer.weight (padded), or tied to embed_tokens.
+// Mixtral / Qwen2-MoE / Qwen3-MoE (the Llama layer with a sparse MoE block; hf_mapping_moe.cpp):
+//   layers.N.block_sparse_moe (Mixtral) or layers.N.mlp (Qwen): gate.weight (E, C) -> mlp.router.weight;
+//   experts.M.w1 + w3 (Qwen: gate_proj + up_proj) -> mlp.experts.linear_fc1.weightM = [gate | up];
+//   experts.M.w2 (down_proj) -> mlp.experts.linear_fc2.weightM. Qwen2-MoE: mlp.shared_expert.gate_proj +
+//   up_proj -> mlp.shared_experts.linear_fc1 = [gate | up], down_proj -> shared_experts.linear_fc2,
+//   mlp.shared_expert_gate.weight (1, C) -> mlp.shared_experts.gate_weight. Qwen3-MoE: self_attn.q_norm /
+//   k_norm (HS) -> self_attention.q_layernorm / k_layernorm. Qwen's dense layers (mlp_only_layers,
+//   decoder_sparse_step) map as Llama's MLP.
 // RoPE: HF rotates channel pairs (c, c + d/2) (rotate_half), which is Loom's default, so q/k rows are kept.
 // With rotary_interleaved Loom pairs (2c, 2c + 1): row 2c of each query/key head is HF row c and row
 // 2c + 1 is HF row c + d/2 (the same permutation of q and k leaves every score unchanged).
@@ -27,8 +36,8 @@
 
 namespace loom {
 
-enum class HfFamily { kGPT2, kLlama };
-const char* hf_family_name(HfFamily f);  // "gpt2", "llama"
+enum class HfFamily { kGPT2, kLlama, kMixtral, kQwen2Moe, kQwen3Moe };
+const char* hf_family_name(HfFamily f);  // "gpt2", "llama", "mixtral", "qwen2_moe", "qwen3_moe"
 
 // One HF tensor that makes up (part of) a Loom parameter.
 struct HfPart {
@@ -65,11 +74,13 @@ struct HfLayout {
   std::vector<HfPart> zero_tensors;
 };
 
-// The family a config exports to: GPT-2 for learned absolute positions, Llama for RoPE. UserError naming
-// the option when the architecture has no HF counterpart (qk-layernorm, partial RoPE, a LayerNorm Llama, ...).
+// The family a config exports to: GPT-2 for learned absolute positions, Llama for RoPE; a MoE model
+// (--num-experts) Qwen2-MoE with shared experts, Qwen3-MoE with --qk-layernorm, else Mixtral. UserError
+// naming the option when the architecture has no HF counterpart (qk-layernorm on a dense model, partial
+// RoPE, a LayerNorm Llama, sigmoid routing, Mixtral with pre-softmax routing or dense layers, ...).
 HfFamily hf_family_for(const GPTConfig& cfg);
 
-// transformers' default name prefix of the base model: "transformer." (GPT-2) or "model." (Llama).
+// transformers' default name prefix of the base model: "transformer." (GPT-2) or "model." (the others).
 const char* hf_default_prefix(HfFamily f);
 
 // The mapping for `cfg` (cfg.padded_vocab_size rows in Loom's vocabulary tables, cfg.vocab_size in HF's).
@@ -115,9 +126,9 @@ struct HfLoraMap {
   HfParamMap b;                         // loom_name: Loom's B (out, rank); parts: PEFT's B tensors (rows, rank)
 };
 
-// Every adapter of `targets` in every layer, layer by layer in target order. UserError for a model that
-// does not export to Llama (hf_family_for), and for GPT-2: its attention is one Conv1D c_attn (PEFT
-// adapts it whole with fan_in_fan_out), which Loom does not map.
+// Every adapter of `targets` in every layer, layer by layer in target order. UserError for a MoE model, for
+// a model that does not export to Llama (hf_family_for), and for GPT-2: its attention is one Conv1D c_attn
+// (PEFT adapts it whole with fan_in_fan_out), which Loom does not map.
 std::vector<HfLoraMap> hf_lora_layout(const GPTConfig& cfg, const std::vector<LoraTarget>& targets, int64_t rank);
 
 // One line per kind of mapping, layer numbers folded into '*', with a count:

@@ -11,6 +11,14 @@
 // for full training), and the FLOPs are the hardware FLOPs of the work a LoRA step executes, not Megatron's
 // 3 x forward model FLOPs (docs/calc.md, "LoRA fine-tuning").
 //
+// Mixture of experts (--num-experts): parameters are counted exactly (total and active: top-k routed experts
+// per token), FLOPs count the top-k experts and the shared experts (Megatron's convention; the time
+// estimates use the active parameters), and memory per rank splits the routed experts over EP and ETP (each
+// rank E/EP experts, each expert's FFN / ETP) while the rest follows TP/PP; ZeRO shards the experts'
+// states over the expert-data-parallel group (n / (ETP x EP x PP) ranks), the rest over DP x CP. A MoE
+// layer's activations replace the dense MLP's by its routed rows (tokens x top-k, balanced routing assumed),
+// the router's maps and the shared experts' buffers (docs/calc.md, "Mixture of experts").
+//
 // Three steps, so that tests check numbers directly and the CLI stays thin:
 //   make_calc_input(TrainConfig, CalcOptions) -> CalcInput   validation, vocabulary (may read tokenizer files)
 //   compute_calc(CalcInput) -> CalcReport                    pure arithmetic
@@ -203,18 +211,42 @@ struct CalcReport {
     // LoRA: the largest transient scratch one adapter allocates (its dropped input, h, the up GEMM's
     // output, a slice adapter's spread B; in backward dh and the input gradient), see lora_scratch_bytes.
     int64_t adapter_scratch_bytes = 0;
+    // MoE: the MoE layers' own buffers, which they allocate per call (sized by the routing; the model's
+    // plan leaves them out): Moe::loom_layers x Moe::layer_bytes, balanced routing.
+    int64_t moe_bytes = 0;
     int64_t total() const {
-      return parameter_bytes + optimizer_bytes + main_grad_bytes + activation_bytes + adapter_scratch_bytes;
+      return parameter_bytes + optimizer_bytes + main_grad_bytes + activation_bytes + adapter_scratch_bytes +
+             moe_bytes;
     }
   };
   std::optional<LoomPlan> loom_plan;
+
+  // Mixture of experts (model.is_moe()): the figures above include these.
+  struct Moe {
+    int64_t active_params = 0;   // GPTConfig::num_active_parameters(): each MoE layer's top-k routed experts
+    int64_t expert_params = 0;   // every routed expert of every MoE layer (global shapes)
+    int ep = 1, etp = 1;         // --expert-model-parallel-size, --expert-tensor-parallel-size (default TP)
+    int64_t expert_dp = 1;       // d_e = n / (ETP x EP x PP): the ranks holding the same experts, over which
+                                 // their gradients are reduced and ZeRO shards their states
+    int64_t layers_first_stage = 0, layers_last_stage = 0;  // MoE layers on the first / last pipeline stage
+    int64_t layer_shared_per_rank = 0;   // one MoE layer's router, shared experts and gate on one TP rank
+    int64_t layer_experts_per_rank = 0;  // its E/EP routed experts on one rank (each expert's FFN / ETP)
+    int64_t experts_first_stage = 0, experts_last_stage = 0;  // routed-expert params on one rank of the stage
+    int64_t tokens = 0;          // n: tokens one rank routes per micro-batch (s*b/CP, / TP with SP)
+    int64_t rows = 0;            // M: expert rows those give (k*n; capacity and padding applied), balanced
+    bool rows_move = false;      // EP > 1 or ETP-split experts: the rows are sent to other ranks and back
+    double layer_bytes = 0;      // one MoE layer's own buffers per micro-batch (routed rows, router, shared)
+    double dense_mlp_bytes = 0;  // what they replace of the paper's layer: its MLP's 16*s*b*h/t (x2 in FP32)
+    int64_t loom_layers = 0;     // single process: MoE layers whose buffers live at once (recomputation)
+  };
+  std::optional<Moe> moe;
 
   // Throughput and time.
   double peak_tflops = 0;      // the GPU's dense peak for this run's compute dtype
   double achieved_tflops = 0;  // X: per GPU, counting every executed FLOP (recomputation included)
   double seconds_per_iteration = 0;  // flops_run / (n * X)
   double iterations = 0;       // T / (B * s), when train_tokens is set
-  double seconds_6tp = 0;      // 6*T*P/(n*X): no recomputation
+  double seconds_6tp = 0;      // 6*T*P/(n*X): no recomputation (MoE: P the active parameters)
   double seconds_8tp = 0;      // 8*T*P/(n*X): full recomputation
   // LoRA's counterparts (P the frozen base; adapters and attention dropped): 4*T*P/(n*X) (forward + input
   // gradients) and 6*T*P/(n*X) (full recomputation adds a forward).

@@ -1,5 +1,5 @@
 // Model weights in and out of Loom: Loom checkpoints (ckpt/checkpoint.h, written by the trainer) and
-// Hugging Face model directories (ckpt/hf_dir.h) of GPT-2 and Llama-family models, with the layouts of
+// Hugging Face model directories (ckpt/hf_dir.h) of GPT-2, Llama-family and MoE models, with the layouts of
 // model/hf_mapping.h. Used by `loom convert`, `loom generate` and `loom train --load <HF dir> --finetune`.
 //
 // Import is strict: every HF tensor must map to a Loom parameter (GPT-2's mask buffers and rotary_emb
@@ -32,6 +32,12 @@ GPTConfig read_model_config(const std::string& dir, int64_t make_vocab_size_divi
 // HF config.json -> GPTConfig (the same rules as read_model_config). Llama 3 rope_scaling needs Megatron's
 // fixed low/high frequency factors (1, 4) and original context (8192); Mistral's sliding_window W becomes
 // --window-size W-1,0; attention_bias without mlp_bias becomes --add-qkv-bias (o_proj's bias must be zero).
+// MoE families: num_local_experts / num_experts -> --num-experts, num_experts_per_tok -> --moe-router-topk,
+// moe_intermediate_size -> --moe-ffn-hidden-size (dense layers keep intermediate_size), norm_topk_prob
+// false -> --moe-router-pre-softmax, the sparse layers -> --moe-layer-freq's pattern, Qwen2-MoE's shared
+// expert -> --moe-shared-expert-intermediate-size with --moe-shared-expert-gate and its qkv_bias ->
+// --add-qkv-bias, Qwen3-MoE's q_norm / k_norm -> --qk-layernorm, router_aux_loss_coef -> the aux-loss
+// coefficient (docs/models.md: Megatron's loss is defined differently).
 GPTConfig gpt_config_from_hf(const HfConfig& hf, int64_t make_vocab_size_divisible_by = 128);
 
 struct HfExportOptions {
@@ -43,8 +49,11 @@ struct HfExportOptions {
   const DeviceContext* ctx = nullptr;                 // to copy parameters that live on a device
 };
 
-// config.json text for `cfg` in transformers' keys (model_type gpt2, llama, or mistral with a window).
+// config.json text for `cfg` in transformers' keys (model_type gpt2, llama, or mistral with a window;
+// mixtral, qwen2_moe or qwen3_moe for a MoE model, as hf_family_for chooses).
 std::string hf_config_json(const GPTConfig& cfg, const HfExportOptions& opts = {});
+// The model_type hf_config_json writes; UserError (hf_family_for's) when there is none.
+std::string hf_model_type(const GPTConfig& cfg);
 
 struct HfImportOptions {
   // The Loom model pairs RoPE channels (2c, 2c + 1) (--rotary-interleaved): q/k rows are permuted.

@@ -1,7 +1,8 @@
 // InferenceSession (KV-cached decoding): every step's logits equal a full GPTModel::forward over the whole
 // prefix (evaluation) within 1e-5 relative in f32, for GPT-2 (learned positions), Llama with GQA + RoPE,
 // Llama with a sliding window shorter than the sequence, and a mixed config (LayerNorm, GeGLU, MQA, q/k
-// norms, partial interleaved RoPE, biases, tied output); prefill chunks of any size and batch rows agree;
+// norms, partial interleaved RoPE, biases, tied output), and MoE layers (Mixtral's routing; Qwen2-MoE's with a
+// dense layer and a gated shared expert); prefill chunks of any size and batch rows agree;
 // bf16 stays close. Against PyTorch: greedy decoding of fixtures/generate_tiny.safetensors
 // (tests/golden/gen_generate_reference.py) gives the reference tokens and logits.
 #include <gtest/gtest.h>
@@ -46,6 +47,21 @@ GPTConfig mixed_config() {
   c.rotary_percent = 0.5f;
   c.rotary_interleaved = true;
   c.window_size_left = 5;
+  return c;
+}
+
+// Mixtral's layout (every layer MoE, top-2 of 4 experts, softmax over the chosen logits).
+GPTConfig moe_config() { return test::moe_variant(llama_config(), 4, 2, 16); }
+
+// Qwen2-MoE's: a dense layer between MoE layers, pre-softmax top-3 of 6, a gated shared expert, q/k/v biases.
+GPTConfig moe_shared_config() {
+  GPTConfig c = test::moe_variant(llama_config(), 6, 3, 12);
+  c.num_layers = 3;
+  c.moe.layer_pattern = {1, 0, 1};
+  c.moe.router.pre_softmax = true;
+  c.moe.shared_expert_intermediate_size = 20;
+  c.moe.shared_expert_gate = true;
+  c.add_qkv_bias = true;
   return c;
 }
 
@@ -145,6 +161,15 @@ TEST(InferenceSession, SlidingWindowShorterThanSequence) {
 
 TEST(InferenceSession, MixedOptionsMatchFullForward) {
   check_against_full(mixed_config(), {3, 1, 4, 1, 1, 2, 1}, DType::kF32, 1e-5);
+}
+
+TEST(InferenceSession, MoeLayersMatchFullForward) {
+  // The router sees only the new rows at each step (a prefill of several tokens, then one token); routing is
+  // per token, so every step must reproduce the full forward's rows.
+  check_against_full(moe_config(), {5, 1, 1, 1, 1, 1, 1, 1, 1}, DType::kF32, 1e-5);
+  check_against_full(moe_config(), {1, 3, 1, 4, 1}, DType::kF32, 1e-5);
+  check_against_full(moe_shared_config(), {4, 1, 1, 1, 1, 1, 1, 1, 1}, DType::kF32, 1e-5);
+  check_against_full(moe_config(), {4, 1, 1, 1, 1}, DType::kBF16, 3e-2);
 }
 
 TEST(InferenceSession, ChunkedPrefillEqualsOneTokenSteps) {
