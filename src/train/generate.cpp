@@ -232,6 +232,7 @@ std::unique_ptr<GPTModel> load_model_for_inference(const std::string& dir, const
   } else {
     HfImportOptions io;
     io.ctx = &ctx;
+    io.expert_biases = model->expert_biases();
     load_model_weights(dir, model->params(), io);
   }
   model->sync_compute();

@@ -267,6 +267,22 @@ void load_model_weights(const std::string& dir, ParameterSet& params, const HfIm
     const std::string ck = loom_checkpoint_dir(dir);
     values = read_checkpoint_weights(ShardedCheckpoint::open(ck));
     source = "checkpoint " + ck;
+    // The routers' expert biases: into the model's buffers, not among the parameters.
+    for (auto it = values.begin(); it != values.end();) {
+      if (!it->first.ends_with(".router.expert_bias")) {
+        ++it;
+        continue;
+      }
+      for (auto& [name, bias] : opts.expert_biases)
+        if (name == it->first) {
+          if (it->second.numel() != int64_t(bias->size()))
+            user_error(source, ": '", name, "' has ", it->second.numel(), " values but the model has ", bias->size(),
+                       " experts");
+          const float* v = static_cast<const float*>(it->second.raw());
+          bias->assign(v, v + it->second.numel());
+        }
+      it = values.erase(it);
+    }
   }
   std::map<std::string, const Tensor*> by_name;
   for (const auto& [name, t] : values) by_name[name] = &t;

@@ -60,6 +60,9 @@ struct HfImportOptions {
   bool rotary_interleaved = false;
   std::ostream* log = nullptr;         // the mapping summary, when set
   const DeviceContext* ctx = nullptr;  // to copy into parameters that live on a device
+  // MoE routers' expert biases (GPTModel::expert_biases(): buffers, not parameters) to fill from a Loom
+  // checkpoint that holds them (left as they are otherwise, e.g. from a Hugging Face directory).
+  std::vector<std::pair<std::string, std::vector<float>*>> expert_biases;
 };
 
 // Fills every parameter's f32 master value from a Loom checkpoint or an HF directory (as above); the caller
