@@ -224,22 +224,27 @@ Tensor TokenDispatcher::dispatch(const DeviceContext& ctx, Saved& s, TensorView 
   return sort(ctx, s, G);
 }
 
-Tensor TokenDispatcher::combine(const DeviceContext& ctx, const Saved& s, TensorView ye) const {
+// combine and dispatch's backward are the same map (rows of the local experts back to the ranks and rows
+// they came from, ETP partial sums added): one implementation.
+Tensor TokenDispatcher::to_sources(const DeviceContext& ctx, const Saved& s, TensorView x) const {
   const int EP = ep_.ep_size(), ETP = ep_.etp_size();
   const bool split_etp = ETP > 1 && !ep_.etp_replicated;
   if (EP == 1 && !split_etp) {
-    Tensor y = as_tensor(ctx, ye);
-    if (ETP > 1) ep_.etp->all_reduce(y);  // replicated tokens: sum the experts' partial outputs
+    Tensor y = as_tensor(ctx, x);
+    if (ETP > 1) ep_.etp->all_reduce(y);  // replicated tokens: sum the experts' partial results
     return y;
   }
-  Tensor Y = s.sorted ? unsort(ctx, s, ye) : as_tensor(ctx, ye);
+  Tensor Y = s.sorted ? unsort(ctx, s, x) : as_tensor(ctx, x);
   if (ep_.kind == MoeDispatcher::kAllGather) return scatter(ctx, *ep_.etp_ep, Y, s.rows_in, s.gather_pad);
   if (split_etp) Y = scatter(ctx, *ep_.etp, Y, s.rows_recv, s.gather_pad);
   if (EP == 1) return Y;
-  const int64_t C = row_width(ye);
-  Tensor out = ctx.empty({s.rows_in, C}, ye.dtype());
+  Tensor out = ctx.empty({s.rows_in, row_width(x)}, x.dtype());
   ep_.ep->all_to_all_v(out, s.send_counts, Y, s.recv_counts);
   return out;
+}
+
+Tensor TokenDispatcher::combine(const DeviceContext& ctx, const Saved& s, TensorView ye) const {
+  return to_sources(ctx, s, ye);
 }
 
 Tensor TokenDispatcher::combine_backward(const DeviceContext& ctx, const Saved& s, TensorView dy) const {
@@ -264,21 +269,7 @@ Tensor TokenDispatcher::combine_backward(const DeviceContext& ctx, const Saved& 
 }
 
 Tensor TokenDispatcher::dispatch_backward(const DeviceContext& ctx, const Saved& s, TensorView dxe) const {
-  const int EP = ep_.ep_size(), ETP = ep_.etp_size();
-  const bool split_etp = ETP > 1 && !ep_.etp_replicated;
-  if (EP == 1 && !split_etp) {
-    Tensor dx = as_tensor(ctx, dxe);
-    if (ETP > 1) ep_.etp->all_reduce(dx);  // replicated tokens: sum the partial input gradients
-    return dx;
-  }
-  Tensor G = s.sorted ? unsort(ctx, s, dxe) : as_tensor(ctx, dxe);
-  if (ep_.kind == MoeDispatcher::kAllGather) return scatter(ctx, *ep_.etp_ep, G, s.rows_in, s.gather_pad);
-  if (split_etp) G = scatter(ctx, *ep_.etp, G, s.rows_recv, s.gather_pad);
-  if (EP == 1) return G;
-  const int64_t C = row_width(dxe);
-  Tensor out = ctx.empty({s.rows_in, C}, dxe.dtype());
-  ep_.ep->all_to_all_v(out, s.send_counts, G, s.recv_counts);
-  return out;
+  return to_sources(ctx, s, dxe);
 }
 
 }  // namespace loom

@@ -76,6 +76,8 @@ class TokenDispatcher {
   // Its adjoint: the reduce-scatter of (g.size() · pad, C) -> this rank's first `rows` rows.
   Tensor scatter(const DeviceContext& ctx, const Communicator& g, TensorView x, int64_t rows, int64_t pad) const;
   Tensor sort(const DeviceContext& ctx, const Saved& s, TensorView x) const;
+  // The local experts' rows back to where they came from (combine, and dispatch's adjoint).
+  Tensor to_sources(const DeviceContext& ctx, const Saved& s, TensorView x) const;
   Tensor unsort(const DeviceContext& ctx, const Saved& s, TensorView x) const;
   // Builds s.sort_map / group_sizes from the chunk table: counts[src][j] rows of chunk j of each source
   // (sources in order, each starting at src · pad, or packed one after the other with pad 0). Chunk j is

@@ -26,6 +26,7 @@
 #include "loom/model/inference.h"
 #include "loom/train/generate.h"
 #include "loom/train/model_io.h"
+#include "model_io_test_util.h"
 #include "model_test_util.h"
 
 using namespace loom;
@@ -37,31 +38,12 @@ const std::string kFixtures = LOOM_FIXTURE_DIR;
 const std::vector<std::string> kCases = {"mixtral", "qwen2_moe", "qwen3_moe"};
 std::string dir_of(const std::string& c) { return kFixtures + "/hf_" + c; }
 
-class TempDir {
+// A scratch directory of this test file.
+class TempDir : public test::ModelIoTempDir {
  public:
-  TempDir() {
-    static int counter = 0;
-    const fs::path base = fs::is_directory("/dev/shm") ? fs::path("/dev/shm") : fs::temp_directory_path();
-    path_ = base / ("loom_model_io_moe_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
+  TempDir() : test::ModelIoTempDir("model_io_moe") {}
 };
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using test::slurp;
 
 const SafetensorsFile& reference() {
   static const SafetensorsFile f = SafetensorsFile::open(kFixtures + "/hf_moe_reference.safetensors");
