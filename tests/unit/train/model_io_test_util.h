@@ -1,4 +1,4 @@
-// Shared by the model_io tests (dense and MoE conversion): a scratch directory (in /dev/shm when there is
+// Shared by the train-layer tests (conversion, checkpoints): a scratch directory (in /dev/shm when there is
 // one) and whole-file reads for byte comparisons.
 #pragma once
 #include <unistd.h>
@@ -25,6 +25,7 @@ class ModelIoTempDir {
     std::filesystem::remove_all(path_, ec);
   }
   std::string operator/(const std::string& name) const { return (path_ / name).string(); }
+  std::string str() const { return path_.string(); }
 
  private:
   std::filesystem::path path_;

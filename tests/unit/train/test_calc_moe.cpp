@@ -22,6 +22,7 @@
 #include "loom/train/config_file.h"
 #include "loom/train/generate.h"
 #include "loom/train/trainer.h"
+#include "model_io_test_util.h"
 
 using namespace loom;
 namespace fs = std::filesystem;
@@ -226,23 +227,9 @@ TEST(CalcMoe, ExpertLayoutErrorsNameTheFlag) {
 
 namespace {
 
-class TempDir {
+class TempDir : public test::ModelIoTempDir {  // tmpfs when there is one: checkpoint fsyncs cost nothing
  public:
-  TempDir() {
-    static int counter = 0;
-    const fs::path base = fs::is_directory("/dev/shm") ? fs::path("/dev/shm") : fs::temp_directory_path();
-    path_ = base / ("loom_moe_train_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string str() const { return path_.string(); }
-
- private:
-  fs::path path_;
+  TempDir() : test::ModelIoTempDir("moe_train") {}
 };
 
 TrainResult train_moe_tiny(const Args& extra) {

@@ -17,6 +17,7 @@
 #include "loom/train/calc.h"
 #include "loom/train/config_file.h"
 #include "loom/train/trainer.h"
+#include "model_io_test_util.h"
 
 using namespace loom;
 namespace fs = std::filesystem;
@@ -135,24 +136,9 @@ TEST(LlamaPresets, PublishedParameterCountsAndFlops) {
 
 namespace {
 
-class TempDir {
+class TempDir : public test::ModelIoTempDir {  // tmpfs when there is one: checkpoint fsyncs cost nothing
  public:
-  TempDir() {
-    static int counter = 0;
-    // tmpfs when there is one: checkpoints' fsyncs cost nothing there.
-    const fs::path base = fs::is_directory("/dev/shm") ? fs::path("/dev/shm") : fs::temp_directory_path();
-    path_ = base / ("loom_llama_train_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string str() const { return path_.string(); }
-
- private:
-  fs::path path_;
+  TempDir() : test::ModelIoTempDir("llama_train") {}
 };
 
 TrainResult train_tiny(const Args& extra) {
