@@ -26,6 +26,9 @@ HfFamily moe_family_for(const GPTConfig& c) {
                cannot);
   if (r.enable_expert_bias)
     user_error("--moe-router-enable-expert-bias: Mixtral and Qwen-MoE routers have no expert bias", cannot);
+  if (r.load_balancing == MoeLoadBalancing::kSinkhorn)
+    user_error("--moe-router-load-balancing-type sinkhorn: its probabilities (sigmoid for top-1, an unnormalised "
+               "softmax otherwise) are not Mixtral's or Qwen-MoE's routing", cannot);
   const bool dense_layers = std::find(c.moe.layer_pattern.begin(), c.moe.layer_pattern.end(), 0) !=
                             c.moe.layer_pattern.end();
   const char* qwen_window = "--window-size: Qwen-MoE's sliding window covers only some layers (max_window_layers), "

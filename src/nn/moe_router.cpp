@@ -21,11 +21,19 @@ MoeScoreFunction parse_moe_score_function(const std::string& s) {
 MoeLoadBalancing parse_moe_load_balancing(const std::string& s) {
   if (s == "aux_loss") return MoeLoadBalancing::kAuxLoss;
   if (s == "seq_aux_loss") return MoeLoadBalancing::kSeqAuxLoss;
+  if (s == "sinkhorn") return MoeLoadBalancing::kSinkhorn;
   if (s == "none") return MoeLoadBalancing::kNone;
-  if (s == "sinkhorn")
-    user_error("--moe-router-load-balancing-type sinkhorn is not implemented in Loom; use aux_loss, seq_aux_loss "
-               "or none");
-  user_error("--moe-router-load-balancing-type must be aux_loss, seq_aux_loss or none, got '", s, "'");
+  user_error("--moe-router-load-balancing-type must be aux_loss, seq_aux_loss, sinkhorn or none, got '", s, "'");
+}
+
+const char* moe_load_balancing_name(MoeLoadBalancing b) {
+  switch (b) {
+    case MoeLoadBalancing::kAuxLoss: return "aux_loss";
+    case MoeLoadBalancing::kSeqAuxLoss: return "seq_aux_loss";
+    case MoeLoadBalancing::kSinkhorn: return "sinkhorn";
+    case MoeLoadBalancing::kNone: return "none";
+  }
+  return "?";
 }
 
 MoeDropPolicy parse_moe_drop_policy(const std::string& s) {
@@ -38,7 +46,8 @@ void RouterConfig::validate() const {
   if (num_experts < 1) user_error("--num-experts must be at least 1, got ", num_experts);
   if (topk < 1 || topk > num_experts)
     user_error("--moe-router-topk must be between 1 and --num-experts (", num_experts, "), got ", topk);
-  if (topk == 1 && score_function == MoeScoreFunction::kSoftmax && !pre_softmax)
+  if (topk == 1 && score_function == MoeScoreFunction::kSoftmax && !pre_softmax &&
+      load_balancing != MoeLoadBalancing::kSinkhorn)
     user_error("--moe-router-topk 1 with the softmax score function needs --moe-router-pre-softmax (a softmax over "
                "one chosen logit is constant 1 and gives the router no gradient; as Megatron-Core)");
   if (capacity_factor && !(*capacity_factor > 0))
@@ -52,6 +61,14 @@ void RouterConfig::validate() const {
   if (!(z_loss_coeff >= 0)) user_error("--moe-z-loss-coeff must be >= 0, got ", z_loss_coeff);
   if (!(topk_scaling_factor >= 0))
     user_error("--moe-router-topk-scaling-factor must be > 0 when set, got ", topk_scaling_factor);
+  if (load_balancing == MoeLoadBalancing::kSinkhorn) {  // Megatron-Core's sinkhorn router has none of these
+    const char* s = "--moe-router-load-balancing-type sinkhorn ";
+    if (aux_loss_coeff != 0) user_error(s, "does not take an aux loss (as Megatron-Core); drop --moe-aux-loss-coeff");
+    if (capacity_factor) user_error(s, "drops no tokens (as Megatron-Core); drop --moe-expert-capacity-factor");
+    if (score_function != MoeScoreFunction::kSoftmax || pre_softmax || topk_scaling_factor != 0)
+      user_error(s, "has its own scores (sigmoid for top-1, a softmax over all experts otherwise); drop "
+                 "--moe-router-score-function, --moe-router-pre-softmax and --moe-router-topk-scaling-factor");
+  }
 }
 
 int64_t Routing::num_rows() const { return std::accumulate(group_sizes.begin(), group_sizes.end(), int64_t(0)); }
@@ -126,6 +143,49 @@ TokenChoice choose(const RouterConfig& cfg, const double* l, const std::vector<f
   return t;
 }
 
+// Sinkhorn-Knopp balancing of exp(l) (N, E) (Megatron-Core's moe_utils.sinkhorn, in f64): scale rows and
+// columns until the column factors move by less than 1e-4 on average. Capped at 10000 sweeps (it converges
+// in tens for sensible logits).
+std::vector<double> sinkhorn(const std::vector<double>& l, int64_t N, int64_t E) {
+  std::vector<double> cost(l.size()), d0(static_cast<size_t>(N), 1.0), d1(static_cast<size_t>(E), 1.0);
+  for (size_t i = 0; i < l.size(); ++i) cost[i] = std::exp(l[i]);
+  const double eps = 1e-8;
+  std::vector<double> d1_old = d1;
+  for (int sweep = 0; sweep < 10000; ++sweep) {
+    for (int64_t n = 0; n < N; ++n) {
+      double s = 0;
+      for (int64_t e = 0; e < E; ++e) s += d1[e] * cost[n * E + e];
+      d0[n] = (1.0 / double(N)) / (s + eps);
+    }
+    for (int64_t e = 0; e < E; ++e) {
+      double s = 0;
+      for (int64_t n = 0; n < N; ++n) s += d0[n] * cost[n * E + e];
+      d1[e] = (1.0 / double(E)) / (s + eps);
+    }
+    double err = 0;
+    for (int64_t e = 0; e < E; ++e) err += std::abs(d1_old[e] - d1[e]);
+    d1_old = d1;
+    if (err / double(E) <= 1e-4) break;
+  }
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t e = 0; e < E; ++e) cost[n * E + e] *= d1[e] * d0[n];
+  return cost;
+}
+
+// Sinkhorn routing of one token: the top-k of `select` (the balanced row in training, else the
+// activation), probs = the activation (sigmoid for top-1, softmax over all E otherwise) at those experts.
+TokenChoice choose_sinkhorn(const RouterConfig& cfg, const double* l, const double* select, double* act) {
+  const int64_t E = cfg.num_experts, k = cfg.topk;
+  if (k == 1)
+    for (int64_t e = 0; e < E; ++e) act[e] = sigmoid(l[e]);
+  else
+    softmax(l, E, act);
+  TokenChoice t;
+  t.idx = topk_indices(select ? select : act, E, k);
+  for (int64_t j = 0; j < k; ++j) t.prob.push_back(act[t.idx[j]]);
+  return t;
+}
+
 // The per-(token, expert) weight G with d(aux_loss)/d(scores[n, e]) = G[n, e]; also returns the loss.
 double aux_loss_weights(const RouterConfig& cfg, const std::vector<double>& scores, int64_t N, int64_t seq_length,
                         std::vector<double>& G) {
@@ -170,7 +230,8 @@ double aux_loss_weights(const RouterConfig& cfg, const std::vector<double>& scor
 }
 
 bool has_aux_loss(const RouterConfig& cfg, bool training) {
-  return training && cfg.aux_loss_coeff != 0 && cfg.load_balancing != MoeLoadBalancing::kNone;
+  return training && cfg.aux_loss_coeff != 0 && (cfg.load_balancing == MoeLoadBalancing::kAuxLoss ||
+                                                 cfg.load_balancing == MoeLoadBalancing::kSeqAuxLoss);
 }
 
 void check_seq_length(const RouterConfig& cfg, int64_t N, int64_t seq_length, bool training) {
@@ -199,9 +260,12 @@ Routing route_tokens(const RouterConfig& cfg, const float* logits_f32, int64_t N
   r.topk_probs.resize(size_t(N * k));
   std::vector<double> gates(size_t(N * E), 0.0), scratch(static_cast<size_t>(E));
   std::vector<char> map(size_t(N * E), 0);
+  const bool sink = cfg.load_balancing == MoeLoadBalancing::kSinkhorn;
+  const std::vector<double> balanced = sink && training ? sinkhorn(l, N, E) : std::vector<double>();
   for (int64_t n = 0; n < N; ++n) {
-    const TokenChoice t = choose(cfg, &l[n * E], cfg.enable_expert_bias ? expert_bias : std::vector<float>{},
-                                 scratch.data());
+    const TokenChoice t =
+        sink ? choose_sinkhorn(cfg, &l[n * E], balanced.empty() ? nullptr : &balanced[n * E], scratch.data())
+             : choose(cfg, &l[n * E], cfg.enable_expert_bias ? expert_bias : std::vector<float>{}, scratch.data());
     for (int64_t j = 0; j < k; ++j) {
       r.topk_idx[n * k + j] = t.idx[j];
       gates[n * E + t.idx[j]] = t.prob[j];
@@ -276,14 +340,16 @@ void route_tokens_backward(const RouterConfig& cfg, const float* logits_f32, con
     // Only kept top-k pairs carry a gradient (dropped and padding pairs are multiplied by a 0 mask).
     for (int64_t j = 0; j < k; ++j)
       dp[j] = r.row_id_map[n * E + idx[j]] >= 0 ? sf * double(dprobs[n * E + idx[j]]) : 0.0;
-    if (cfg.score_function == MoeScoreFunction::kSoftmax && cfg.pre_softmax) {
+    // Sinkhorn's probs are the softmax over all E (k > 1), like pre-softmax, or the sigmoid (k = 1).
+    const bool sink = cfg.load_balancing == MoeLoadBalancing::kSinkhorn;
+    if ((cfg.score_function == MoeScoreFunction::kSoftmax && cfg.pre_softmax) || (sink && k > 1)) {
       softmax(ln, E, s.data());
       std::fill(ds.begin(), ds.end(), 0.0);
       for (int64_t j = 0; j < k; ++j) ds[idx[j]] = dp[j];
       double dot = 0;
       for (int64_t e = 0; e < E; ++e) dot += s[e] * ds[e];
       for (int64_t e = 0; e < E; ++e) dln[e] += s[e] * (ds[e] - dot);
-    } else if (cfg.score_function == MoeScoreFunction::kSoftmax) {
+    } else if (cfg.score_function == MoeScoreFunction::kSoftmax && !sink) {
       std::vector<double> x(static_cast<size_t>(k)), p(static_cast<size_t>(k));
       for (int64_t j = 0; j < k; ++j) x[j] = ln[idx[j]];
       softmax(x.data(), k, p.data());

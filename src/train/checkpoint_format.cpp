@@ -53,6 +53,7 @@ json model_config_json(const GPTConfig& m) {
           {"moe_router_pre_softmax", moe.router.pre_softmax},
           {"moe_router_topk_scaling_factor", moe.router.topk_scaling_factor},
           {"moe_router_enable_expert_bias", moe.router.enable_expert_bias},
+          {"moe_router_load_balancing_type", moe_load_balancing_name(moe.router.load_balancing)},
           {"moe_aux_loss_coeff", moe.router.aux_loss_coeff}};
   return j;
 }

@@ -69,6 +69,7 @@ void check_model_config(const json& saved, const GPTConfig& m, const std::string
       {"moe_router_pre_softmax", "--moe-router-pre-softmax", false, false},
       {"moe_router_topk_scaling_factor", "--moe-router-topk-scaling-factor", false, false},
       {"moe_router_enable_expert_bias", "--moe-router-enable-expert-bias", false, false},
+      {"moe_router_load_balancing_type", "--moe-router-load-balancing-type", false, false},
   };
   GPTConfig gpt2 = m;  // the architecture fields at their defaults, shapes from this run
   const GPTConfig defaults;

@@ -73,6 +73,10 @@ void read_moe_fields(const json& j, const std::string& file, GPTConfig& c) {
   m.router.pre_softmax = field_or<bool>(j, "moe_router_pre_softmax", false, file);
   m.router.topk_scaling_factor = field_or<double>(j, "moe_router_topk_scaling_factor", 0.0, file);
   m.router.enable_expert_bias = field_or<bool>(j, "moe_router_enable_expert_bias", false, file);
+  // Sinkhorn routes differently at inference too (top-k of its activation); the other types do not matter
+  // there. Checkpoints before this field: Megatron's default.
+  m.router.load_balancing =
+      parse_moe_load_balancing(field_or<std::string>(j, "moe_router_load_balancing_type", "aux_loss", file));
   m.router.aux_loss_coeff = field_or<double>(j, "moe_aux_loss_coeff", 0.0, file);
 }
 

@@ -29,6 +29,10 @@
 //     (sigmoid: sigmoid / Σ_E sigmoid), count[e] = tokens whose top-k of those scores holds e (before drops);
 //   - seq_aux_loss: coeff · mean_b Σ_e (E · count_b[e] / (T · k)) · mean_t scores[b, t, e];
 //   - z_loss: coeff · mean_n logsumexp(logits[n])²;
+//   - sinkhorn (Megatron-Core's sinkhorn_load_balancing, S-BASE): probs = act(logits) at the chosen
+//     experts, act = sigmoid for k = 1 and the softmax over all E otherwise (not renormalised); training
+//     chooses each token's top-k of the Sinkhorn-Knopp balanced matrix of exp(logits) over the micro-batch
+//     (tolerance 1e-4, no gradient through it), evaluation the top-k of act; no capacity, no aux loss;
 //   - the losses' gradients enter backward scaled by aux_grad_scale (Megatron's MoEAuxLossAutoScaler:
 //     the main loss's backward scale, loss_scale / num_micro_batches).
 #pragma once
@@ -43,12 +47,13 @@
 namespace loom {
 
 enum class MoeScoreFunction { kSoftmax, kSigmoid };         // --moe-router-score-function
-enum class MoeLoadBalancing { kAuxLoss, kSeqAuxLoss, kNone };  // --moe-router-load-balancing-type
+enum class MoeLoadBalancing { kAuxLoss, kSeqAuxLoss, kSinkhorn, kNone };  // --moe-router-load-balancing-type
 enum class MoeDropPolicy { kProbs, kPosition };               // --moe-token-drop-policy
 
-// Megatron's spellings; a UserError naming the flag otherwise ("sinkhorn" is refused: not implemented).
+// Megatron's spellings; a UserError naming the flag otherwise.
 MoeScoreFunction parse_moe_score_function(const std::string& s);
 MoeLoadBalancing parse_moe_load_balancing(const std::string& s);
+const char* moe_load_balancing_name(MoeLoadBalancing b);  // "aux_loss", "seq_aux_loss", "sinkhorn", "none"
 MoeDropPolicy parse_moe_drop_policy(const std::string& s);
 
 struct RouterConfig {

@@ -63,8 +63,8 @@ TEST(DistMoe, LayoutsMatchSingleProcess) {
   check_layouts(kMoe, layouts, 10, "MoE");
 }
 
-// Capacity-based dropping (and padding), the per-sequence loss and aux-loss-free balancing depend on the
-// whole micro-batch: the token group routes it together, so the layouts drop the same tokens.
+// Capacity-based dropping (and padding), the per-sequence loss, aux-loss-free balancing and Sinkhorn depend on
+// the whole micro-batch: the token group routes it together, so the layouts drop the same tokens.
 TEST(DistMoe, DroppingAndBalancingMatchSingleProcess) {
   const std::vector<Layout> layouts = {
       {4, "--tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 2 "
@@ -80,6 +80,8 @@ TEST(DistMoe, DroppingAndBalancingMatchSingleProcess) {
   check_layouts(std::string(kMoe) + "--moe-router-load-balancing-type seq_aux_loss --moe-router-score-function "
                                     "sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 1e-2",
                 layouts, 6, "seq_aux_loss, sigmoid, expert bias");
+  check_layouts(std::string(kMoe) + "--moe-router-load-balancing-type sinkhorn --moe-aux-loss-coeff 0", layouts, 6,
+                "sinkhorn");
 }
 
 // Saved at EP 4, resumed at EP 2, then 1, then 4 again: each continues the uninterrupted single-process run.

@@ -45,12 +45,74 @@ TEST(MoeRouter, FlagErrorsNameTheFlag) {
   EXPECT_NE(error_of([&] { cfg.validate(); }).find("--moe-router-enable-expert-bias"), std::string::npos);
   EXPECT_NE(error_of([] { parse_moe_score_function("relu"); }).find("--moe-router-score-function"),
             std::string::npos);
-  EXPECT_NE(error_of([] { parse_moe_load_balancing("sinkhorn"); }).find("--moe-router-load-balancing-type sinkhorn"),
+  EXPECT_NE(error_of([] { parse_moe_load_balancing("balanced"); }).find("--moe-router-load-balancing-type"),
             std::string::npos);
+  EXPECT_EQ(parse_moe_load_balancing("sinkhorn"), MoeLoadBalancing::kSinkhorn);
+  cfg.enable_expert_bias = false;
+  cfg.load_balancing = MoeLoadBalancing::kSinkhorn;
+  cfg.aux_loss_coeff = 1e-2;
+  EXPECT_NE(error_of([&] { cfg.validate(); }).find("does not take an aux loss"), std::string::npos);
+  cfg.aux_loss_coeff = 0;
+  cfg.capacity_factor = 1.0;
+  EXPECT_NE(error_of([&] { cfg.validate(); }).find("drops no tokens"), std::string::npos);
+  cfg.capacity_factor.reset();
+  cfg.pre_softmax = true;
+  EXPECT_NE(error_of([&] { cfg.validate(); }).find("has its own scores"), std::string::npos);
+  cfg.pre_softmax = false;
+  cfg.topk = 1;  // top-1 sinkhorn is a sigmoid router: no pre-softmax needed
+  EXPECT_EQ(error_of([&] { cfg.validate(); }), "");
+  cfg.load_balancing = MoeLoadBalancing::kAuxLoss;
   EXPECT_NE(error_of([] { parse_moe_drop_policy("random"); }).find("--moe-token-drop-policy"), std::string::npos);
   EXPECT_EQ(parse_moe_score_function("sigmoid"), MoeScoreFunction::kSigmoid);
   EXPECT_EQ(parse_moe_load_balancing("seq_aux_loss"), MoeLoadBalancing::kSeqAuxLoss);
   EXPECT_EQ(parse_moe_drop_policy("position"), MoeDropPolicy::kPosition);
+}
+
+// Megatron-Core's sinkhorn router on logits that all prefer expert 0: training balances the choices over
+// the micro-batch (the top-k of the Sinkhorn-Knopp matrix; the expected experts were computed with
+// Megatron's algorithm in PyTorch), evaluation takes the top-k of the activation; probs are the sigmoid
+// (top-1) or the softmax over all experts (top-2) at the chosen experts, and their gradient is that
+// activation's.
+TEST(MoeRouter, SinkhornBalancesTheMicroBatch) {
+  const float logits[] = {2.0f, 0.5f, 0.1f, 1.8f, 0.2f, 0.9f, 2.2f, 1.0f, 0.3f,
+                          1.5f, 0.4f, 0.8f, 2.4f, 0.7f, 0.2f, 1.9f, 0.9f, 1.1f};
+  RouterConfig cfg;
+  cfg.num_experts = 3;
+  cfg.load_balancing = MoeLoadBalancing::kSinkhorn;
+  cfg.topk = 1;
+  Routing r = route_tokens(cfg, logits, 6, 6, /*training=*/true, {});
+  EXPECT_EQ(r.topk_idx, (std::vector<int32_t>{0, 2, 1, 2, 0, 2}));
+  EXPECT_NEAR(r.topk_probs[1], 1.0 / (1.0 + std::exp(-0.9)), 1e-6);  // sigmoid of the chosen logit
+  EXPECT_EQ(r.aux_loss, 0.0);
+  EXPECT_EQ(route_tokens(cfg, logits, 6, 6, /*training=*/false, {}).topk_idx,
+            (std::vector<int32_t>{0, 0, 0, 0, 0, 0}));
+  cfg.topk = 2;
+  r = route_tokens(cfg, logits, 6, 6, true, {});
+  EXPECT_EQ(r.topk_idx, (std::vector<int32_t>{0, 1, 2, 0, 1, 0, 2, 1, 0, 1, 2, 1}));
+  double z = 0;
+  for (int e = 0; e < 3; ++e) z += std::exp(double(logits[3 + e]));
+  EXPECT_NEAR(r.probs[3 + 2], std::exp(0.9) / z, 1e-6);  // softmax over all experts, not renormalised
+  // Gradient: d(Σ w · probs)/d(logits) against central differences with the routing held (training
+  // routing at logits ± eps is the same here: the balanced matrix moves smoothly and no choice is near a tie).
+  for (int64_t k : {1, 2}) {
+    cfg.topk = k;
+    const Routing base = route_tokens(cfg, logits, 6, 6, true, {});
+    std::vector<float> w(18), dl(18);
+    for (int i = 0; i < 18; ++i) w[size_t(i)] = 0.3f + 0.1f * float(i % 5);
+    route_tokens_backward(cfg, logits, base, w.data(), 6, true, 1.0, {}, dl.data());
+    for (int i = 0; i < 18; ++i) {
+      std::vector<float> lp(logits, logits + 18), lm = lp;
+      const float eps = 1e-3f;
+      lp[size_t(i)] += eps;
+      lm[size_t(i)] -= eps;
+      const Routing rp = route_tokens(cfg, lp.data(), 6, 6, true, {}), rm = route_tokens(cfg, lm.data(), 6, 6, true, {});
+      ASSERT_EQ(rp.topk_idx, base.topk_idx) << "logit " << i;
+      ASSERT_EQ(rm.topk_idx, base.topk_idx) << "logit " << i;
+      double fd = 0;
+      for (int j = 0; j < 18; ++j) fd += double(w[size_t(j)]) * (double(rp.probs[size_t(j)]) - double(rm.probs[size_t(j)]));
+      EXPECT_NEAR(dl[size_t(i)], fd / (2.0 * eps), 2e-4) << "top-" << k << " logit " << i;
+    }
+  }
 }
 
 TEST(MoeRouter, TiesGoToTheLowerIndex) {

@@ -103,7 +103,9 @@ TEST(ArgsMoe, BadSettingsAreClearErrors) {
   expect_error(moe({"--moe-expert-capacity-factor", "-1"}), "--moe-expert-capacity-factor must be > 0");
   expect_error(moe({"--moe-pad-expert-input-to-capacity"}), "needs --moe-expert-capacity-factor");
   expect_error(moe({"--moe-router-enable-expert-bias"}), "needs --moe-router-score-function sigmoid");
-  expect_error(moe({"--moe-router-load-balancing-type", "sinkhorn"}), "sinkhorn");
+  expect_error(moe({"--moe-router-load-balancing-type", "sinkhorn", "--moe-aux-loss-coeff", "1e-2"}),
+               "sinkhorn does not take an aux loss");
+  EXPECT_EQ(error_of(moe({"--moe-router-load-balancing-type", "sinkhorn"})), "");
   expect_error(moe({"--moe-token-dispatcher-type", "flex"}), "valid: allgather, alltoall");
   expect_error(moe({"--moe-shared-expert-gate"}), "needs shared experts");
   expect_error(moe({"--moe-shared-expert-intermediate-size", "64", "--moe-shared-expert-overlap"}),
