@@ -7,7 +7,8 @@
 // Softmax routing with top-k renormalisation (HF Mixtral's), no capacity, no aux/z loss (HF computes its
 // aux loss outside the block). Every iteration routes fresh random tokens (x ~ N(0, 1), generated
 // before the clock starts), as training does, so the expert group sizes change from one call to the next;
-// dy ~ N(0, 1) is fixed. Weights N(0, 0.02). Parameter gradients accumulate across iterations (never
+// dy ~ N(0, 1) is fixed. --same-tokens routes one batch every iteration instead (fixed group sizes: shows
+// what the changing sizes cost). Weights N(0, 0.02). Parameter gradients accumulate across iterations (never
 // zeroed: the work is the same). Buffers whose size does not depend on the routing (M = N·k rows without
 // a capacity) are allocated once; GroupedMLP::backward allocates its own temporaries, as in training.
 //
@@ -38,13 +39,15 @@ struct Args {
   DType dtype = DType::kF32;
   int warmup = 2, steps = 5;
   uint64_t seed = 1234;
+  bool same_tokens = false;  // route the same tokens every iteration (fixed group sizes; a diagnostic)
 };
 
 [[noreturn]] void usage(const char* msg) {
   std::fprintf(stderr,
                "loom_bench_moe: %s\n"
                "usage: loom_bench_moe [--tokens N] [--hidden C] [--ffn F] [--experts E] [--topk k]\n"
-               "                      [--gelu] [--dtype f32|bf16] [--warmup W] [--steps S] [--seed S]\n",
+               "                      [--gelu] [--dtype f32|bf16] [--warmup W] [--steps S] [--seed S]\n"
+               "                      [--same-tokens]\n",
                msg);
   std::exit(2);
 }
@@ -70,6 +73,7 @@ Args parse(int argc, char** argv) {
     else if (f == "--experts") a.E = integer();
     else if (f == "--topk") a.k = integer();
     else if (f == "--gelu") a.gated = false;
+    else if (f == "--same-tokens") a.same_tokens = true;
     else if (f == "--warmup") a.warmup = int(integer());
     else if (f == "--steps") a.steps = int(integer());
     else if (f == "--seed") a.seed = uint64_t(integer());
@@ -139,8 +143,9 @@ int run(const Args& a) {
   std::vector<double> totals;
   std::vector<std::vector<double>> phases(kNumPhases);
   std::vector<int64_t> min_group(size_t(a.warmup + a.steps)), max_group(size_t(a.warmup + a.steps));
+  const Tensor x0 = normal_tensor(*ctx, {N, C}, a.dtype, rng);
   for (int it = 0; it < a.warmup + a.steps; ++it) {
-    const Tensor x = normal_tensor(*ctx, {N, C}, a.dtype, rng);
+    const Tensor x = a.same_tokens || it == 0 ? x0 : normal_tensor(*ctx, {N, C}, a.dtype, rng);
     double t[kNumPhases];
     auto t0 = Clock::now(), start = t0;
     auto lap = [&](Phase p) {
@@ -180,15 +185,17 @@ int run(const Args& a) {
 
   // Forward matmul FLOPs (router + the experts' two grouped GEMMs) x 3 for forward + backward.
   const double F1 = a.gated ? 2.0 * double(a.F) : double(a.F);
-  const double flops = 3.0 * (2.0 * double(N) * double(C) * double(E) + 2.0 * double(M) * double(C) * (F1 + double(a.F)));
+  const double flops =
+      3.0 * (2.0 * double(N) * double(C) * double(E) + 2.0 * double(M) * double(C) * (F1 + double(a.F)));
   const double ms_med = median(totals);
   std::printf("{\"impl\": \"loom\", \"N\": %lld, \"C\": %lld, \"F\": %lld, \"E\": %lld, \"topk\": %lld, "
-              "\"act\": \"%s\", \"precision\": \"%s\", \"threads\": %d, \"warmup\": %d, \"steps\": %d, "
-              "\"ms\": %.3f, \"ms_min\": %.3f, \"ms_max\": %.3f, \"gflops\": %.3f, \"phases_ms\": {",
+              "\"act\": \"%s\", \"precision\": \"%s\", \"same_tokens\": %s, \"threads\": %d, "
+              "\"warmup\": %d, \"steps\": %d, \"ms\": %.3f, \"ms_min\": %.3f, \"ms_max\": %.3f, "
+              "\"gflops\": %.3f, \"phases_ms\": {",
               (long long)N, (long long)C, (long long)a.F, (long long)E, (long long)a.k, a.gated ? "swiglu" : "gelu",
-              a.dtype == DType::kF32 ? "fp32" : "bf16", omp_get_max_threads(), a.warmup, a.steps, ms_med,
-              *std::min_element(totals.begin(), totals.end()), *std::max_element(totals.begin(), totals.end()),
-              flops / (ms_med / 1e3) / 1e9);
+              a.dtype == DType::kF32 ? "fp32" : "bf16", a.same_tokens ? "true" : "false", omp_get_max_threads(),
+              a.warmup, a.steps, ms_med, *std::min_element(totals.begin(), totals.end()),
+              *std::max_element(totals.begin(), totals.end()), flops / (ms_med / 1e3) / 1e9);
   for (int p = 0; p < kNumPhases; ++p)
     std::printf("%s\"%s\": %.3f", p ? ", " : "", kPhaseNames[p], median(phases[size_t(p)]));
   std::printf("}}\n");
