@@ -97,4 +97,9 @@ class CpuOps final : public OpTable {
   void do_transpose(TensorView out, TensorView inp) const override;
 };
 
+// True when matmuls in compute dtype dt run on a oneDNN primitive that matmul.cpp builds and caches per
+// product shape (bf16 on CPUs with oneDNN's bf16 kernels); f32 (sgemm) and f16 (widened) keep no per-shape
+// state. The grouped GEMM uses it to keep the shapes it asks for few (moe.cpp).
+bool matmul_caches_shapes(DType dt);
+
 }  // namespace loom::cpu

@@ -260,6 +260,8 @@ void gemm_widened(const GemmKey& k, const void* a, const void* b, void* c, const
 
 }  // namespace
 
+bool matmul_caches_shapes(DType dt) { return primitive_takes(dt); }
+
 void CpuOps::do_matmul_forward(TensorView out, TensorView inp, TensorView weight, TensorView bias) const {
   const int64_t N = weight.size(0), K = weight.size(1), M = inp.shape().rows();
   const DType cd = inp.dtype();

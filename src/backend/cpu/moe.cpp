@@ -7,7 +7,15 @@
 //   - 16-bit rows are widened into per-thread f32 scratch, combined in f32 and narrowed once (RNE); the
 //     dprobs dot products accumulate in f64;
 //   - row_id_map's values are checked here (they are in host memory): each is -1 or in [0, M) and every row
-//     0..M-1 is used exactly once, before any output is written.
+//     0..M-1 is used exactly once, before any output is written;
+//   - the grouped GEMM runs each group as matmul_forward / matmul_backward would. Where those build and cache
+//     a oneDNN primitive per product shape (bf16), the expert group sizes, which change every step, would
+//     otherwise build new primitives on most calls (and keep them all), so the shapes asked for are made
+//     to repeat: out and dinp (rows independent) take a group as a head of a multiple of kGroupRowQuantum
+//     rows and a tail of fewer; dweight (a reduction over the group's rows) takes the group's dout and inp
+//     rows copied into per-thread scratch padded with zero rows to that multiple (one product, one
+//     accumulation; the zero rows add nothing). Both depend on the group size only: the same bits for
+//     every thread count.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -125,30 +133,71 @@ void CpuOps::do_moe_unpermute_backward(TensorView dinp, TensorView dprobs, Tenso
   }
 }
 
+namespace {
+
+// See the header: at most kGroupRowQuantum - 1 tail shapes and one head shape per multiple of it.
+constexpr int64_t kGroupRowQuantum = 16;
+
+// Calls f(first row, rows) for the pieces of the group of m rows starting at row o: the group whole, or
+// (split) its head of a multiple of kGroupRowQuantum rows then the rest; empty pieces are skipped.
+template <class F>
+void for_row_pieces(int64_t o, int64_t m, bool split, F&& f) {
+  const int64_t head = split ? m / kGroupRowQuantum * kGroupRowQuantum : m;
+  if (head > 0) f(o, head);
+  if (m > head) f(o + head, m - head);
+}
+
+}  // namespace
+
 void CpuOps::do_grouped_matmul_forward(TensorView out, TensorView inp, TensorView weight,
                                        const std::vector<int64_t>& group_sizes) const {
   const int64_t N = weight.size(1), K = weight.size(2);
+  const bool split = matmul_caches_shapes(inp.dtype());
   int64_t o = 0;
   for (size_t g = 0; g < group_sizes.size(); ++g) {
-    const int64_t m = group_sizes[g];
-    if (m > 0)
-      do_matmul_forward(out.slice_flat(o * N, {m, N}), inp.slice_flat(o * K, {m, K}),
-                        weight.slice_flat(int64_t(g) * N * K, {N, K}), TensorView());
-    o += m;
+    const TensorView w = weight.slice_flat(int64_t(g) * N * K, {N, K});
+    for_row_pieces(o, group_sizes[g], split, [&](int64_t r, int64_t m) {
+      do_matmul_forward(out.slice_flat(r * N, {m, N}), inp.slice_flat(r * K, {m, K}), w, TensorView());
+    });
+    o += group_sizes[g];
   }
 }
 
 void CpuOps::do_grouped_matmul_backward(TensorView dinp, TensorView dweight, TensorView dout, TensorView inp,
                                         TensorView weight, const std::vector<int64_t>& group_sizes) const {
   const int64_t N = weight.size(1), K = weight.size(2);
+  const DType dt = dout.dtype();
+  const bool split = matmul_caches_shapes(dt);
+  const size_t es = dtype_size(dt);
   int64_t o = 0;
   for (size_t g = 0; g < group_sizes.size(); ++g) {
     const int64_t m = group_sizes[g];
-    if (m > 0)
-      do_matmul_backward(dinp ? dinp.slice_flat(o * K, {m, K}) : TensorView(),
-                         dweight ? dweight.slice_flat(int64_t(g) * N * K, {N, K}) : TensorView(), TensorView(),
-                         dout.slice_flat(o * N, {m, N}), inp.slice_flat(o * K, {m, K}),
-                         weight.slice_flat(int64_t(g) * N * K, {N, K}));
+    const TensorView w = weight.slice_flat(int64_t(g) * N * K, {N, K});
+    const TensorView dw = dweight ? dweight.slice_flat(int64_t(g) * N * K, {N, K}) : TensorView();
+    const int64_t padded = split ? (m + kGroupRowQuantum - 1) / kGroupRowQuantum * kGroupRowQuantum : m;
+    if (!split || padded == m) {  // whole group in place
+      if (m > 0)
+        do_matmul_backward(dinp ? dinp.slice_flat(o * K, {m, K}) : TensorView(), dw, TensorView(),
+                           dout.slice_flat(o * N, {m, N}), inp.slice_flat(o * K, {m, K}), w);
+      o += m;
+      continue;
+    }
+    if (dinp)
+      for_row_pieces(o, m, split, [&](int64_t r, int64_t rows) {
+        do_matmul_backward(dinp.slice_flat(r * K, {rows, K}), TensorView(), TensorView(),
+                           dout.slice_flat(r * N, {rows, N}), inp.slice_flat(r * K, {rows, K}), w);
+      });
+    if (dw) {
+      // The group's rows then zero rows up to `padded`, in 16-bit elements (f32 slots hold two each).
+      char* pd = reinterpret_cast<char*>(thread_scratch(2, size_t(padded * N * int64_t(es) + 3) / 4));
+      char* pi = reinterpret_cast<char*>(thread_scratch(3, size_t(padded * K * int64_t(es) + 3) / 4));
+      std::memcpy(pd, elem_ptr(dout.raw(), dt, o * N), size_t(m * N) * es);
+      std::memset(pd + m * N * int64_t(es), 0, size_t((padded - m) * N) * es);
+      std::memcpy(pi, elem_ptr(inp.raw(), dt, o * K), size_t(m * K) * es);
+      std::memset(pi + m * K * int64_t(es), 0, size_t((padded - m) * K) * es);
+      do_matmul_backward(TensorView(), dw, TensorView(), TensorView(pd, dt, {padded, N}),
+                         TensorView(pi, dt, {padded, K}), w);
+    }
     o += m;
   }
 }
