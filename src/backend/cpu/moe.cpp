@@ -10,12 +10,14 @@
 //     0..M-1 is used exactly once, before any output is written;
 //   - the grouped GEMM runs each group as matmul_forward / matmul_backward would. Where those build and cache
 //     a oneDNN primitive per product shape (bf16), the expert group sizes, which change every step, would
-//     otherwise build new primitives on most calls (and keep them all), so the shapes asked for are made
-//     to repeat: out and dinp (rows independent) take a group as a head of a multiple of kGroupRowQuantum
-//     rows and a tail of fewer; dweight (a reduction over the group's rows) takes the group's dout and inp
-//     rows copied into per-thread scratch padded with zero rows to that multiple (one product, one
-//     accumulation; the zero rows add nothing). Both depend on the group size only: the same bits for
-//     every thread count.
+//     build new primitives on most calls (and keep them all), so every product runs on the group's rows
+//     rounded up to a multiple of kGroupRowQuantum, a few shapes that repeat. The row-independent products
+//     (out, dinp) run in place on the extra rows too when they exist: those rows belong to later groups,
+//     which are computed afterwards and overwrite them; otherwise (the end of the buffer) and for dweight
+//     (a reduction over the rows) the group's rows are copied into per-thread scratch followed by zero
+//     rows. (Cutting a group into a head of whole multiples and a small tail instead costs as much as the
+//     pad: a tail product re-reads and re-packs the whole expert weight for a few rows.) The rounding
+//     depends on the group size only: the same bits for every thread count.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -135,16 +137,40 @@ void CpuOps::do_moe_unpermute_backward(TensorView dinp, TensorView dprobs, Tenso
 
 namespace {
 
-// See the header: at most kGroupRowQuantum - 1 tail shapes and one head shape per multiple of it.
-constexpr int64_t kGroupRowQuantum = 16;
+constexpr int64_t kGroupRowQuantum = 16;  // see the header
 
-// Calls f(first row, rows) for the pieces of the group of m rows starting at row o: the group whole, or
-// (split) its head of a multiple of kGroupRowQuantum rows then the rest; empty pieces are skipped.
+int64_t padded_rows(int64_t m) { return (m + kGroupRowQuantum - 1) / kGroupRowQuantum * kGroupRowQuantum; }
+
+// Per-thread scratch of `bytes` bytes (f32 slot `slot`).
+char* scratch_bytes(int slot, int64_t bytes) {
+  return reinterpret_cast<char*>(thread_scratch(slot, size_t(bytes + 3) / 4));
+}
+
+// rows (p, cols) of `dt` in scratch slot `slot`: rows [o, o + m) of src (·, cols), then zero rows.
+TensorView zero_padded_rows(int slot, TensorView src, int64_t o, int64_t m, int64_t p) {
+  const DType dt = src.dtype();
+  const int64_t cols = src.size(1), row_bytes = cols * int64_t(dtype_size(dt));
+  char* buf = scratch_bytes(slot, p * row_bytes);
+  std::memcpy(buf, elem_ptr(src.raw(), dt, o * cols), size_t(m * row_bytes));
+  std::memset(buf + m * row_bytes, 0, size_t((p - m) * row_bytes));
+  return TensorView(buf, dt, {p, cols});
+}
+
+// A row-independent product f(dst rows, src rows) (dst (M, ·), src (M, ·)) of the group rows [o, o + m),
+// on padded_rows(m) rows when `pad` (see the header), else on the m rows.
 template <class F>
-void for_row_pieces(int64_t o, int64_t m, bool split, F&& f) {
-  const int64_t head = split ? m / kGroupRowQuantum * kGroupRowQuantum : m;
-  if (head > 0) f(o, head);
-  if (m > head) f(o + head, m - head);
+void group_rows_product(TensorView dst, TensorView src, int64_t o, int64_t m, bool pad, F&& f) {
+  if (m == 0) return;
+  const int64_t M = dst.size(0), dc = dst.size(1), sc = src.size(1), p = pad ? padded_rows(m) : m;
+  if (o + p <= M) {
+    f(dst.slice_flat(o * dc, {p, dc}), src.slice_flat(o * sc, {p, sc}));
+    return;
+  }
+  const TensorView s = zero_padded_rows(2, src, o, m, p);
+  const int64_t dst_row_bytes = dc * int64_t(dtype_size(dst.dtype()));
+  char* d = scratch_bytes(3, p * dst_row_bytes);
+  f(TensorView(d, dst.dtype(), {p, dc}), s);
+  std::memcpy(elem_ptr(dst.raw(), dst.dtype(), o * dc), d, size_t(m * dst_row_bytes));
 }
 
 }  // namespace
@@ -152,13 +178,12 @@ void for_row_pieces(int64_t o, int64_t m, bool split, F&& f) {
 void CpuOps::do_grouped_matmul_forward(TensorView out, TensorView inp, TensorView weight,
                                        const std::vector<int64_t>& group_sizes) const {
   const int64_t N = weight.size(1), K = weight.size(2);
-  const bool split = matmul_caches_shapes(inp.dtype());
+  const bool pad = matmul_caches_shapes(inp.dtype());
   int64_t o = 0;
   for (size_t g = 0; g < group_sizes.size(); ++g) {
     const TensorView w = weight.slice_flat(int64_t(g) * N * K, {N, K});
-    for_row_pieces(o, group_sizes[g], split, [&](int64_t r, int64_t m) {
-      do_matmul_forward(out.slice_flat(r * N, {m, N}), inp.slice_flat(r * K, {m, K}), w, TensorView());
-    });
+    group_rows_product(out, inp, o, group_sizes[g], pad,
+                       [&](TensorView y, TensorView x) { do_matmul_forward(y, x, w, TensorView()); });
     o += group_sizes[g];
   }
 }
@@ -166,37 +191,25 @@ void CpuOps::do_grouped_matmul_forward(TensorView out, TensorView inp, TensorVie
 void CpuOps::do_grouped_matmul_backward(TensorView dinp, TensorView dweight, TensorView dout, TensorView inp,
                                         TensorView weight, const std::vector<int64_t>& group_sizes) const {
   const int64_t N = weight.size(1), K = weight.size(2);
-  const DType dt = dout.dtype();
-  const bool split = matmul_caches_shapes(dt);
-  const size_t es = dtype_size(dt);
+  const bool pad = matmul_caches_shapes(dout.dtype());
   int64_t o = 0;
   for (size_t g = 0; g < group_sizes.size(); ++g) {
     const int64_t m = group_sizes[g];
     const TensorView w = weight.slice_flat(int64_t(g) * N * K, {N, K});
     const TensorView dw = dweight ? dweight.slice_flat(int64_t(g) * N * K, {N, K}) : TensorView();
-    const int64_t padded = split ? (m + kGroupRowQuantum - 1) / kGroupRowQuantum * kGroupRowQuantum : m;
-    if (!split || padded == m) {  // whole group in place
-      if (m > 0)
-        do_matmul_backward(dinp ? dinp.slice_flat(o * K, {m, K}) : TensorView(), dw, TensorView(),
-                           dout.slice_flat(o * N, {m, N}), inp.slice_flat(o * K, {m, K}), w);
-      o += m;
-      continue;
-    }
-    if (dinp)
-      for_row_pieces(o, m, split, [&](int64_t r, int64_t rows) {
-        do_matmul_backward(dinp.slice_flat(r * K, {rows, K}), TensorView(), TensorView(),
-                           dout.slice_flat(r * N, {rows, N}), inp.slice_flat(r * K, {rows, K}), w);
-      });
-    if (dw) {
-      // The group's rows then zero rows up to `padded`, in 16-bit elements (f32 slots hold two each).
-      char* pd = reinterpret_cast<char*>(thread_scratch(2, size_t(padded * N * int64_t(es) + 3) / 4));
-      char* pi = reinterpret_cast<char*>(thread_scratch(3, size_t(padded * K * int64_t(es) + 3) / 4));
-      std::memcpy(pd, elem_ptr(dout.raw(), dt, o * N), size_t(m * N) * es);
-      std::memset(pd + m * N * int64_t(es), 0, size_t((padded - m) * N) * es);
-      std::memcpy(pi, elem_ptr(inp.raw(), dt, o * K), size_t(m * K) * es);
-      std::memset(pi + m * K * int64_t(es), 0, size_t((padded - m) * K) * es);
-      do_matmul_backward(TensorView(), dw, TensorView(), TensorView(pd, dt, {padded, N}),
-                         TensorView(pi, dt, {padded, K}), w);
+    if (m > 0 && (!pad || padded_rows(m) == m)) {  // one product for both, in place
+      do_matmul_backward(dinp ? dinp.slice_flat(o * K, {m, K}) : TensorView(), dw, TensorView(),
+                         dout.slice_flat(o * N, {m, N}), inp.slice_flat(o * K, {m, K}), w);
+    } else if (m > 0) {
+      if (dinp)
+        group_rows_product(dinp, dout, o, m, pad, [&](TensorView dx, TensorView dy) {
+          do_matmul_backward(dx, TensorView(), TensorView(), dy, TensorView(), w);
+        });
+      if (dw) {
+        const int64_t p = padded_rows(m);
+        do_matmul_backward(TensorView(), dw, TensorView(), zero_padded_rows(2, dout, o, m, p),
+                           zero_padded_rows(3, inp, o, m, p), w);
+      }
     }
     o += m;
   }

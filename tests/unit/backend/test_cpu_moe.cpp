@@ -2,7 +2,7 @@
 // backwards as the adjoints (<permute(x), g> = <x, permute_backward(g)>; unpermute's dprobs by central
 // differences), bf16 rows against the f32 op on the widened inputs, row_id_map validation, and the grouped
 // GEMM against one matmul per group (an empty group, accumulating dweight) and, in bf16, against f64 with
-// groups cut and padded to multiples of 16 rows. Odd sizes: N = 1, 5, 217.
+// groups padded to multiples of 16 rows. Odd sizes: N = 1, 5, 217.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -142,11 +142,12 @@ TEST(CpuMoe, GroupedMatmulIsOneMatmulPerGroup) {
   EXPECT_THROW(ops.grouped_matmul_forward(out, inp, w, {221, 0, 0}), Error);     // one size per group
 }
 
-// bf16 runs on cached per-shape oneDNN primitives, so the op cuts groups into a head of a multiple of 16 rows
-// and a tail (out, dinp) and zero-pads a group's rows for dweight: groups of 1, 3, 16, 33, 37 rows and an
-// empty one, against an f64 reference on the same bf16 values (f32 outputs: only f32 accumulation error),
-// and the same bits with 1 and 2 threads.
-TEST(CpuMoe, GroupedMatmulBf16CutsAndPadsGroups) {
+// bf16 runs on cached per-shape oneDNN primitives, so the op rounds every group's rows up to a multiple of 16:
+// in place over the next groups' rows (out, dinp), through zero-padded scratch at the end of the buffer
+// (the last group, 33 rows) and for dweight. Groups of 1, 3, 16, 33, 37 rows and an empty one, against an
+// f64 reference on the same bf16 values (f32 outputs: only f32 accumulation error), and the same bits with
+// 1 and 2 threads.
+TEST(CpuMoe, GroupedMatmulBf16PadsGroups) {
   const OpTable& ops = test::ops();
   const std::vector<int64_t> sizes = {3, 0, 37, 16, 1, 33};
   const int64_t M = 90, K = 40, N = 24, G = 6;
