@@ -16,9 +16,16 @@
 # iteration; ms = median of the timed ones. MOE_BENCH_REPEATS (1) > 1 runs every pair that many times,
 # alternating Loom and PyTorch, and reports the median of the per-run medians with their range.
 #
+# PyTorch runs at its best: its fp32 matmuls on the fastest OPENBLAS_CORETYPE (bench/torch_coretype.sh's
+# probe) and with OMP_WAIT_POLICY=passive. Debian's torch runs its own ops on OpenMP threads and its fp32
+# matmuls on OpenBLAS's pthreads; with the default (active) policy the OpenMP workers keep spinning on the
+# cores OpenBLAS's threads need after every parallel region, and the fp32 MoE block takes ~2.5x as long
+# (mixtral-512: ~1,300 ms against ~520 ms; bf16, on oneDNN's OpenMP, is unaffected). Loom keeps the default.
+#
 # Environment: LOOM_MOE_BIN [build/bench/loom_bench_moe] PYTHON [/usr/bin/python3] BENCH_THREADS [2]
 #   MOE_BENCH_SHAPES MOE_BENCH_PRECISIONS MOE_BENCH_WARMUP MOE_BENCH_STEPS MOE_BENCH_REPEATS
 #   MOE_BENCH_OUT [out/moe_bench_latest.md] BENCH_TORCH_CORETYPE [auto] (see bench/torch_coretype.sh)
+#   BENCH_TORCH_OMP_WAIT_POLICY [passive] (PyTorch's OMP_WAIT_POLICY; "unset" leaves the environment's)
 # Exit status 0 when every run finished (whether the targets PASS or FAIL), 1 otherwise.
 set -euo pipefail
 
@@ -107,6 +114,8 @@ PY
 # PyTorch's fp32 matmuls use OpenBLAS: run them on the fastest kernel set, or $BENCH_TORCH_CORETYPE.
 source "$ROOT/bench/torch_coretype.sh"
 pick_torch_coretype moe-bench
+TORCH_WAIT="${BENCH_TORCH_OMP_WAIT_POLICY:-passive}"
+[[ "$TORCH_WAIT" == unset ]] || TORCH_ENV+=("OMP_WAIT_POLICY=$TORCH_WAIT")
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/moe_bench.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
@@ -155,7 +164,7 @@ done
 cpu="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
 header="One MoE layer forward + backward on CPU, fresh random tokens each iteration, $THREADS threads each, $WARMUP warm-up + $STEPS timed iterations x $REPEATS run(s), $(date -u '+%Y-%m-%d %H:%M UTC'); load average before the report: $(cut -d' ' -f1-3 /proc/loadavg)
 CPU: ${cpu:-unknown} ($(nproc) cores visible); GFLOP/s = 3 x forward matmul FLOPs (router + both expert GEMMs) / ms
-PyTorch $("$PYTHON" -c 'import torch; print(torch.__version__)') (fp32 matmuls on OpenBLAS, OPENBLAS_CORETYPE=$BENCH_TORCH_CORETYPE; bf16 = torch.autocast cpu/bfloat16 via oneDNN); Loom $LOOM_MOE_BIN
+PyTorch $("$PYTHON" -c 'import torch; print(torch.__version__)') (fp32 matmuls on OpenBLAS, OPENBLAS_CORETYPE=$BENCH_TORCH_CORETYPE, OMP_WAIT_POLICY=$TORCH_WAIT; bf16 = torch.autocast cpu/bfloat16 via oneDNN); Loom $LOOM_MOE_BIN (OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-unset})
 mixtral-N: N tokens, C 1024, SwiGLU F 3584, E 8, top-2; fine-2048: 2048 tokens, C 1024, SwiGLU F 512, E 64, top-8"
 mkdir -p "$(dirname "$MD_OUT")"
 "$PYTHON" -c "$REPORT" "$RESULTS" "$MD_OUT" "$header"
