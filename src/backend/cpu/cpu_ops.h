@@ -97,4 +97,16 @@ class CpuOps final : public OpTable {
   void do_transpose(TensorView out, TensorView inp) const override;
 };
 
+// True when matmuls in compute dtype dt run on a oneDNN primitive that matmul.cpp builds and caches per
+// product shape (bf16 on CPUs with oneDNN's bf16 kernels); f32 (sgemm) and f16 (widened) keep no per-shape
+// state. The grouped GEMM uses it to keep the shapes it asks for few (moe.cpp).
+bool matmul_caches_shapes(DType dt);
+
+// C (M, N) = op(A) · op(B) (+ C when accumulate), f32, row-major with leading dimensions, op = transpose
+// when trans_*: one oneDNN sgemm on the calling thread (serial inside or outside a parallel region), for
+// callers that run independent products in parallel themselves (the grouped GEMM). Its bits depend only
+// on the arguments.
+void sgemm_serial(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+                  const float* B, int64_t ldb, bool accumulate, float* C, int64_t ldc);
+
 }  // namespace loom::cpu

@@ -260,6 +260,21 @@ void gemm_widened(const GemmKey& k, const void* a, const void* b, void* c, const
 
 }  // namespace
 
+bool matmul_caches_shapes(DType dt) { return primitive_takes(dt); }
+
+void sgemm_serial(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+                  const float* B, int64_t ldb, bool accumulate, float* C, int64_t ldc) {
+  // Inside an active parallel region oneDNN runs serially; outside one it would thread the product itself.
+  const bool outside = !omp_in_parallel();
+  const int threads = omp_get_max_threads();
+  if (outside) omp_set_num_threads(1);
+  const dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, 1.0f, A, lda, B, ldb,
+                                      accumulate ? 1.0f : 0.0f, C, ldc);
+  if (outside) omp_set_num_threads(threads);
+  LOOM_CHECK(st == dnnl_success, "[matmul] dnnl_sgemm failed with status ", int(st), " for M=", M, " N=", N,
+             " K=", K);
+}
+
 void CpuOps::do_matmul_forward(TensorView out, TensorView inp, TensorView weight, TensorView bias) const {
   const int64_t N = weight.size(0), K = weight.size(1), M = inp.shape().rows();
   const DType cd = inp.dtype();

@@ -7,7 +7,22 @@
 //   - 16-bit rows are widened into per-thread f32 scratch, combined in f32 and narrowed once (RNE); the
 //     dprobs dot products accumulate in f64;
 //   - row_id_map's values are checked here (they are in host memory): each is -1 or in [0, M) and every row
-//     0..M-1 is used exactly once, before any output is written.
+//     0..M-1 is used exactly once, before any output is written;
+//   - the grouped GEMM runs each group as matmul_forward / matmul_backward would. Where those build and cache
+//     a oneDNN primitive per product shape (bf16), the expert group sizes, which change every step, would
+//     build new primitives on most calls (and keep them all), so every product runs on the group's rows
+//     rounded up to a multiple of kGroupRowQuantum, a few shapes that repeat. The row-independent products
+//     (out, dinp) run in place on the extra rows too when they exist: those rows belong to later groups,
+//     which are computed afterwards and overwrite them; otherwise (the end of the buffer) and for dweight
+//     (a reduction over the rows) the group's rows are copied into per-thread scratch followed by zero
+//     rows. (Cutting a group into a head of whole multiples and a small tail instead costs as much as the
+//     pad: a tail product re-reads and re-packs the whole expert weight for a few rows.) The rounding
+//     depends on the group size only: the same bits for every thread count;
+//   - f32 grouped GEMMs run every group's product as pieces of at least kF32PieceMin output rows or columns
+//     (cut along the larger output dimension, fixed by the shape), all groups' pieces in one parallel
+//     region, each one serial sgemm over the whole reduction: no barrier per group, and wide pieces
+//     (matmul_forward's split cuts a 1024-wide output into 16 pieces, each re-packing the whole other
+//     operand: ~20% slower on the experts' 256-row products). The bits depend on the shapes only.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -60,6 +75,13 @@ void CpuOps::do_moe_permute_forward(TensorView out, TensorView inp, TensorView r
 
 namespace {
 
+// Row `row` (C elements) of `base` as f32: the row itself when dt is f32, else widened into scratch.
+const float* f32_row(const void* base, DType dt, int64_t row, int64_t C, float* scratch) {
+  if (dt == DType::kF32) return static_cast<const float*>(base) + row * C;
+  widen(scratch, elem_ptr(base, dt, row * C), dt, C);
+  return scratch;
+}
+
 // out (N, C) row n = Σ over its experts e (row_id_map[n, e] = r >= 0) of w · inp row r, w = probs[n, e] or 1
 // (probs null): the permutation's adjoint and the weighted combine share it. f32 accumulation per row.
 void combine_rows(const char* op, TensorView out, TensorView inp, const float* probs, TensorView row_id_map) {
@@ -69,17 +91,18 @@ void combine_rows(const char* op, TensorView out, TensorView inp, const float* p
   const DType dt = out.dtype();
 #pragma omp parallel for schedule(static) if (N >= kParallelMinRows)
   for (int64_t n = 0; n < N; ++n) {
-    float* acc = thread_scratch(0, size_t(C));
-    float* row = thread_scratch(1, size_t(C));
+    // f32: accumulate in the output row itself (out and inp never overlap).
+    float* acc = dt == DType::kF32 ? out.data<float>() + n * C : thread_scratch(0, size_t(C));
+    float* scratch = thread_scratch(1, size_t(C));
     std::fill(acc, acc + C, 0.0f);
     for (int64_t e = 0; e < E; ++e) {
       const int32_t r = map[n * E + e];
       if (r < 0) continue;
       const float w = probs ? probs[n * E + e] : 1.0f;
-      widen(row, elem_ptr(inp.raw(), dt, int64_t(r) * C), dt, C);
+      const float* row = f32_row(inp.raw(), dt, r, C, scratch);
       for (int64_t c = 0; c < C; ++c) acc[c] += w * row[c];
     }
-    narrow(elem_ptr(out.raw(), dt, n * C), dt, acc, C);
+    if (dt != DType::kF32) narrow(elem_ptr(out.raw(), dt, n * C), dt, acc, C);
   }
 }
 
@@ -103,9 +126,8 @@ void CpuOps::do_moe_unpermute_backward(TensorView dinp, TensorView dprobs, Tenso
   const DType dt = dout.dtype();
 #pragma omp parallel for schedule(static) if (N >= kParallelMinRows)
   for (int64_t n = 0; n < N; ++n) {
-    float* dy = thread_scratch(0, size_t(C));
-    float* row = thread_scratch(1, size_t(C));
-    widen(dy, elem_ptr(dout.raw(), dt, n * C), dt, C);
+    float* scratch = thread_scratch(1, size_t(C));
+    const float* dy = f32_row(dout.raw(), dt, n, C, thread_scratch(0, size_t(C)));
     for (int64_t e = 0; e < E; ++e) {
       const int32_t r = map[n * E + e];
       if (r < 0) {
@@ -113,42 +135,187 @@ void CpuOps::do_moe_unpermute_backward(TensorView dinp, TensorView dprobs, Tenso
         continue;
       }
       if (dp) {
-        widen(row, elem_ptr(inp.raw(), dt, int64_t(r) * C), dt, C);
+        // A SIMD reduction: f64 lanes summed in an order fixed at compile time (a serial f64 sum cannot be
+        // vectorised and took ~20 ms of the 2048-token top-8 layer).
+        const float* row = f32_row(inp.raw(), dt, r, C, scratch);
         double dot = 0;
+#pragma omp simd reduction(+ : dot)
         for (int64_t c = 0; c < C; ++c) dot += double(dy[c]) * double(row[c]);
         dp[n * E + e] = float(dot);
       }
       const float w = p[n * E + e];
-      for (int64_t c = 0; c < C; ++c) row[c] = w * dy[c];
-      narrow(elem_ptr(dinp.raw(), dt, int64_t(r) * C), dt, row, C);
+      float* out_row = dt == DType::kF32 ? dinp.data<float>() + int64_t(r) * C : scratch;
+      for (int64_t c = 0; c < C; ++c) out_row[c] = w * dy[c];
+      if (dt != DType::kF32) narrow(elem_ptr(dinp.raw(), dt, int64_t(r) * C), dt, scratch, C);
     }
   }
 }
 
+namespace {
+
+constexpr int64_t kGroupRowQuantum = 16;  // see the header
+
+int64_t padded_rows(int64_t m) { return (m + kGroupRowQuantum - 1) / kGroupRowQuantum * kGroupRowQuantum; }
+
+// Per-thread scratch of `bytes` bytes (f32 slot `slot`).
+char* scratch_bytes(int slot, int64_t bytes) {
+  return reinterpret_cast<char*>(thread_scratch(slot, size_t(bytes + 3) / 4));
+}
+
+// rows (p, cols) of `dt` in scratch slot `slot`: rows [o, o + m) of src (·, cols), then zero rows.
+TensorView zero_padded_rows(int slot, TensorView src, int64_t o, int64_t m, int64_t p) {
+  const DType dt = src.dtype();
+  const int64_t cols = src.size(1), row_bytes = cols * int64_t(dtype_size(dt));
+  char* buf = scratch_bytes(slot, p * row_bytes);
+  std::memcpy(buf, elem_ptr(src.raw(), dt, o * cols), size_t(m * row_bytes));
+  std::memset(buf + m * row_bytes, 0, size_t((p - m) * row_bytes));
+  return TensorView(buf, dt, {p, cols});
+}
+
+// A row-independent product f(dst rows, src rows) (dst (M, ·), src (M, ·)) of the group rows [o, o + m),
+// on padded_rows(m) rows when `pad` (see the header), else on the m rows.
+template <class F>
+void group_rows_product(TensorView dst, TensorView src, int64_t o, int64_t m, bool pad, F&& f) {
+  if (m == 0) return;
+  const int64_t M = dst.size(0), dc = dst.size(1), sc = src.size(1), p = pad ? padded_rows(m) : m;
+  if (o + p <= M) {
+    f(dst.slice_flat(o * dc, {p, dc}), src.slice_flat(o * sc, {p, sc}));
+    return;
+  }
+  const TensorView s = zero_padded_rows(2, src, o, m, p);
+  const int64_t dst_row_bytes = dc * int64_t(dtype_size(dst.dtype()));
+  char* d = scratch_bytes(3, p * dst_row_bytes);
+  f(TensorView(d, dst.dtype(), {p, dc}), s);
+  std::memcpy(elem_ptr(dst.raw(), dst.dtype(), o * dc), d, size_t(m * dst_row_bytes));
+}
+
+// ---- f32: (group, piece) tasks of serial sgemms ----
+
+constexpr int64_t kF32PieceMin = 512;  // see the header
+
+// C (M, N) [+]= op(A) · op(B) as sgemm_serial takes it.
+struct SgemmTask {
+  bool ta, tb, acc;
+  int64_t M, N, K;
+  const float* A;
+  int64_t lda;
+  const float* B;
+  int64_t ldb;
+  float* C;
+  int64_t ldc;
+};
+
+// Appends the pieces of one product: its output cut along the larger dimension into pieces of at least
+// kF32PieceMin (one piece when that dimension is smaller than twice that).
+void add_pieces(std::vector<SgemmTask>& tasks, const SgemmTask& t) {
+  if (t.M == 0 || t.N == 0) return;
+  const bool by_m = t.M >= t.N;
+  const int64_t D = by_m ? t.M : t.N;
+  const int64_t P = std::max<int64_t>(1, D / kF32PieceMin), step = (D + P - 1) / P;
+  for (int64_t d0 = 0; d0 < D; d0 += step) {
+    SgemmTask p = t;
+    const int64_t db = std::min(step, D - d0);
+    if (by_m) {
+      p.M = db;
+      p.A = t.ta ? t.A + d0 : t.A + d0 * t.lda;
+      p.C = t.C + d0 * t.ldc;
+    } else {
+      p.N = db;
+      p.B = t.tb ? t.B + d0 * t.ldb : t.B + d0;
+      p.C = t.C + d0;
+    }
+    tasks.push_back(p);
+  }
+}
+
+// Runs the tasks in parallel, largest first (any order gives the same bits).
+void run_tasks(std::vector<SgemmTask>& tasks) {
+  std::stable_sort(tasks.begin(), tasks.end(), [](const SgemmTask& a, const SgemmTask& b) {
+    return a.M * a.N * a.K > b.M * b.N * b.K;
+  });
+  const int64_t n = int64_t(tasks.size());
+#pragma omp parallel for schedule(dynamic, 1) if (n > 1)
+  for (int64_t i = 0; i < n; ++i) {
+    const SgemmTask& t = tasks[size_t(i)];
+    sgemm_serial(t.ta, t.tb, t.M, t.N, t.K, t.A, t.lda, t.B, t.ldb, t.acc, t.C, t.ldc);
+  }
+}
+
+bool all_f32(std::initializer_list<TensorView> ts) {
+  for (const TensorView& t : ts)
+    if (t && t.dtype() != DType::kF32) return false;
+  return true;
+}
+
+}  // namespace
+
 void CpuOps::do_grouped_matmul_forward(TensorView out, TensorView inp, TensorView weight,
                                        const std::vector<int64_t>& group_sizes) const {
   const int64_t N = weight.size(1), K = weight.size(2);
+  if (all_f32({out, inp, weight}) && N > 0 && K > 0) {
+    std::vector<SgemmTask> tasks;
+    const float *x = inp.data<float>(), *w = weight.data<float>();
+    float* y = out.data<float>();
+    int64_t o = 0;
+    for (size_t g = 0; g < group_sizes.size(); ++g) {  // out_g (m, N) = inp_g (m, K) · W_g^T
+      add_pieces(tasks, {false, true, false, group_sizes[g], N, K, x + o * K, K, w + int64_t(g) * N * K, K,
+                         y + o * N, N});
+      o += group_sizes[g];
+    }
+    run_tasks(tasks);
+    return;
+  }
+  const bool pad = matmul_caches_shapes(inp.dtype());
   int64_t o = 0;
   for (size_t g = 0; g < group_sizes.size(); ++g) {
-    const int64_t m = group_sizes[g];
-    if (m > 0)
-      do_matmul_forward(out.slice_flat(o * N, {m, N}), inp.slice_flat(o * K, {m, K}),
-                        weight.slice_flat(int64_t(g) * N * K, {N, K}), TensorView());
-    o += m;
+    const TensorView w = weight.slice_flat(int64_t(g) * N * K, {N, K});
+    group_rows_product(out, inp, o, group_sizes[g], pad,
+                       [&](TensorView y, TensorView x) { do_matmul_forward(y, x, w, TensorView()); });
+    o += group_sizes[g];
   }
 }
 
 void CpuOps::do_grouped_matmul_backward(TensorView dinp, TensorView dweight, TensorView dout, TensorView inp,
                                         TensorView weight, const std::vector<int64_t>& group_sizes) const {
   const int64_t N = weight.size(1), K = weight.size(2);
+  if (all_f32({dinp, dweight, dout, inp, weight}) && N > 0 && K > 0) {
+    std::vector<SgemmTask> tasks;
+    const float *dy = dout.data<float>(), *x = inp.data<float>(), *w = weight.data<float>();
+    float* dx = dinp ? dinp.data<float>() : nullptr;
+    float* dw = dweight ? dweight.data<float>() : nullptr;
+    int64_t o = 0;
+    for (size_t g = 0; g < group_sizes.size(); ++g) {
+      const int64_t m = group_sizes[g];
+      const float* wg = w + int64_t(g) * N * K;
+      if (dx)  // dinp_g (m, K) = dout_g (m, N) · W_g
+        add_pieces(tasks, {false, false, false, m, K, N, dy + o * N, N, wg, K, dx + o * K, K});
+      if (dw && m > 0)  // dW_g (N, K) += dout_g^T (N, m) · inp_g (m, K)
+        add_pieces(tasks, {true, false, true, N, K, m, dy + o * N, N, x + o * K, K, dw + int64_t(g) * N * K, K});
+      o += m;
+    }
+    run_tasks(tasks);
+    return;
+  }
+  const bool pad = matmul_caches_shapes(dout.dtype());
   int64_t o = 0;
   for (size_t g = 0; g < group_sizes.size(); ++g) {
     const int64_t m = group_sizes[g];
-    if (m > 0)
-      do_matmul_backward(dinp ? dinp.slice_flat(o * K, {m, K}) : TensorView(),
-                         dweight ? dweight.slice_flat(int64_t(g) * N * K, {N, K}) : TensorView(), TensorView(),
-                         dout.slice_flat(o * N, {m, N}), inp.slice_flat(o * K, {m, K}),
-                         weight.slice_flat(int64_t(g) * N * K, {N, K}));
+    const TensorView w = weight.slice_flat(int64_t(g) * N * K, {N, K});
+    const TensorView dw = dweight ? dweight.slice_flat(int64_t(g) * N * K, {N, K}) : TensorView();
+    if (m > 0 && (!pad || padded_rows(m) == m)) {  // one product for both, in place
+      do_matmul_backward(dinp ? dinp.slice_flat(o * K, {m, K}) : TensorView(), dw, TensorView(),
+                         dout.slice_flat(o * N, {m, N}), inp.slice_flat(o * K, {m, K}), w);
+    } else if (m > 0) {
+      if (dinp)
+        group_rows_product(dinp, dout, o, m, pad, [&](TensorView dx, TensorView dy) {
+          do_matmul_backward(dx, TensorView(), TensorView(), dy, TensorView(), w);
+        });
+      if (dw) {
+        const int64_t p = padded_rows(m);
+        do_matmul_backward(TensorView(), dw, TensorView(), zero_padded_rows(2, dout, o, m, p),
+                           zero_padded_rows(3, inp, o, m, p), w);
+      }
+    }
     o += m;
   }
 }

@@ -1,7 +1,8 @@
 // CPU MoE ops (src/backend/cpu/moe.cpp): token permutation / unpermutation against a naive f64 loop, their
 // backwards as the adjoints (<permute(x), g> = <x, permute_backward(g)>; unpermute's dprobs by central
 // differences), bf16 rows against the f32 op on the widened inputs, row_id_map validation, and the grouped
-// GEMM against one matmul per group (an empty group, accumulating dweight). Odd sizes: N = 1, 5, 217.
+// GEMM against one matmul per group (an empty group, accumulating dweight), against f64 in f32 with groups
+// cut into pieces and in bf16 with groups padded to multiples of 16 rows. Odd sizes: N = 1, 5, 217.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -139,6 +140,88 @@ TEST(CpuMoe, GroupedMatmulIsOneMatmulPerGroup) {
   }
   EXPECT_THROW(ops.grouped_matmul_forward(out, inp, w, {3, 0, 216, 1}), Error);  // sizes do not sum to M
   EXPECT_THROW(ops.grouped_matmul_forward(out, inp, w, {221, 0, 0}), Error);     // one size per group
+}
+
+// f32 runs every group's product as pieces of >= 512 output rows or columns, all groups' pieces in one
+// parallel region: groups of 600 and 1100 rows (cut along N = 1030 and along M), a small and an empty one,
+// against f64 (dweight accumulating), and the same bits with 1 and 2 threads.
+TEST(CpuMoe, GroupedMatmulF32PiecesMatchF64AndThreadCounts) {
+  const OpTable& ops = test::ops();
+  const std::vector<int64_t> sizes = {600, 0, 1100, 37};
+  const int64_t M = 1737, K = 64, N = 1030, G = 4;
+  const Tensor inp = test::uniform_tensor({M, K}, 1), w = test::uniform_tensor({G, N, K}, 2);
+  const Tensor dout = test::uniform_tensor({M, N}, 3), dw0 = test::uniform_tensor({G, N, K}, 4);
+  auto run = [&](Tensor& out, Tensor& dinp, Tensor& dw) {
+    out = Tensor::empty({M, N}, DType::kF32);
+    dinp = Tensor::empty({M, K}, DType::kF32);
+    dw = test::clone(dw0);
+    ops.grouped_matmul_forward(out, inp, w, sizes);
+    ops.grouped_matmul_backward(dinp, dw, dout, inp, w, sizes);
+  };
+  Tensor out, dinp, dw, out1, dinp1, dw1;
+  test::with_threads(2, [&] { run(out, dinp, dw); });
+  test::with_threads(1, [&] { run(out1, dinp1, dw1); });
+  EXPECT_TRUE(test::same_bits(out, out1) && test::same_bits(dinp, dinp1) && test::same_bits(dw, dw1));
+  std::vector<double> ref_out(size_t(M * N)), ref_dinp(size_t(M * K)), ref_dw = test::to_f64(dw0);
+  const float *x = inp.data<float>(), *wt = w.data<float>(), *dy = dout.data<float>();
+  int64_t o = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    const float* wg = wt + g * N * K;
+    for (int64_t r = o; r < o + sizes[size_t(g)]; ++r)
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t k = 0; k < K; ++k) {
+          ref_out[size_t(r * N + n)] += double(x[r * K + k]) * wg[n * K + k];
+          ref_dinp[size_t(r * K + k)] += double(dy[r * N + n]) * wg[n * K + k];
+          ref_dw[size_t(g * N * K + n * K + k)] += double(dy[r * N + n]) * x[r * K + k];
+        }
+    o += sizes[size_t(g)];
+  }
+  test::expect_close(out, ref_out, 1e-4, 1e-5, "grouped f32 forward");
+  test::expect_close(dinp, ref_dinp, 1e-4, 1e-5, "grouped f32 dinp");
+  test::expect_close(dw, ref_dw, 1e-3, 1e-5, "grouped f32 dweight (accumulate)");
+}
+
+// bf16 runs on cached per-shape oneDNN primitives, so the op rounds every group's rows up to a multiple of 16:
+// in place over the next groups' rows (out, dinp), through zero-padded scratch at the end of the buffer
+// (the last group, 33 rows) and for dweight. Groups of 1, 3, 16, 33, 37 rows and an empty one, against an
+// f64 reference on the same bf16 values (f32 outputs: only f32 accumulation error), and the same bits with
+// 1 and 2 threads.
+TEST(CpuMoe, GroupedMatmulBf16PadsGroups) {
+  const OpTable& ops = test::ops();
+  const std::vector<int64_t> sizes = {3, 0, 37, 16, 1, 33};
+  const int64_t M = 90, K = 40, N = 24, G = 6;
+  const Tensor inp = test::lowp_uniform({M, K}, DType::kBF16, 1), w = test::lowp_uniform({G, N, K}, DType::kBF16, 2);
+  const Tensor dout = test::lowp_uniform({M, N}, DType::kBF16, 3), dw0 = test::uniform_tensor({G, N, K}, 4);
+  const Tensor inp32 = test::widened(inp), w32 = test::widened(w), dout32 = test::widened(dout);
+  auto run = [&](Tensor& out, Tensor& dinp, Tensor& dw) {
+    out = Tensor::empty({M, N}, DType::kF32);
+    dinp = Tensor::empty({M, K}, DType::kF32);
+    dw = test::clone(dw0);
+    ops.grouped_matmul_forward(out, inp, w, sizes);
+    ops.grouped_matmul_backward(dinp, dw, dout, inp, w, sizes);
+  };
+  Tensor out, dinp, dw, out1, dinp1, dw1;
+  test::with_threads(2, [&] { run(out, dinp, dw); });
+  test::with_threads(1, [&] { run(out1, dinp1, dw1); });
+  EXPECT_TRUE(test::same_bits(out, out1) && test::same_bits(dinp, dinp1) && test::same_bits(dw, dw1));
+  std::vector<double> ref_out(size_t(M * N)), ref_dinp(size_t(M * K)), ref_dw = test::to_f64(dw0);
+  const float *x = inp32.data<float>(), *wt = w32.data<float>(), *dy = dout32.data<float>();
+  int64_t o = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    const float* wg = wt + g * N * K;
+    for (int64_t r = o; r < o + sizes[size_t(g)]; ++r) {
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t k = 0; k < K; ++k) {
+          ref_out[size_t(r * N + n)] += double(x[r * K + k]) * wg[n * K + k];
+          ref_dinp[size_t(r * K + k)] += double(dy[r * N + n]) * wg[n * K + k];
+          ref_dw[size_t(g * N * K + n * K + k)] += double(dy[r * N + n]) * x[r * K + k];
+        }
+    }
+    o += sizes[size_t(g)];
+  }
+  test::expect_close(out, ref_out, 1e-5, 1e-5, "grouped bf16 forward");
+  test::expect_close(dinp, ref_dinp, 1e-5, 1e-5, "grouped bf16 dinp");
+  test::expect_close(dw, ref_dw, 1e-5, 1e-5, "grouped bf16 dweight (accumulate)");
 }
 
 }  // namespace
