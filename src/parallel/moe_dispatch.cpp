@@ -133,7 +133,7 @@ Tensor as_tensor(const DeviceContext& ctx, TensorView x) {  // an owning copy (t
 
 }  // namespace
 
-Tensor TokenDispatcher::dispatch(const DeviceContext& ctx, Saved& s, TensorView xp, const std::vector<int64_t>& counts,
+Tensor TokenDispatcher::dispatch(const DeviceContext& ctx, Saved& s, const Tensor& xp, const std::vector<int64_t>& counts,
                                  const std::function<void()>& overlap) const {
   LOOM_CHECK(int64_t(counts.size()) == E_, "[TokenDispatcher] expected ", E_, " expert counts, got ", counts.size());
   const int64_t Ml = xp.shape()[0], C = row_width(xp);
@@ -147,7 +147,7 @@ Tensor TokenDispatcher::dispatch(const DeviceContext& ctx, Saved& s, TensorView 
     if (overlap) overlap();
     s.group_sizes = counts;
     s.rows_out = Ml;
-    return as_tensor(ctx, xp);
+    return xp;
   }
   if (ep_.kind == MoeDispatcher::kAllGather) {
     const Communicator& g = *ep_.etp_ep;
@@ -226,13 +226,12 @@ Tensor TokenDispatcher::dispatch(const DeviceContext& ctx, Saved& s, TensorView 
 
 // combine and dispatch's backward are the same map (rows of the local experts back to the ranks and rows
 // they came from, ETP partial sums added): one implementation.
-Tensor TokenDispatcher::to_sources(const DeviceContext& ctx, const Saved& s, TensorView x) const {
+Tensor TokenDispatcher::to_sources(const DeviceContext& ctx, const Saved& s, const Tensor& x) const {
   const int EP = ep_.ep_size(), ETP = ep_.etp_size();
   const bool split_etp = ETP > 1 && !ep_.etp_replicated;
   if (EP == 1 && !split_etp) {
-    Tensor y = as_tensor(ctx, x);
-    if (ETP > 1) ep_.etp->all_reduce(y);  // replicated tokens: sum the experts' partial results
-    return y;
+    if (ETP > 1) ep_.etp->all_reduce(x);  // replicated tokens: sum the experts' partial results, in place
+    return x;
   }
   Tensor Y = s.sorted ? unsort(ctx, s, x) : as_tensor(ctx, x);
   if (ep_.kind == MoeDispatcher::kAllGather) return scatter(ctx, *ep_.etp_ep, Y, s.rows_in, s.gather_pad);
@@ -243,14 +242,14 @@ Tensor TokenDispatcher::to_sources(const DeviceContext& ctx, const Saved& s, Ten
   return out;
 }
 
-Tensor TokenDispatcher::combine(const DeviceContext& ctx, const Saved& s, TensorView ye) const {
+Tensor TokenDispatcher::combine(const DeviceContext& ctx, const Saved& s, const Tensor& ye) const {
   return to_sources(ctx, s, ye);
 }
 
-Tensor TokenDispatcher::combine_backward(const DeviceContext& ctx, const Saved& s, TensorView dy) const {
+Tensor TokenDispatcher::combine_backward(const DeviceContext& ctx, const Saved& s, const Tensor& dy) const {
   const int EP = ep_.ep_size(), ETP = ep_.etp_size();
   const bool split_etp = ETP > 1 && !ep_.etp_replicated;
-  if (EP == 1 && !split_etp) return as_tensor(ctx, dy);
+  if (EP == 1 && !split_etp) return dy;
   const int64_t C = row_width(dy);
   Tensor G;
   if (ep_.kind == MoeDispatcher::kAllGather) {
@@ -268,7 +267,7 @@ Tensor TokenDispatcher::combine_backward(const DeviceContext& ctx, const Saved& 
   return s.sorted ? sort(ctx, s, G) : G;
 }
 
-Tensor TokenDispatcher::dispatch_backward(const DeviceContext& ctx, const Saved& s, TensorView dxe) const {
+Tensor TokenDispatcher::dispatch_backward(const DeviceContext& ctx, const Saved& s, const Tensor& dxe) const {
   return to_sources(ctx, s, dxe);
 }
 

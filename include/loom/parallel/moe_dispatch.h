@@ -62,13 +62,14 @@ class TokenDispatcher {
 
   // xp (M_l, C): this rank's rows, expert-major over all experts, counts (E) rows per expert. Returns the
   // local experts' rows (rows_out, C). overlap (may be empty) runs while the first exchange is in flight.
-  Tensor dispatch(const DeviceContext& ctx, Saved& s, TensorView xp, const std::vector<int64_t>& counts,
+  // With EP = 1 and no split ETP group the results are the inputs themselves (shared storage, no copy).
+  Tensor dispatch(const DeviceContext& ctx, Saved& s, const Tensor& xp, const std::vector<int64_t>& counts,
                   const std::function<void()>& overlap = {}) const;
   // ye (rows_out, C): the local experts' outputs -> (M_l, C) this rank's rows' outputs (ETP partials summed).
-  Tensor combine(const DeviceContext& ctx, const Saved& s, TensorView ye) const;
+  Tensor combine(const DeviceContext& ctx, const Saved& s, const Tensor& ye) const;
   // The adjoints: d(ye) from d(combine's output), d(xp) from d(dispatch's output).
-  Tensor combine_backward(const DeviceContext& ctx, const Saved& s, TensorView dy) const;
-  Tensor dispatch_backward(const DeviceContext& ctx, const Saved& s, TensorView dxe) const;
+  Tensor combine_backward(const DeviceContext& ctx, const Saved& s, const Tensor& dy) const;
+  Tensor dispatch_backward(const DeviceContext& ctx, const Saved& s, const Tensor& dxe) const;
 
  private:
   // Padded all-gather over g of `rows` rows of x -> (g.size() · pad, C).
@@ -77,7 +78,7 @@ class TokenDispatcher {
   Tensor scatter(const DeviceContext& ctx, const Communicator& g, TensorView x, int64_t rows, int64_t pad) const;
   Tensor sort(const DeviceContext& ctx, const Saved& s, TensorView x) const;
   // The local experts' rows back to where they came from (combine, and dispatch's adjoint).
-  Tensor to_sources(const DeviceContext& ctx, const Saved& s, TensorView x) const;
+  Tensor to_sources(const DeviceContext& ctx, const Saved& s, const Tensor& x) const;
   Tensor unsort(const DeviceContext& ctx, const Saved& s, TensorView x) const;
   // Builds s.sort_map / group_sizes from the chunk table: counts[src][j] rows of chunk j of each source
   // (sources in order, each starting at src · pad, or packed one after the other with pad 0). Chunk j is
