@@ -1,5 +1,6 @@
 // GPTModel's mixture-of-experts pieces outside the layers: the routing group of a micro-batch spread over
 // sequence- and context-parallel ranks, the router statistics, and the expert-bias update.
+#include "loom/parallel/host_collectives.h"
 #include "model/gpt_impl.h"
 
 namespace loom {
@@ -35,13 +36,8 @@ std::unique_ptr<RoutingGroup> GPTModel::make_routing_group(int64_t B, int64_t T)
   }
   const DeviceContext& ctx = ctx_;
   g->gather = [comm, order = std::move(order), Nl, &ctx](float* all, const float* local, int64_t width) {
-    const int G = comm->size();
-    Tensor in = ctx.empty({Nl, width}, DType::kF32), out = ctx.empty({int64_t(G) * Nl, width}, DType::kF32);
-    ctx.copy(in, TensorView(const_cast<float*>(local), DType::kF32, {Nl, width}));
-    comm->all_gather(out, in);
-    std::vector<float> host(size_t(int64_t(G) * Nl * width));
-    ctx.copy(TensorView(host.data(), DType::kF32, {int64_t(G) * Nl, width}), out);
-    ctx.synchronize();
+    std::vector<float> host(size_t(int64_t(comm->size()) * Nl * width));
+    all_gather_host(ctx, *comm, host.data(), local, Nl * width, DType::kF32);
     for (size_t r = 0; r < order.size(); ++r)
       std::copy_n(&host[r * size_t(width)], width, &all[size_t(order[r] * width)]);
   };

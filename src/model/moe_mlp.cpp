@@ -80,6 +80,14 @@ void MoeMlp::shared_forward(const DeviceContext& ctx, const MoeCall& m, MoeLayer
     for (float& v : g) v = float(1.0 / (1.0 + std::exp(-double(v))));
     ensure_tensor(ctx, s.gate, {Nl, 1});
     if (Nl > 0) ctx.copy(s.gate, TensorView(g.data(), DType::kF32, {Nl, 1}));
+    // Row n scaled by gate[n]: the weighted combine of moe_unpermute over the identity row map (kept
+    // across calls of the same size).
+    if (!s.gate_rows.defined() || s.gate_rows.shape()[0] != Nl) {
+      std::vector<int32_t> id(static_cast<size_t>(Nl));
+      for (int64_t n = 0; n < Nl; ++n) id[size_t(n)] = int32_t(n);
+      s.gate_rows = ctx.empty({Nl, 1}, DType::kI32);
+      if (Nl > 0) ctx.copy(s.gate_rows, TensorView(id.data(), DType::kI32, {Nl, 1}));
+    }
   }
 }
 
@@ -91,12 +99,9 @@ void MoeMlp::shared_backward(const DeviceContext& ctx, const MoeCall& m, TensorV
   Tensor dsh_t, dgx;
   if (shared_gate) {
     // y = gate ⊙ sh: d(sh) = gate ⊙ dy, d(gate)[n] = <dy[n], sh[n]>, d(z) = d(gate) · gate · (1 - gate).
-    Tensor ident = ctx.empty({Nl, 1}, DType::kI32), dgate = ctx.empty({Nl, 1}, DType::kF32);
-    std::vector<int32_t> id(static_cast<size_t>(Nl));
-    for (int64_t n = 0; n < Nl; ++n) id[size_t(n)] = int32_t(n);
-    if (Nl > 0) ctx.copy(ident, TensorView(id.data(), DType::kI32, {Nl, 1}));
+    Tensor dgate = ctx.empty({Nl, 1}, DType::kF32);
     dsh_t = ctx.empty({Nl, C_}, cd);
-    ctx.ops().moe_unpermute_backward(dsh_t, dgate, dy.reshape({Nl, C_}), s.sh_y, s.gate, ident);
+    ctx.ops().moe_unpermute_backward(dsh_t, dgate, dy.reshape({Nl, C_}), s.sh_y, s.gate, s.gate_rows);
     dsh = dsh_t;
     std::vector<float> dg(static_cast<size_t>(Nl)), g(static_cast<size_t>(Nl));
     if (Nl > 0) {
@@ -145,12 +150,8 @@ void MoeMlp::forward(const DeviceContext& ctx, const MoeCall& m, TensorView y, M
   ctx.ops().moe_unpermute_forward(y.reshape({Nl, C_}), s.yp, s.router.probs, s.router.row_id_map);
   if (shared_fc1) {
     if (shared_gate) {
-      Tensor ident = ctx.empty({Nl, 1}, DType::kI32);
-      std::vector<int32_t> id(static_cast<size_t>(Nl));
-      for (int64_t n = 0; n < Nl; ++n) id[size_t(n)] = int32_t(n);
-      if (Nl > 0) ctx.copy(ident, TensorView(id.data(), DType::kI32, {Nl, 1}));
       Tensor gated = ctx.empty({Nl, C_}, x.dtype());
-      ctx.ops().moe_unpermute_forward(gated, s.sh_y, s.gate, ident);
+      ctx.ops().moe_unpermute_forward(gated, s.sh_y, s.gate, s.gate_rows);
       ctx.ops().residual_forward(y, y, gated);
     } else {
       ctx.ops().residual_forward(y, y, s.sh_y);

@@ -32,6 +32,7 @@ struct MoeLayerSaved {
   Tensor sh_fc;                  // (N, S1/TP) shared fc1's output
   Tensor sh_y;                   // (N_l, C) shared experts' output (before the gate)
   Tensor gate;                   // (N_l, 1) f32 sigmoid(x · gate)
+  Tensor gate_rows;              // (N_l, 1) i32 the identity row map that applies it
 };
 
 // Per-call settings the model supplies.

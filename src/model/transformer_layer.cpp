@@ -34,8 +34,7 @@ void TransformerLayer::forward(const TransformerLayerContext& c, TensorView out,
     moe->forward(ctx, c.moe, y, *s.moe, s.ln2);
     const RowEpilogue e = epilogue(c, mlp_dropout_site);
     if (e.active) e.forward(out, y.reshape(out.shape()));
-    else ctx.copy(out, y.reshape(out.shape()));
-    ctx.ops().residual_forward(out, out, s.residual2);
+    ctx.ops().residual_forward(out, e.active ? out : y.reshape(out.shape()), s.residual2);
     return;
   }
   fc1->forward(ctx, s.fc, s.ln2, c.sp_gathered, lora_mask(c, fc1_lora_site));

@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "loom/core/check.h"
+#include "loom/parallel/host_collectives.h"
 
 namespace loom {
 
@@ -23,18 +24,6 @@ MoeDispatcher parse_moe_dispatcher(std::string_view s) {
 const char* moe_dispatcher_name(MoeDispatcher d) { return d == MoeDispatcher::kAllToAll ? "alltoall" : "allgather"; }
 
 namespace {
-
-// A host i32 table exchanged as a device tensor (NCCL needs device memory); returns the received values.
-std::vector<int32_t> exchange(const DeviceContext& ctx, const std::vector<int32_t>& send, size_t recv_size,
-                              const std::function<void(TensorView, TensorView)>& op) {
-  Tensor in = ctx.empty({int64_t(send.size())}, DType::kI32), out = ctx.empty({int64_t(recv_size)}, DType::kI32);
-  ctx.copy(in, TensorView(const_cast<int32_t*>(send.data()), DType::kI32, {int64_t(send.size())}));
-  op(out, in);
-  std::vector<int32_t> r(recv_size);
-  ctx.copy(TensorView(r.data(), DType::kI32, {int64_t(recv_size)}), out);
-  ctx.synchronize();
-  return r;
-}
 
 int64_t row_width(TensorView x) { return x.shape().ndim() > 1 && x.shape()[0] > 0 ? x.numel() / x.shape()[0] : x.shape().cols(); }
 
@@ -123,15 +112,6 @@ Tensor TokenDispatcher::unsort(const DeviceContext& ctx, const Saved& s, TensorV
   return out;
 }
 
-namespace {
-
-Tensor as_tensor(const DeviceContext& ctx, TensorView x) {  // an owning copy (the identity paths' results)
-  Tensor t = ctx.empty(x.shape(), x.dtype());
-  if (x.numel() > 0) ctx.copy(t, x);
-  return t;
-}
-
-}  // namespace
 
 Tensor TokenDispatcher::dispatch(const DeviceContext& ctx, Saved& s, const Tensor& xp, const std::vector<int64_t>& counts,
                                  const std::function<void()>& overlap) const {
@@ -154,8 +134,8 @@ Tensor TokenDispatcher::dispatch(const DeviceContext& ctx, Saved& s, const Tenso
     const int P = g.size();
     if (overlap) overlap();
     std::vector<int32_t> mine(counts.begin(), counts.end());
-    const std::vector<int32_t> all = exchange(ctx, mine, size_t(P) * size_t(E_),
-                                              [&](TensorView o, TensorView i) { g.all_gather(o, i); });
+    std::vector<int32_t> all(size_t(P) * size_t(E_));
+    all_gather_host(ctx, g, all.data(), mine.data(), E_, DType::kI32);
     std::vector<std::vector<int64_t>> table(size_t(P), std::vector<int64_t>(size_t(E_), 0));
     int64_t pad = 0;
     for (int q = 0; q < P; ++q) {
@@ -173,7 +153,7 @@ Tensor TokenDispatcher::dispatch(const DeviceContext& ctx, Saved& s, const Tenso
   std::vector<int32_t> send_tab(counts.begin(), counts.end());
   std::vector<int32_t> recv_tab = send_tab;
   if (EP > 1)
-    recv_tab = exchange(ctx, send_tab, send_tab.size(), [&](TensorView o, TensorView i) { ep_.ep->all_to_all(o, i); });
+    all_to_all_host(ctx, *ep_.ep, recv_tab.data(), send_tab.data(), int64_t(send_tab.size()), DType::kI32);
   s.send_counts.assign(size_t(EP), 0);
   s.recv_counts.assign(size_t(EP), 0);
   for (int j = 0; j < EP; ++j)
@@ -190,7 +170,7 @@ Tensor TokenDispatcher::dispatch(const DeviceContext& ctx, Saved& s, const Tenso
     w->wait();
   } else {
     if (overlap) overlap();
-    R = as_tensor(ctx, xp.reshape({Ml, C}));
+    R = xp.reshape({Ml, C});  // the rows themselves (read only from here on)
   }
   std::vector<std::vector<int64_t>> table;
   if (!split_etp) {
@@ -201,8 +181,8 @@ Tensor TokenDispatcher::dispatch(const DeviceContext& ctx, Saved& s, const Tenso
     build_sort(ctx, s, table, 0, false);
     return s.sorted ? sort(ctx, s, R) : R;
   }
-  const std::vector<int32_t> all = exchange(ctx, recv_tab, size_t(ETP) * recv_tab.size(),
-                                            [&](TensorView o, TensorView i) { ep_.etp->all_gather(o, i); });
+  std::vector<int32_t> all(size_t(ETP) * recv_tab.size());
+  all_gather_host(ctx, *ep_.etp, all.data(), recv_tab.data(), int64_t(recv_tab.size()), DType::kI32);
   // One source block per ETP rank, holding its (EP rank, local expert) chunks.
   table.assign(size_t(ETP), {});
   int64_t pad = 0;
@@ -233,7 +213,7 @@ Tensor TokenDispatcher::to_sources(const DeviceContext& ctx, const Saved& s, con
     if (ETP > 1) ep_.etp->all_reduce(x);  // replicated tokens: sum the experts' partial results, in place
     return x;
   }
-  Tensor Y = s.sorted ? unsort(ctx, s, x) : as_tensor(ctx, x);
+  Tensor Y = s.sorted ? unsort(ctx, s, x) : x;
   if (ep_.kind == MoeDispatcher::kAllGather) return scatter(ctx, *ep_.etp_ep, Y, s.rows_in, s.gather_pad);
   if (split_etp) Y = scatter(ctx, *ep_.etp, Y, s.rows_recv, s.gather_pad);
   if (EP == 1) return Y;
@@ -260,7 +240,7 @@ Tensor TokenDispatcher::combine_backward(const DeviceContext& ctx, const Saved& 
       R = ctx.empty({s.rows_recv, C}, dy.dtype());
       ep_.ep->all_to_all_v(R, s.recv_counts, dy.reshape({s.rows_in, C}), s.send_counts);
     } else {
-      R = as_tensor(ctx, dy.reshape({s.rows_in, C}));
+      R = dy.reshape({s.rows_in, C});
     }
     G = split_etp ? gather(ctx, *ep_.etp, R, s.rows_recv, s.gather_pad) : R;
   }

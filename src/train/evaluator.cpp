@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "loom/parallel/context_parallel.h"
+#include "loom/parallel/host_collectives.h"
 #include "loom/pipeline/schedule.h"
 
 namespace loom {
@@ -92,13 +93,8 @@ EvalResult Evaluator::evaluate(const std::shared_ptr<const SampleDataset>& ds, b
   r.lm_loss = ps.pp().all_reduce_scalar(last ? loss : 0.0);
   // MLPerf's metric: whole sequences first (CP), then the sum of their means over the replicas (DP).
   if (last && ps.cp_size() > 1) {
-    Tensor flat = Tensor::empty({int64_t(sums.size())}, DType::kF32);
-    float* fp = flat.data<float>();
-    for (size_t i = 0; i < sums.size(); ++i) fp[i] = float(sums[i]);
-    Tensor dev = run_.ctx->empty(flat.shape(), DType::kF32);
-    run_.ctx->copy(dev, flat);
-    ps.cp().all_reduce(dev);
-    run_.ctx->copy(flat, dev);
+    std::vector<float> fp(sums.begin(), sums.end());
+    all_reduce_host(*run_.ctx, ps.cp(), fp.data(), int64_t(fp.size()));
     for (size_t i = 0; i < sums.size(); ++i) sums[i] = double(fp[i]);
   }
   auto [mean_sum, count] = last ? sum_of_sequence_means(sums) : std::pair<double, int64_t>{0.0, 0};

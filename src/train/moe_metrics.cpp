@@ -5,23 +5,11 @@
 // holds its own layers) only.
 #include <algorithm>
 
+#include "loom/parallel/host_collectives.h"
 #include "train/moe_metrics.h"
 
 namespace loom {
 
-namespace {
-
-// Sums a host vector over `g` in place (through the device, so NCCL groups work too).
-void sum_over(const TrainingRun& run, const Communicator& g, std::vector<float>& v) {
-  if (g.size() == 1 || v.empty()) return;
-  Tensor t = run.ctx->empty({int64_t(v.size())}, DType::kF32);
-  run.ctx->copy(t, TensorView(v.data(), DType::kF32, {int64_t(v.size())}));
-  g.all_reduce(t);
-  run.ctx->copy(TensorView(v.data(), DType::kF32, {int64_t(v.size())}), t);
-  run.ctx->synchronize();
-}
-
-}  // namespace
 
 StepOutcome::Moe collect_moe_figures(TrainingRun& run) {
   StepOutcome::Moe out;
@@ -40,8 +28,8 @@ StepOutcome::Moe collect_moe_figures(TrainingRun& run) {
     }
     c->reset_moe_stats();
   }
-  sum_over(run, run.ps->dp(), v);
-  sum_over(run, run.ps->pp(), v);
+  all_reduce_host(*run.ctx, run.ps->dp(), v.data(), int64_t(v.size()));
+  all_reduce_host(*run.ctx, run.ps->pp(), v.data(), int64_t(v.size()));
   const double dp = double(run.ps->dp_size());
   const RouterConfig& rc = m.moe.router;
   double lb = 0, z = 0;
@@ -73,7 +61,9 @@ StepOutcome::Moe collect_moe_figures(TrainingRun& run) {
 void update_expert_biases(TrainingRun& run) {
   if (!run.cfg.model.is_moe() || !run.cfg.model.moe.router.enable_expert_bias) return;
   for (GPTModel* c : run.models())
-    c->update_expert_bias([&](std::vector<float>& counts) { sum_over(run, run.ps->dp(), counts); });
+    c->update_expert_bias([&](std::vector<float>& counts) {
+      all_reduce_host(*run.ctx, run.ps->dp(), counts.data(), int64_t(counts.size()));
+    });
 }
 
 }  // namespace loom
