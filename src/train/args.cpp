@@ -541,7 +541,12 @@ const std::vector<std::string>& unsupported() {
       "--cuda-graph", "--enable-cuda-graph", "--external-cuda-graph", "--use-pytorch-profiler",
       // architecture variants Loom does not build
       "--rotary-seq-len-interpolation-factor", "--no-rope-freq", "--window-attn-skip-freq", "--apply-layernorm-1p",
-      "--squared-relu", "--quick-geglu", "--glu-linear-offset", "--no-position-embedding"};
+      "--squared-relu", "--quick-geglu", "--glu-linear-offset", "--no-position-embedding",
+      // MoE options not built: the router's own GEMM dtype (Loom's gate GEMM reads the compute dtype and
+      // writes f32 logits; routing runs in f64), DeepSeek's group-limited routing, the flex dispatcher's
+      // backends, Megatron-Core's MoE upcycling
+      "--moe-router-dtype", "--moe-router-num-groups", "--moe-router-group-topk", "--moe-enable-deepep",
+      "--moe-use-upcycling"};
   return names;
 }
 

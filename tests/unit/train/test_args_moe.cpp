@@ -116,6 +116,10 @@ TEST(ArgsMoe, BadSettingsAreClearErrors) {
   expect_error(moe({"--num-experts", "0"}), "--num-experts must be >= 1");
   expect_error(moe({"--fp8-format", "hybrid", "--bf16"}), "--fp8-format with --num-experts");
   expect_error(moe({"--lora-rank", "4"}), "--lora-rank with --num-experts");
+  // Megatron MoE flags Loom does not build: named as such, not "unknown flag".
+  const std::string e = error_of(moe({"--moe-router-dtype", "fp32"}));
+  EXPECT_NE(e.find("--moe-router-dtype"), std::string::npos) << e;
+  EXPECT_EQ(e.find("unknown flag"), std::string::npos) << e;
 }
 
 TEST(ArgsMoe, ImpossibleExpertLayoutsAreClearErrors) {
