@@ -54,7 +54,7 @@ void init_normal(const Parameter& p, float* v, uint64_t seed, int64_t begin, int
 Parameter& ParameterSet::add(std::string name, Shape shape, InitKind init, float init_std, bool no_weight_decay,
                              int partition_dim) {
   LOOM_CHECK(!allocated_, "[ParameterSet] cannot add ", name, " after allocate()");
-  LOOM_CHECK(find(name) == nullptr, "[ParameterSet] duplicate parameter name ", name);
+  LOOM_CHECK(index_.emplace(name, params_.size()).second, "[ParameterSet] duplicate parameter name ", name);
   Parameter& p = params_.emplace_back();
   p.name = std::move(name);
   p.shape = shape;
@@ -190,9 +190,8 @@ void ParameterSet::write_value(Parameter& p, TensorView src) const {
 }
 
 const Parameter* ParameterSet::find(const std::string& name) const {
-  for (const Parameter& p : params_)
-    if (p.name == name) return &p;
-  return nullptr;
+  const auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &params_[it->second];
 }
 
 Parameter* ParameterSet::find(const std::string& name) {

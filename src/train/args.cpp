@@ -23,6 +23,9 @@ struct Flag {
   std::function<void(TrainConfig&, const std::string&)> set;
 };
 
+// --num-layers' bound: far above any real model (hundreds of layers), low enough that declaring or
+// planning the model stays a matter of seconds.
+constexpr int64_t kMaxLayers = 65536;
 int64_t parse_int(const std::string& flag, const std::string& v) { return parse_int_flag(flag, v); }
 double parse_float(const std::string& flag, const std::string& v) { return parse_float_flag(flag, v); }
 
@@ -57,13 +60,13 @@ const std::vector<Flag>& flags() {
   static const std::vector<Flag> table = [] {
   std::vector<Flag> t = {
       // model
-      {"--num-layers", "N", "transformer layers", [](C& c, S v) { c.model.num_layers = parse_int("--num-layers", v); }},
-      {"--hidden-size", "C", "hidden size", [](C& c, S v) { c.model.hidden_size = parse_int("--hidden-size", v); }},
+      {"--num-layers", "N", "transformer layers", [](C& c, S v) { c.model.num_layers = parse_positive_flag("--num-layers", v, kMaxLayers); }},
+      {"--hidden-size", "C", "hidden size", [](C& c, S v) { c.model.hidden_size = parse_positive_flag("--hidden-size", v); }},
       {"--num-attention-heads", "NH", "attention heads",
-       [](C& c, S v) { c.model.num_attention_heads = parse_int("--num-attention-heads", v); }},
+       [](C& c, S v) { c.model.num_attention_heads = parse_positive_flag("--num-attention-heads", v); }},
       {"--max-position-embeddings", "P", "learned position embeddings (default: --seq-length)",
        [](C& c, S v) {
-         c.model.max_position_embeddings = parse_int("--max-position-embeddings", v);
+         c.model.max_position_embeddings = parse_positive_flag("--max-position-embeddings", v);
          c.max_position_embeddings_given = true;
        }},
       {"--init-method-std", "F", "std of the normal init (default 0.02)",
@@ -76,13 +79,13 @@ const std::vector<Flag>& flags() {
       {"--swiglu", "", "SwiGLU MLP: linear_fc1 is [gate | up], 2 x --ffn-hidden-size wide",
        [](C& c, S) { c.model.activation = MlpActivation::kSwiGLU; }},
       {"--ffn-hidden-size", "F", "MLP width (default 4 x hidden, with --swiglu int(8 x hidden / 3 / 64) x 64)",
-       [](C& c, S v) { c.model.ffn_hidden = parse_int("--ffn-hidden-size", v); }},
+       [](C& c, S v) { c.model.ffn_hidden = parse_positive_flag("--ffn-hidden-size", v); }},
       {"--kv-channels", "HS", "attention head size (default hidden / heads)",
-       [](C& c, S v) { c.model.kv_channels = parse_int("--kv-channels", v); }},
+       [](C& c, S v) { c.model.kv_channels = parse_positive_flag("--kv-channels", v); }},
       {"--group-query-attention", "", "grouped-query attention: --num-query-groups key/value heads",
        [](C& c, S) { c.model.group_query_attention = true; }},
       {"--num-query-groups", "G", "key/value heads with --group-query-attention (default 1)",
-       [](C& c, S v) { c.model.num_query_groups = parse_int("--num-query-groups", v); }},
+       [](C& c, S v) { c.model.num_query_groups = parse_positive_flag("--num-query-groups", v); }},
       {"--disable-bias-linear", "", "no biases in the linear layers", [](C& c, S) { c.model.add_bias_linear = false; }},
       {"--add-qkv-bias", "", "keep the linear_qkv bias with --disable-bias-linear",
        [](C& c, S) { c.model.add_qkv_bias = true; }},
@@ -106,16 +109,16 @@ const std::vector<Flag>& flags() {
       {"--qk-layernorm", "", "normalize each query and key head (with --normalization's kind)",
        [](C& c, S) { c.model.qk_layernorm = true; }},
       {"--vocab-size", "V", "vocabulary size (required with --mock-data)",
-       [](C& c, S v) { c.data.vocab_size = parse_int("--vocab-size", v); }},
+       [](C& c, S v) { c.data.vocab_size = parse_positive_flag("--vocab-size", v); }},
       {"--make-vocab-size-divisible-by", "N", "pad the vocabulary to a multiple of N (default 128)",
-       [](C& c, S v) { c.data.make_vocab_size_divisible_by = parse_int("--make-vocab-size-divisible-by", v); }},
+       [](C& c, S v) { c.data.make_vocab_size_divisible_by = parse_positive_flag("--make-vocab-size-divisible-by", v); }},
       // batch
-      {"--seq-length", "T", "sequence length", [](C& c, S v) { c.batch.seq_length = parse_int("--seq-length", v); }},
+      {"--seq-length", "T", "sequence length", [](C& c, S v) { c.batch.seq_length = parse_positive_flag("--seq-length", v); }},
       {"--micro-batch-size", "B", "sequences per micro-batch",
-       [](C& c, S v) { c.batch.micro_batch_size = parse_int("--micro-batch-size", v); }},
+       [](C& c, S v) { c.batch.micro_batch_size = parse_positive_flag("--micro-batch-size", v); }},
       {"--global-batch-size", "G", "sequences per step; micro-batches accumulate (default: micro-batch size)",
-       [](C& c, S v) { c.batch.global_batch_size = parse_int("--global-batch-size", v); }},
-      {"--train-iters", "N", "optimizer steps", [](C& c, S v) { c.batch.train_iters = parse_int("--train-iters", v); }},
+       [](C& c, S v) { c.batch.global_batch_size = parse_positive_flag("--global-batch-size", v); }},
+      {"--train-iters", "N", "optimizer steps", [](C& c, S v) { c.batch.train_iters = parse_positive_flag("--train-iters", v); }},
       {"--train-samples", "N", "sample-based training: train_samples // global batch iterations; the lr schedule "
        "counts samples (excludes --train-iters)",
        [](C& c, S v) { c.batch.train_samples = parse_int("--train-samples", v); }},
@@ -202,7 +205,7 @@ const std::vector<Flag>& flags() {
       {"--fp8-margin", "N", "FP8 scale = (fp8_max / amax) / 2^margin (default 0)",
        [](C& c, S v) { c.precision.fp8_margin = int(parse_int("--fp8-margin", v)); }},
       {"--fp8-amax-history-len", "N", "steps of amax history per FP8 tensor (default 1)",
-       [](C& c, S v) { c.precision.fp8_amax_history_len = int(parse_int("--fp8-amax-history-len", v)); }},
+       [](C& c, S v) { c.precision.fp8_amax_history_len = int(parse_positive_flag("--fp8-amax-history-len", v, std::numeric_limits<int>::max())); }},
       {"--fp8-amax-compute-algo", "S", "max | most_recent: the amax the FP8 scale follows (default most_recent)",
        [](C& c, S v) { c.precision.fp8_amax_compute_algo = v; }},
       {"--fp8-wgrad", "", "weight gradients from FP8 operands (the default)",
@@ -284,6 +287,9 @@ const std::vector<Flag>& flags() {
        [](C& c, S v) { c.exit.exit_duration_in_mins = parse_float("--exit-duration-in-mins", v); }},
       {"--exit-signal-handler", "", "on SIGTERM/SIGINT finish the iteration, save and exit 0",
        [](C& c, S) { c.exit.exit_signal_handler = true; }},
+      {"--no-check-for-nan-in-loss-and-grad", "",
+       "skip (and count) steps with a non-finite loss or gradient norm instead of stopping with an error",
+       [](C& c, S) { c.exit.check_for_nan_in_loss_and_grad = false; }},
       // data
       {"--mock-data", "", "train on random tokens (needs --vocab-size)", [](C& c, S) { c.data.mock_data = true; }},
       {"--data-path", "PREFIX...", "indexed datasets: PREFIX, or W1 PREFIX1 W2 PREFIX2 ... (split by --split)",
@@ -314,29 +320,29 @@ const std::vector<Flag>& flags() {
       {"--eod-mask-loss", "", "no loss on end-of-document tokens", [](C& c, S) { c.data.eod_mask_loss = true; }},
       // parallelism (docs/parallelism.md)
       {"--tensor-model-parallel-size", "N", "default 1",
-       [](C& c, S v) { c.parallel.tensor_model_parallel_size = int(parse_int("--tensor-model-parallel-size", v)); }},
+       [](C& c, S v) { c.parallel.tensor_model_parallel_size = int(parse_positive_flag("--tensor-model-parallel-size", v, std::numeric_limits<int>::max())); }},
       {"--pipeline-model-parallel-size", "N", "default 1",
        [](C& c, S v) {
-         c.parallel.pipeline_model_parallel_size = int(parse_int("--pipeline-model-parallel-size", v));
+         c.parallel.pipeline_model_parallel_size = int(parse_positive_flag("--pipeline-model-parallel-size", v, std::numeric_limits<int>::max()));
        }},
       {"--context-parallel-size", "N", "default 1",
-       [](C& c, S v) { c.parallel.context_parallel_size = int(parse_int("--context-parallel-size", v)); }},
+       [](C& c, S v) { c.parallel.context_parallel_size = int(parse_positive_flag("--context-parallel-size", v, std::numeric_limits<int>::max())); }},
       {"--expert-model-parallel-size", "N", "default 1; split the experts of mixture-of-experts layers over N "
        "ranks (needs --num-experts)",
        [](C& c, S v) {
-         c.parallel.expert_model_parallel_size = int(parse_int("--expert-model-parallel-size", v));
+         c.parallel.expert_model_parallel_size = int(parse_positive_flag("--expert-model-parallel-size", v, std::numeric_limits<int>::max()));
        }},
       {"--expert-tensor-parallel-size", "N", "default: the tensor-model-parallel size; split each expert over N "
        "ranks: 1 or the tensor-model-parallel size (needs --num-experts)",
        [](C& c, S v) {
-         c.parallel.expert_tensor_parallel_size = int(parse_int("--expert-tensor-parallel-size", v));
+         c.parallel.expert_tensor_parallel_size = int(parse_positive_flag("--expert-tensor-parallel-size", v, std::numeric_limits<int>::max()));
          if (c.parallel.expert_tensor_parallel_size < 1)
            user_error("--expert-tensor-parallel-size must be >= 1, got ", v);
        }},
       {"--sequence-parallel", "", "split norms/dropout along the sequence across the TP group",
        [](C& c, S) { c.dist.sequence_parallel = true; }},
       {"--num-layers-per-virtual-pipeline-stage", "N", "interleaved 1F1B: layers per model chunk",
-       [](C& c, S v) { c.dist.virtual_stage_layers = parse_int("--num-layers-per-virtual-pipeline-stage", v); }},
+       [](C& c, S v) { c.dist.virtual_stage_layers = parse_positive_flag("--num-layers-per-virtual-pipeline-stage", v); }},
       {"--decoder-first-pipeline-num-layers", "N", "layers of the first pipeline stage (uneven split)",
        [](C& c, S v) { c.dist.first_stage_layers = parse_int("--decoder-first-pipeline-num-layers", v); }},
       {"--decoder-last-pipeline-num-layers", "N", "layers of the last pipeline stage (uneven split)",
@@ -407,7 +413,7 @@ const std::vector<Flag>& flags() {
       {"--seed", "N", "random seed for init and data order (default 1234)",
        [](C& c, S v) { c.seed = uint64_t(parse_int("--seed", v)); }},
       {"--log-interval", "N", "iterations between log lines (default 100)",
-       [](C& c, S v) { c.logging.log_interval = parse_int("--log-interval", v); }},
+       [](C& c, S v) { c.logging.log_interval = parse_positive_flag("--log-interval", v); }},
       {"--timing-log-option", "max|minmax|all", "timers across ranks: the maximum, (min, max) (default) or every "
        "rank's value",
        [](C& c, S v) {

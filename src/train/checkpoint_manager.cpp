@@ -1,4 +1,10 @@
 // Checkpoints of a training run (see checkpoint_manager.h).
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -325,6 +331,28 @@ void CheckpointManager::check_load_flags(const TrainConfig& cfg) {
       !cfg.lora.enabled())
     user_error("--load ", cfg.checkpoint.load, " is a Hugging Face model directory (config.json), which holds "
                "weights only; add --finetune to start from them at iteration 0 (or --lora-rank to adapt it)");
+}
+
+void CheckpointManager::check_save_dir(const TrainConfig& cfg) {
+  const std::string& dir = cfg.checkpoint.save;
+  if (dir.empty()) return;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (!fs::is_directory(dir))  // another rank may have created it first: only a missing directory counts
+    user_error("--save ", dir, ": cannot create the checkpoint directory (",
+               ec ? ec.message() : std::string("a file of that name exists"), "); give a writable directory");
+  // Every rank writes its own shards, so every rank probes, each with its own file name.
+  const fs::path probe = fs::path(dir) / (".loom-write-probe-" + std::to_string(::getpid()) + "-" +
+                                          std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
+  std::FILE* f = std::fopen(probe.c_str(), "wb");
+  const bool ok = f != nullptr && std::fputc('x', f) != EOF;
+  const int err = errno;
+  if (f != nullptr && std::fclose(f) != 0 && ok) user_error("--save ", dir, ": cannot write there (", std::strerror(errno), ")");
+  fs::remove(probe, ec);
+  if (!ok)
+    user_error("--save ", dir, ": the checkpoint directory is not writable (", std::strerror(err),
+               "); found at start-up, before any training");
 }
 
 void CheckpointManager::load_hf_weights(const std::string& dir) {

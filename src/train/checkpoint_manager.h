@@ -34,6 +34,9 @@ class CheckpointManager {
   CheckpointManager(TrainingRun& run, std::ostream& log);
   // Cheap checks of --load, before any data or model is built.
   static void check_load_flags(const TrainConfig& cfg);
+  // Creates --save and writes (then removes) a probe file in it: an unwritable directory is an error at
+  // start-up, not at the first save hours later.
+  static void check_save_dir(const TrainConfig& cfg);
   // Saves the current iteration to --save (collective; a note without --save). Polls the device input
   // flags first, so weights a bad batch made NaN are never written.
   void save();

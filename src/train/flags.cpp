@@ -27,6 +27,13 @@ int64_t parse_int_flag(const std::string& flag, const std::string& v) {
   return out;
 }
 
+int64_t parse_positive_flag(const std::string& flag, const std::string& v, int64_t max) {
+  const int64_t n = parse_int_flag(flag, v);
+  if (n < 1) user_error(flag, " must be a positive integer, got ", v);
+  if (n > max) user_error(flag, " ", v, " is too large (at most ", max, ")");
+  return n;
+}
+
 double parse_float_flag(const std::string& flag, const std::string& v) {
   try {
     size_t pos = 0;

@@ -3,8 +3,10 @@
 
 #include "train/moe_metrics.h"
 
+#include <algorithm>
 #include <cmath>
 
+#include "loom/core/check.h"
 #include "loom/pipeline/schedule.h"
 
 namespace loom {
@@ -21,6 +23,37 @@ float StepRunner::micro_batch_dloss(const Batch& b, double loss_scale) const {
     for (int64_t i = 0; i < run_.B * run_.T; ++i) mask_sum += mp[i];
   }
   return mask_sum > 0 ? float(loss_scale / (mask_sum * double(run_.nmb))) : 0.0f;
+}
+
+namespace {
+const char* non_finite_str(double v) { return std::isnan(v) ? "NaN" : v > 0 ? "inf" : "-inf"; }
+}  // namespace
+
+void StepRunner::check_finite(double loss, double grad_norm) {
+  const int64_t iteration = run_.progress.iteration + 1;
+  const char* hint = " (Megatron's --check-for-nan-in-loss-and-grad, on by default; --no-check-for-nan-in-loss-and-"
+                     "grad skips such steps instead). Resume from an earlier checkpoint, e.g. with a lower --lr or "
+                     "a smaller --clip-grad";
+  if (run_.cfg.exit.check_for_nan_in_loss_and_grad) {
+    if (!std::isfinite(loss))
+      user_error("iteration ", iteration, ": the training loss is ", non_finite_str(loss), "; stopped before the update",
+                 hint);
+    // A loss scale (FP16's dynamic one, or --loss-scale) expects overflows: the step is skipped, as
+    // Megatron's MixedPrecisionOptimizer does.
+    if (!run_.scaler && !std::isfinite(grad_norm))
+      user_error("iteration ", iteration, ": the gradient norm is ", non_finite_str(grad_norm), " (loss ", loss,
+                 "); stopped before the update", hint);
+  }
+  if (!run_.scaler || !run_.scaler->is_dynamic()) return;
+  // An overflow with the scale already at its floor cannot be fixed by backing off: once that happens as
+  // many times in a row as --hysteresis tolerates, every later step would be skipped too.
+  const bool floor_overflow = !std::isfinite(grad_norm) && run_.scaler->at_floor();
+  overflows_at_floor_ = floor_overflow ? overflows_at_floor_ + 1 : 0;
+  if (overflows_at_floor_ >= std::max<int64_t>(1, run_.cfg.precision.hysteresis))
+    user_error("iteration ", iteration, ": the FP16 gradients overflow with the loss scale at its minimum (",
+               run_.scaler->scale(), ", --min-loss-scale) for ", overflows_at_floor_,
+               " steps in a row: every later step would be skipped. Lower --min-loss-scale, use --bf16, or resume "
+               "from an earlier checkpoint with a lower --lr");
 }
 
 StepOutcome StepRunner::step(Loader& loader) {
@@ -83,6 +116,7 @@ StepOutcome StepRunner::step(Loader& loader) {
   const double norm = run_.dopt->grad_norm() * inv;
   timers_.stop("optimizer-clip-main-grad");
   const bool found_inf = !std::isfinite(norm);
+  check_finite(out.loss, norm);
   if (run_.scaler) run_.scaler->update(found_inf);
   if (found_inf) {
     out.skipped = true;

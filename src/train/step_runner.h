@@ -25,8 +25,11 @@ class StepRunner {
   float micro_batch_dloss(const Batch& b, double loss_scale) const;
 
  private:
+  // --check-for-nan-in-loss-and-grad and the FP16 loss-scale floor: UserError naming the iteration.
+  void check_finite(double loss, double grad_norm);
   TrainingRun& run_;
   Timers& timers_;
+  int64_t overflows_at_floor_ = 0;  // consecutive FP16 overflows with the loss scale at --min-loss-scale
 };
 
 }  // namespace loom

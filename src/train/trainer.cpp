@@ -203,7 +203,9 @@ bool Trainer::periodic_evaluation() {
 
 TrainResult Trainer::run() {
   CheckpointManager::check_load_flags(cfg_);  // cheap checks of --load before any data or model is built
+  CheckpointManager::check_save_dir(cfg_);
   setup_parallel_and_device(run_, cfg_, std::move(world_), log_);
+  check_model_fits(run_, log_);
   // MLPerf's init interval starts here: the flags are valid, data, model and checkpoint are still to come.
   if (run_.ps->rank() == 0 && !cfg_.mlperf.log.empty())
     mlperf_ = std::make_unique<MlperfRunLog>(run_.cfg.mlperf, default_platform(run_), std::function<int64_t()>(),
@@ -300,6 +302,17 @@ TrainResult Trainer::run() {
   if (mlperf_) mlperf_->run_stop(progress.consumed_train, result_.exit_reason == "target-eval-loss");
   result_.final_iteration = progress.iteration;
   result_.final_valid_loss = result_.final_test_loss = NAN;
+  const int64_t ran = progress.iteration - result_.start_iteration;
+  if (ran > 0 && result_.skipped_iterations == ran) {
+    tlog_->flush();
+    user_error("every one of the ", ran, " iterations run (", result_.start_iteration + 1, " to ", progress.iteration,
+               ") was skipped for non-finite gradients, so nothing was trained",
+               run_.scaler && run_.scaler->is_dynamic()
+                   ? "; the FP16 loss scale is now " + std::to_string(run_.scaler->scale()) +
+                         " (start lower with --initial-loss-scale, or train longer)"
+                   : "",
+               ". No final checkpoint was written");
+  }
   if (!exiting) {
     log_ << "[after training is done] " << now_string() << "\n";
     const bool just_saved = cfg.checkpoint.save_interval && progress.iteration % *cfg.checkpoint.save_interval == 0;

@@ -244,17 +244,31 @@ TEST(TrainFp16, OverflowSkipsBackOffWithHysteresisThenGrowsAfterWindow) {
 }
 
 // --loss-scale: a constant scaler. 1024 never overflows here and never changes; 2^32 overflows every
-// iteration, every step is skipped, and still the scale stays (and the lr never advances).
+// iteration, every step is skipped, and still the scale stays (and the lr never advances) — and a run that
+// skipped every step ends with an error, not exit 0.
 TEST(TrainFp16, StaticLossScaleNeverChanges) {
   const TrainResult r = train(cat(tiny_args(12), {"--fp16", "--loss-scale", "1024"}));
   ASSERT_EQ(r.loss_scales.size(), 12u);
   for (double s : r.loss_scales) EXPECT_EQ(s, 1024.0);
   EXPECT_EQ(r.skipped_iterations, 0);
 
-  const TrainResult o = train(cat(tiny_args(6), {"--fp16", "--loss-scale", "4294967296"}));
-  EXPECT_EQ(o.skipped_iterations, 6);
-  for (double s : o.loss_scales) EXPECT_EQ(s, 4294967296.0);
-  for (double lr : o.learning_rates) EXPECT_EQ(lr, 0.0);  // still at the start of warmup
+  std::ostringstream log;
+  std::string err;
+  try {
+    omp_set_num_threads(1);
+    run_training(parse_train_args(cat(tiny_args(6), {"--fp16", "--loss-scale", "4294967296"})),
+                 log);
+  } catch (const UserError& e) {
+    err = e.what();
+  }
+  EXPECT_NE(err.find("every one of the 6 iterations run (1 to 6) was skipped for non-finite gradients"),
+            std::string::npos) << err;
+  for (int64_t i = 1; i <= 6; ++i) {
+    const std::string l = iteration_line(log.str(), i);
+    EXPECT_NE(l.find("number of skipped iterations:   1 |"), std::string::npos) << l;
+    EXPECT_NE(l.find("loss scale: 4294967296.0 |"), std::string::npos) << l;
+    EXPECT_EQ(std::stod(log_field(l, "learning rate")), 0.0) << l;  // still at the start of warmup
+  }
 }
 
 // ---- recomputation ----------------------------------------------------------------------------------

@@ -17,6 +17,10 @@ class DeviceContext {
   virtual const OpTable& ops() const = 0;
   virtual void synchronize() const = 0;
   virtual std::string description() const = 0;  // e.g. "cpu (2 OpenMP threads, oneDNN 2.6.3, avx512_core_amx)"
+  // Bytes this device holds in all: the GPU's memory; for the CPU the machine's physical memory, or the
+  // process's cgroup memory limit or address-space rlimit when smaller. Processes sharing the device
+  // share it. Used to refuse a model that cannot fit before anything is allocated.
+  virtual int64_t memory_capacity() const = 0;
 
   Tensor empty(Shape s, DType dt) const { return Tensor::empty(s, dt, device()); }
   Tensor zeros(Shape s, DType dt) const;

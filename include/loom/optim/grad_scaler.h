@@ -37,6 +37,8 @@ class GradScaler {
   // Called once per iteration after the inf/nan check of the (model-parallel reduced) gradients.
   virtual void update(bool found_inf) = 0;
   virtual bool is_dynamic() const = 0;
+  // True when the scale cannot back off any further (a dynamic scaler at --min-loss-scale).
+  virtual bool at_floor() const { return false; }
   virtual GradScalerState state() const = 0;
   // Restores a saved state. The constant scaler keeps its --loss-scale (Megatron's does nothing).
   virtual void load_state(const GradScalerState& s) = 0;
@@ -69,6 +71,7 @@ class DynamicGradScaler final : public GradScaler {
   explicit DynamicGradScaler(const DynamicGradScalerConfig& cfg);  // UserError naming the flag at fault
   void update(bool found_inf) override;
   bool is_dynamic() const override { return true; }
+  bool at_floor() const override { return scale_ <= min_scale_; }
   GradScalerState state() const override { return {scale_, growth_tracker_, hysteresis_tracker_}; }
   // A saved growth_tracker at or past a (changed, smaller) --loss-scale-window is clamped to window - 1
   // so growth resumes on the next clean step (Megatron's == test would never fire again).

@@ -12,6 +12,7 @@
 //                    f16 (--fp16 without --accumulate-allreduce-grads-in-fp32). Backward accumulates.
 #pragma once
 #include <deque>
+#include <unordered_map>
 #include <functional>
 #include <string>
 #include <vector>
@@ -156,6 +157,8 @@ class ParameterSet {
 
  private:
   std::deque<Parameter> params_;  // deque: references stay valid while modules add parameters
+  // name -> index in params_, so declaring a model is O(parameters), not O(parameters^2).
+  std::unordered_map<std::string, size_t> index_;
   int64_t numel_ = 0;
   const DeviceContext* ctx_ = nullptr;  // the context of allocate(), for initialize()'s sync
   ParamStorage storage_ = ParamStorage::kFull;

@@ -189,6 +189,10 @@ struct ExitConfig {
   std::optional<int64_t> exit_interval;         // --exit-interval: stop when iteration % N == 0
   std::optional<double> exit_duration_in_mins;  // --exit-duration-in-mins
   bool exit_signal_handler = false;             // --exit-signal-handler: SIGTERM/SIGINT save and exit 0
+  // Megatron's check_for_nan_in_loss_and_grad (on; --no-check-for-nan-in-loss-and-grad turns it off): a
+  // non-finite loss, or outside FP16 dynamic loss scaling a non-finite gradient norm, stops the run with an
+  // error naming the iteration, before the update. Off: such steps are skipped and counted.
+  bool check_for_nan_in_loss_and_grad = true;
 };
 
 struct LoggingConfig {

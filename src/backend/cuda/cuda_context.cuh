@@ -36,6 +36,7 @@ class CudaContext final : public DeviceContext {
   void synchronize() const override;  // waits for both streams
   // "cuda:0 (NVIDIA H100 80GB HBM3, 132 SMs, 79.1 GiB, sm_90, CUDA runtime 13.0, driver 13.0)"
   std::string description() const override;
+  int64_t memory_capacity() const override { return int64_t(props_.totalGlobalMem); }
   // Host<->device and device<->device copies of equal byte size: cudaMemcpyAsync on the compute
   // stream, then waits for it. Host<->host copies are a plain memcpy.
   void copy(TensorView dst, TensorView src) const override;

@@ -27,6 +27,30 @@ TEST(ParameterSet, ContiguousLayoutAndViews) {
   EXPECT_THROW(ps.add("x", {1}, InitKind::kZeros, 0, true), Error);  // after allocate
 }
 
+// find() is a hash lookup, so declaring a model is O(parameters): 300,000 declarations, each checked for
+// a duplicate name, would be 4.5e10 string comparisons with the old linear scan (minutes; ctest times out).
+// Copies keep their own index.
+TEST(ParameterSet, FindIsALookupAndDuplicatesAreRefused) {
+  ParameterSet ps;
+  const int64_t n = 300000;
+  for (int64_t i = 0; i < n; ++i) ps.add("layers." + std::to_string(i) + ".w", Shape{1}, InitKind::kZeros, 0, false);
+  for (int64_t i = 0; i < n; i += 997) {
+    const Parameter* p = ps.find("layers." + std::to_string(i) + ".w");
+    ASSERT_NE(p, nullptr) << i;
+    EXPECT_EQ(p->offset, i);
+  }
+  EXPECT_EQ(ps.find("layers.300000.w"), nullptr);
+  try {
+    ps.add("layers.17.w", Shape{2}, InitKind::kZeros, 0, false);
+    ADD_FAILURE() << "a duplicate name was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("duplicate parameter name layers.17.w"), std::string::npos) << e.what();
+  }
+  const ParameterSet copy = ps;
+  ASSERT_NE(copy.find("layers.5.w"), nullptr);
+  EXPECT_EQ(copy.find("layers.5.w"), &copy.all()[5]);
+}
+
 TEST(ParameterSet, InitIsKeyedByNameNotOrderOrThreads) {
   auto ctx = make_cpu_context();
   ParameterSet a, b;
