@@ -29,7 +29,7 @@ int64_t parse_int_flag(const std::string& flag, const std::string& v) {
 
 int64_t parse_positive_flag(const std::string& flag, const std::string& v, int64_t max) {
   const int64_t n = parse_int_flag(flag, v);
-  if (n < 1) user_error(flag, " must be a positive integer, got ", v);
+  if (n < 1) user_error(flag, " must be >= 1, got ", v);
   if (n > max) user_error(flag, " ", v, " is too large (at most ", max, ")");
   return n;
 }

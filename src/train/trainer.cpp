@@ -302,16 +302,22 @@ TrainResult Trainer::run() {
   if (mlperf_) mlperf_->run_stop(progress.consumed_train, result_.exit_reason == "target-eval-loss");
   result_.final_iteration = progress.iteration;
   result_.final_valid_loss = result_.final_test_loss = NAN;
+  // A run that skipped every step trained nothing: an error, unless FP16's dynamic scale is still backing off
+  // from its start (a short run or a resumed segment can overflow throughout; the floor check in the step
+  // runner stops one that cannot recover).
   const int64_t ran = progress.iteration - result_.start_iteration;
   if (ran > 0 && result_.skipped_iterations == ran) {
-    tlog_->flush();
-    user_error("every one of the ", ran, " iterations run (", result_.start_iteration + 1, " to ", progress.iteration,
-               ") was skipped for non-finite gradients, so nothing was trained",
-               run_.scaler && run_.scaler->is_dynamic()
-                   ? "; the FP16 loss scale is now " + std::to_string(run_.scaler->scale()) +
-                         " (start lower with --initial-loss-scale, or train longer)"
-                   : "",
-               ". No final checkpoint was written");
+    const bool backing_off = run_.scaler && run_.scaler->is_dynamic() && !run_.scaler->at_floor();
+    const std::string what = "every one of the " + std::to_string(ran) + " iterations run (" +
+                             std::to_string(result_.start_iteration + 1) + " to " + std::to_string(progress.iteration) +
+                             ") was skipped for non-finite gradients, so nothing was trained";
+    if (backing_off) {
+      log_ << " > WARNING: " << what << "; the FP16 loss scale backed off to " << run_.scaler->scale()
+           << " (start lower with --initial-loss-scale, or train longer)\n";
+    } else {
+      tlog_->flush();
+      user_error(what, ". No final checkpoint was written");
+    }
   }
   if (!exiting) {
     log_ << "[after training is done] " << now_string() << "\n";

@@ -38,18 +38,18 @@ std::pair<std::string, std::string> run_with_log(const Args& args) {
 
 TEST(TrainReliability, NonPositiveSizesSaySo) {
   expect_one_line_error(run_loom("train --num-layers 0 --train-iters 2 " + kTiny),
-                        "--num-layers must be a positive integer, got 0");
+                        "--num-layers must be >= 1, got 0");
   expect_one_line_error(run_loom("train --num-layers 2 --train-iters 2 " + kTiny + " --hidden-size -5"),
-                        "--hidden-size must be a positive integer, got -5");
+                        "--hidden-size must be >= 1, got -5");
   expect_one_line_error(run_loom("train --num-layers 2 --train-iters 0 " + kTiny),
-                        "--train-iters must be a positive integer, got 0");
+                        "--train-iters must be >= 1, got 0");
   expect_one_line_error(run_loom("train --num-layers 2 --train-iters 2 " + kTiny + " --micro-batch-size -1"),
-                        "--micro-batch-size must be a positive integer, got -1");
+                        "--micro-batch-size must be >= 1, got -1");
   // An int field must not wrap: 2^32 + 2 is not TP 2.
   expect_one_line_error(run_loom("train --num-layers 2 --train-iters 2 " + kTiny + " --tensor-model-parallel-size 4294967298"),
                         "--tensor-model-parallel-size 4294967298 is too large");
   expect_one_line_error(run_loom("calc --num-layers 0 --hidden-size 64 --num-attention-heads 4 --seq-length 32"),
-                        "--num-layers must be a positive integer");
+                        "--num-layers must be >= 1");
 }
 
 // These ran for minutes and printed nothing (declaring a model was O(layers^2), nothing bounded the flag).
@@ -138,6 +138,22 @@ TEST(TrainReliability, Fp16OverflowAtTheLossScaleFloorStops) {
   const TrainResult r = train(cat(tiny(24), {"--fp16"}));
   EXPECT_GT(r.skipped_iterations, 0);
   EXPECT_LT(r.skipped_iterations, 24);
+  // A run too short to get past the back-off skips every step: a warning, not an error (the scale is still
+  // calibrating, and a resumed segment may do the same).
+  std::string short_log;
+  const TrainResult s = train(cat(tiny(3), {"--fp16"}), &short_log);
+  EXPECT_EQ(s.skipped_iterations, 3);
+  EXPECT_NE(short_log.find("WARNING: every one of the 3 iterations run (1 to 3) was skipped"), std::string::npos)
+      << short_log;
+}
+
+// Without a dynamic scale, skipping every step (here NaN losses with the check off, from iteration 1 on: the
+// initial weights are scaled to inf by --init-method-std) is an error, not exit 0.
+TEST(TrainReliability, SkippingEveryStepIsAnError) {
+  const auto [err, log] =
+      run_with_log(cat(tiny(3), {"--init-method-std", "1e300", "--no-check-for-nan-in-loss-and-grad"}));
+  EXPECT_NE(err.find("every one of the 3 iterations run (1 to 3) was skipped for non-finite gradients, so nothing "
+                     "was trained. No final checkpoint was written"), std::string::npos) << err << log;
 }
 
 }  // namespace

@@ -36,7 +36,7 @@ std::string flags_help(const std::string& usage, const std::vector<FlagInfo>& ta
 size_t edit_distance(const std::string& a, const std::string& b);
 // Strict integer and number parsing; UserError naming the flag.
 int64_t parse_int_flag(const std::string& flag, const std::string& v);
-// A size, count or interval: an integer in [1, max] ("--num-layers must be a positive integer, got 0").
+// A size, count or interval: an integer in [1, max] ("--num-layers must be >= 1, got 0").
 int64_t parse_positive_flag(const std::string& flag, const std::string& v,
                             int64_t max = std::numeric_limits<int64_t>::max());
 double parse_float_flag(const std::string& flag, const std::string& v);
