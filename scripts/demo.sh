@@ -38,9 +38,11 @@ print(f"demo: {len(docs)} documents")
 PY
 
 echo "demo: loom preprocess (GPT-2 BPE) -> $OUT/sotu_text_document.bin/.idx"
+pre_start=$(date +%s)
 "$LOOM" preprocess --input "$OUT/sotu.jsonl" --output-prefix "$OUT/sotu" --json-keys text \
   --tokenizer-type GPT2BPETokenizer --vocab-file data/encoder.json --merge-file data/vocab.bpe \
   --append-eod --workers 2 --log-interval 50
+t_preprocess=$(($(date +%s) - pre_start))
 
 # Unigram entropy of the token stream (nats/token): the loss floor for a model without context.
 entropy=$("$PYTHON" -c '
@@ -88,7 +90,21 @@ awk -v h="$entropy" -v f="$first" -v l="$last" -v v="${valid:-nan}" -v n="$(wc -
 # text streamed to stdout, tokens/s on stderr).
 echo
 echo "demo: loom generate (40 tokens) from $OUT/checkpoints"
+gen_start=$(date +%s)
 "$LOOM" generate --load "$OUT/checkpoints" \
   --tokenizer-type GPT2BPETokenizer --vocab-file data/encoder.json --merge-file data/vocab.bpe \
   --prompt "Fellow citizens of the Senate and House of Representatives:" \
   --max-new-tokens 40 --temperature 0.8 --top-k 40 --seed 1234
+t_generate=$(($(date +%s) - gen_start))
+
+# The time of each phase; `make demo` passes its own (setup, build) in DEMO_PHASES ("name:seconds;...")
+# and its start in DEMO_START.
+echo
+echo "==== demo phases ===="
+phases="${DEMO_PHASES:+$DEMO_PHASES;}preprocess:$t_preprocess;train ($TRAIN_ITERS iterations):$elapsed;generate:$t_generate"
+IFS=';' read -ra parts <<<"$phases"
+for p in "${parts[@]}"; do printf "%-52s %5d s\n" "${p%:*}" "${p##*:}"; done
+if [[ -n "${DEMO_START:-}" ]]; then
+  total=$(($(date +%s) - DEMO_START))
+  printf "%-52s %5d s (%d min %02d s)\n" "total (make demo)" "$total" $((total / 60)) $((total % 60))
+fi

