@@ -1,4 +1,7 @@
 // `loom` entry point: dispatches subcommands; a UserError is printed as one line and exits 2.
+#include <unistd.h>
+
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -15,6 +18,9 @@
 #include "loom/train/trainer.h"
 
 namespace {
+
+// GOMP_SPINCOUNT Loom runs with (bench/RESULTS.md, "OpenMP waiting under contention").
+constexpr const char* kLoomSpinCount = "10000";
 
 const char* kUsage =
     "usage: loom <command> [flags]   (train and calc also take --config FILE.yaml: flags as YAML keys)\n"
@@ -79,9 +85,28 @@ int cmd_convert(const std::vector<std::string>& args) {
   return 0;
 }
 
+// OpenMP's idle worker threads spin (GNU libgomp: 300,000 iterations) before they sleep. On a machine
+// whose cores are shared with another busy process a spinning thread burns the time slice its partner
+// needs, and a 2-thread step ran 3x slower beside one competitor. A short spin keeps the wake-up latency
+// of back-to-back parallel regions on an idle machine and yields the cores quickly when they are
+// contended. libgomp reads its settings when it is loaded, before main, so the process re-executes
+// itself once with the setting in its environment. A user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins;
+// LOOM_OPENMP_SPIN=default keeps libgomp's default.
+void tune_openmp_waiting(char** argv) {
+  constexpr const char* kMarker = "LOOM_OPENMP_TUNED";
+  if (std::getenv(kMarker) || std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT")) return;
+  const char* want = std::getenv("LOOM_OPENMP_SPIN");
+  if (want && std::strcmp(want, "default") == 0) return;
+  setenv("GOMP_SPINCOUNT", want && *want ? want : kLoomSpinCount, 1);
+  setenv(kMarker, "1", 1);
+  execv("/proc/self/exe", argv);  // returns only on failure: carry on with libgomp's defaults
+  unsetenv("GOMP_SPINCOUNT");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  tune_openmp_waiting(argv);
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     std::cout << kUsage;
     return argc < 2 ? 2 : 0;
