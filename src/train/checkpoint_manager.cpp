@@ -4,6 +4,7 @@
 #include <fstream>
 #include <iomanip>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "loom/ckpt/checkpoint.h"
@@ -132,9 +133,11 @@ struct OpenedCheckpoint {
   json meta;
   std::string meta_path;
 };
-OpenedCheckpoint open_checkpoint(const std::string& dir, std::ostream& log) {
+// A checkpoint without checksums gets one note per directory (a LoRA run may open its base twice).
+OpenedCheckpoint open_checkpoint(const std::string& dir, std::ostream& log, std::set<std::string>& noted) {
   OpenedCheckpoint o{ShardedCheckpoint::open(dir), json(), dir + "/metadata.json"};
-  if (const std::string note = o.ck.checksum_note(); !note.empty()) log << " > " << note << "\n";
+  if (const std::string note = o.ck.checksum_note(); !note.empty() && noted.insert(dir).second)
+    log << " > " << note << "\n";
   try {
     o.meta = json::parse(o.ck.metadata_json());
   } catch (const json::exception& e) {
@@ -382,7 +385,7 @@ std::string CheckpointManager::load_model_only(const std::string& path, const ch
     if (!latest)
       user_error(flag, " ", path, " holds no checkpoint (no ", checkpoint_tracker_path(path),
                  ") and is no Hugging Face model directory (no config.json)");
-    const OpenedCheckpoint opened = open_checkpoint(latest->dir, log_);
+    const OpenedCheckpoint opened = open_checkpoint(latest->dir, log_, checksum_noted_);
     const ShardedCheckpoint& ck = opened.ck;
     const json& meta = opened.meta;
     const std::string& meta_path = opened.meta_path;
@@ -464,7 +467,7 @@ void CheckpointManager::load() {
   }
   const std::string dir = latest->dir;
   // One reader of the checkpoint, read before anything is changed.
-  const OpenedCheckpoint opened = open_checkpoint(dir, log_);
+  const OpenedCheckpoint opened = open_checkpoint(dir, log_, checksum_noted_);
   const ShardedCheckpoint& ck = opened.ck;
   const json& meta = opened.meta;
   const std::string& meta_path = opened.meta_path;
