@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -232,6 +233,40 @@ std::optional<LatestCheckpoint> read_latest_checkpoint(const std::string& root) 
     }
   }
   return latest;
+}
+
+std::vector<int64_t> list_checkpoint_iterations(const std::string& root) {
+  std::vector<int64_t> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (match_iter_with_suffix(name, "").empty() || !it->is_directory(ec)) continue;
+    int64_t v = 0;
+    const auto [p, err] = std::from_chars(name.data() + 5, name.data() + name.size(), v);
+    if (err == std::errc() && p == name.data() + name.size()) out.push_back(v);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string other_checkpoints_hint(const std::string& dir) {
+  fs::path d = fs::path(dir).lexically_normal();
+  if (d.filename().empty()) d = d.parent_path();  // a trailing '/'
+  const std::string root = d.parent_path().empty() ? "." : d.parent_path().string();
+  const std::string base = match_iter_with_suffix(d.filename().string(), kOldSuffix);
+  const std::string self = base.empty() ? d.filename().string() : base;
+  std::vector<int64_t> others;
+  for (int64_t it : list_checkpoint_iterations(root))
+    if (fs::path(checkpoint_dir(root, it)).filename() != self) others.push_back(it);
+  if (others.empty()) return "there is no other checkpoint in " + root + " to fall back to";
+  std::string list;
+  const size_t shown = 12;  // the most recent ones: those a user falls back to
+  const size_t from = others.size() > shown ? others.size() - shown : 0;
+  if (from > 0) list = "... ";
+  for (size_t i = from; i < others.size(); ++i) list += (i > from ? ", " : "") + std::to_string(others[i]);
+  return detail::concat("other checkpoints in ", root, ": iteration", others.size() > 1 ? "s " : " ", list,
+                        " (resume from one with loom train --load ", root, " --ckpt-step N; loom generate and loom "
+                        "convert take its directory, e.g. ", checkpoint_dir(root, others.back()), ")");
 }
 
 void load_tensors_checked(const SafetensorsFile& file, const NamedTensors& into, bool allow_extra) {

@@ -159,8 +159,41 @@ const SafetensorsFile& HfCheckpoint::file(const std::string& name) const {
 
 const SafetensorsInfo& HfCheckpoint::info(const std::string& name) const { return file(name).info(name); }
 const std::string& HfCheckpoint::file_of(const std::string& name) const { return file(name).path(); }
-Tensor HfCheckpoint::read(const std::string& name, DType as) const { return file(name).read(name, as); }
-void HfCheckpoint::read_into(const std::string& name, TensorView dst) const { file(name).read_into(name, dst); }
+
+Tensor HfCheckpoint::read(const std::string& name, DType as) const {
+  try {
+    return file(name).read(name, as);
+  } catch (const ChecksumError& e) {
+    damaged(e);
+  }
+}
+
+void HfCheckpoint::read_into(const std::string& name, TensorView dst) const {
+  try {
+    file(name).read_into(name, dst);
+  } catch (const ChecksumError& e) {
+    damaged(e);
+  }
+}
+
+void HfCheckpoint::damaged(const ChecksumError& e) const {
+  throw ChecksumError(detail::concat("Hugging Face model directory ", dir_, " is damaged: ", e.what(),
+                                     "; convert or download it again"),
+                      e.path(), e.tensor());
+}
+
+std::string HfCheckpoint::checksum_note() const {
+  std::vector<std::string> unchecked;
+  for (const SafetensorsFile& f : files_)
+    if (!f.has_checksums()) unchecked.push_back(fs::path(f.path()).filename().string());
+  if (unchecked.empty()) return "";
+  const std::string which = unchecked.size() == files_.size() && files_.size() > 1
+                                ? "its " + std::to_string(files_.size()) + " safetensors files record"
+                                : unchecked.front() + (unchecked.size() > 1 ? " and " + std::to_string(unchecked.size() - 1) +
+                                                       " more files record" : " records");
+  return "note: " + dir_ + ": " + which + " no checksums (written by another tool, or by Loom before it recorded "
+         "them), so its tensors cannot be verified as they load";
+}
 
 // ---- writer -------------------------------------------------------------------------------------
 

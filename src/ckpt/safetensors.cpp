@@ -1,7 +1,9 @@
-// Safetensors reader and writer (format and guarantees in include/loom/ckpt/safetensors.h).
+// Safetensors reader (format and guarantees in include/loom/ckpt/safetensors.h; the writer is safetensors_write.cpp).
 // The reader validates the whole header at open, so read()/map() only look up a checked entry; it never
 // trusts a size from the file before comparing it with the file's real size. Errors are UserErrors
 // because a bad checkpoint is something the user fixes (wrong path, truncated copy, foreign writer).
+// Checksums are computed on the bytes while they are in cache: the writer checksums each chunk just
+// before write(2) copies it out, the reader just after pread(2) or memcpy brought it in.
 #include "loom/ckpt/safetensors.h"
 
 #include <fcntl.h>
@@ -14,12 +16,16 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <unordered_map>
+#include <unordered_set>
 
+#include "loom/core/crc32c.h"
 #include "loom/core/file_io.h"
 #include "json_no_duplicates.h"
+#include "safetensors_impl.h"
 
 namespace loom {
 
@@ -29,7 +35,9 @@ using Json = nlohmann::json;
 
 // Same limit as the reference implementation: a larger header is a corrupt length field, not a header.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
-constexpr const char* kMetadataKey = "__metadata__";
+using safetensors_detail::hex8;
+using safetensors_detail::kChunkBytes;
+using safetensors_detail::kMetadataKey;
 
 struct StDtype {
   const char* name;
@@ -87,6 +95,18 @@ bool pread_all(int fd, void* dst, size_t n, int64_t offset) {
 
 std::string offsets_str(int64_t b, int64_t e) { return detail::concat("[", b, ", ", e, "]"); }
 
+// "0123abcd" -> its value; nullopt unless exactly 8 lowercase hex digits.
+std::optional<uint32_t> parse_hex8(const std::string& s) {
+  if (s.size() != 8) return std::nullopt;
+  uint32_t v = 0;
+  for (char c : s) {
+    const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    if (d < 0) return std::nullopt;
+    v = (v << 4) | uint32_t(d);
+  }
+  return v;
+}
+
 // A non-negative JSON integer that fits int64, or nullopt (negative, float, string, too large).
 std::optional<int64_t> as_index(const Json& j) {
   if (!j.is_number_unsigned()) return std::nullopt;
@@ -98,6 +118,14 @@ std::optional<int64_t> as_index(const Json& j) {
 }  // namespace
 
 const char* safetensors_dtype_name(DType dt) { return st_dtype_of(dt).name; }
+
+int safetensors_detail::dtype_rank(DType dt) { return st_dtype_of(dt).rank; }
+
+std::string safetensors_detail::hex8(uint32_t v) {
+  char b[9];
+  std::snprintf(b, sizeof b, "%08x", v);
+  return b;
+}
 
 std::optional<DType> dtype_from_safetensors(const std::string& s) {
   const StDtype* d = find_st_dtype(s);
@@ -117,6 +145,9 @@ struct SafetensorsFile::Impl {
   std::vector<std::string> names;
   std::unordered_map<std::string, SafetensorsInfo> infos;
   std::map<std::string, std::string> metadata;
+  bool has_checksums = false;
+  mutable std::mutex verified_mu;
+  mutable std::unordered_set<std::string> verified;  // tensors map() has checked
 
   ~Impl() {
     if (map_base) ::munmap(map_base, map_bytes);
@@ -146,7 +177,10 @@ struct SafetensorsFile::Impl {
   void parse_header(const std::string& text, int64_t data_size);
   void parse_entry(const std::string& name, const Json& v, int64_t data_size);
   void check_tiling(int64_t data_size);
+  void parse_checksums();
+  // Copies the tensor's bytes to dst (nullptr: reads them only) and verifies them.
   void copy_bytes(const SafetensorsInfo& info, void* dst) const;
+  void check_crc(const SafetensorsInfo& info, uint32_t actual) const;
 };
 
 void SafetensorsFile::Impl::parse_entry(const std::string& name, const Json& v, int64_t data_size) {
@@ -229,6 +263,44 @@ void SafetensorsFile::Impl::check_tiling(int64_t data_size) {
          " trailing bytes belong to no tensor)");
 }
 
+// The checksum entry of __metadata__ (written by write_safetensors): a JSON object naming every tensor
+// once, each with 8 lowercase hex digits.
+void SafetensorsFile::Impl::parse_checksums() {
+  const auto it = metadata.find(kSafetensorsChecksumKey);
+  if (it == metadata.end()) return;
+  const std::string where = detail::concat("__metadata__ entry \"", kSafetensorsChecksumKey, "\"");
+  std::string duplicate;
+  Json j;
+  try {
+    j = ckpt_io::parse_json_noting_duplicates(it->second, &duplicate);
+  } catch (const Json::exception& e) {
+    fail(where, " is not valid JSON: ", e.what());
+  }
+  if (!duplicate.empty()) fail(where, " lists tensor '", duplicate, "' twice");
+  if (!j.is_object()) fail(where, " must be a JSON object {tensor: crc32c}, got ", j.type_name());
+  for (auto c = j.begin(); c != j.end(); ++c) {
+    auto info = infos.find(c.key());
+    if (info == infos.end()) fail(where, " names tensor '", c.key(), "', which the file does not hold");
+    const std::optional<uint32_t> v = c.value().is_string() ? parse_hex8(c.value().get<std::string>()) : std::nullopt;
+    if (!v) fail_tensor(c.key(), where, " has ", c.value().dump(), "; expected 8 lowercase hex digits");
+    info->second.crc32c = *v;
+  }
+  for (const std::string& name : names)
+    if (!infos.at(name).crc32c) fail_tensor(name, "no checksum in the ", where, ", which lists the other tensors");
+  metadata.erase(it);
+  has_checksums = true;
+}
+
+void SafetensorsFile::Impl::check_crc(const SafetensorsInfo& info, uint32_t actual) const {
+  if (!info.crc32c || *info.crc32c == actual) return;
+  throw ChecksumError(
+      detail::concat("safetensors file '", path, "': tensor '", info.name, "': checksum mismatch: its ",
+                     info.nbytes(), " bytes have CRC-32C ", hex8(actual), " but the file records ",
+                     hex8(*info.crc32c), " (the file was damaged on disk or in a copy, or changed after it was "
+                     "written)"),
+      path, info.name);
+}
+
 void SafetensorsFile::Impl::parse_header(const std::string& text, int64_t data_size) {
   if (text.empty() || text[0] != '{') fail("header does not start with '{' (not a safetensors file?)");
   std::string duplicate;
@@ -254,18 +326,32 @@ void SafetensorsFile::Impl::parse_header(const std::string& text, int64_t data_s
     parse_entry(it.key(), it.value(), data_size);
   }
   check_tiling(data_size);
+  parse_checksums();
 }
 
 void SafetensorsFile::Impl::copy_bytes(const SafetensorsInfo& info, void* dst) const {
-  if (info.nbytes() == 0) return;
-  if (map_base) {
-    std::memcpy(dst, static_cast<const char*>(map_base) + data_start + info.begin, size_t(info.nbytes()));
-    return;
+  const bool check = info.crc32c.has_value();
+  if (info.nbytes() == 0 || (!dst && !check)) return check_crc(info, 0);
+  std::vector<char> scratch(dst || map_base ? 0 : std::min(size_t(info.nbytes()), kChunkBytes));
+  uint32_t crc = 0;
+  for (int64_t done = 0; done < info.nbytes();) {
+    const size_t n = size_t(std::min<int64_t>(info.nbytes() - done, int64_t(kChunkBytes)));
+    const int64_t at = data_start + info.begin + done;
+    char* out = dst ? static_cast<char*>(dst) + done : scratch.data();
+    if (map_base) {
+      const char* src = static_cast<const char*>(map_base) + at;
+      if (dst) std::memcpy(out, src, n);
+      else out = const_cast<char*>(src);  // only read
+    } else {
+      errno = 0;
+      if (!pread_all(fd, out, n, at))
+        fail_tensor(info.name, "reading ", info.nbytes(), " bytes at offset ", data_start + info.begin,
+                    " failed: ", errno ? errno_text() : "file is shorter than when it was opened");
+    }
+    if (check) crc = crc32c_extend(crc, out, n);
+    done += int64_t(n);
   }
-  errno = 0;
-  if (!pread_all(fd, dst, size_t(info.nbytes()), data_start + info.begin))
-    fail_tensor(info.name, "reading ", info.nbytes(), " bytes at offset ", data_start + info.begin,
-                " failed: ", errno ? errno_text() : "file is shorter than when it was opened");
+  if (check) check_crc(info, crc);
 }
 
 SafetensorsFile::SafetensorsFile() = default;
@@ -319,6 +405,7 @@ const std::vector<std::string>& SafetensorsFile::names() const { return impl_->n
 bool SafetensorsFile::contains(const std::string& name) const { return impl_->infos.count(name) != 0; }
 const SafetensorsInfo& SafetensorsFile::info(const std::string& name) const { return impl_->lookup(name); }
 const std::map<std::string, std::string>& SafetensorsFile::metadata() const { return impl_->metadata; }
+bool SafetensorsFile::has_checksums() const { return impl_->has_checksums; }
 int64_t SafetensorsFile::header_bytes() const { return impl_->header_bytes; }
 
 Tensor SafetensorsFile::read(const std::string& name) const {
@@ -424,64 +511,16 @@ Tensor SafetensorsFile::map(const std::string& name) const {
   if (reinterpret_cast<uintptr_t>(p) % dtype_size(*info.dtype) != 0)
     impl_->fail_tensor(name, "data at file offset ", impl_->data_start + info.begin, " is not aligned to ",
                        dtype_size(*info.dtype), " bytes; use read() instead of map()");
+  if (info.crc32c) {
+    std::lock_guard<std::mutex> lock(impl_->verified_mu);
+    if (!impl_->verified.count(name)) {
+      impl_->copy_bytes(info, nullptr);
+      impl_->verified.insert(name);
+    }
+  }
   return Tensor::wrap(p, info.shape, *info.dtype);
 }
 
-// ---- writer -------------------------------------------------------------------------------------
-
-void write_safetensors(const std::string& path, const NamedTensors& tensors,
-                       const std::map<std::string, std::string>& metadata) {
-  std::set<std::string> seen;
-  for (const auto& [name, t] : tensors) {
-    if (name.empty() || name == kMetadataKey)
-      user_error("writing safetensors file '", path, "': invalid tensor name '", name, "'");
-    if (!seen.insert(name).second)
-      user_error("writing safetensors file '", path, "': tensor '", name, "' given twice");
-    LOOM_CHECK(t.device().is_cpu(), "[safetensors] tensor '", name, "' must be in host memory, got ", t.desc());
-    LOOM_CHECK(t.defined() || t.nbytes() == 0, "[safetensors] tensor '", name, "' has no data");
-  }
-  std::vector<size_t> order(tensors.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    const int ra = st_dtype_of(tensors[a].second.dtype()).rank, rb = st_dtype_of(tensors[b].second.dtype()).rank;
-    return ra != rb ? ra > rb : tensors[a].first < tensors[b].first;
-  });
-
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) {
-    nlohmann::ordered_json m = nlohmann::ordered_json::object();
-    for (const auto& [k, v] : metadata) m[k] = v;
-    header[kMetadataKey] = std::move(m);
-  }
-  int64_t offset = 0;
-  for (size_t i : order) {
-    const TensorView& t = tensors[i].second;
-    nlohmann::ordered_json e = nlohmann::ordered_json::object();
-    e["dtype"] = safetensors_dtype_name(t.dtype());
-    e["shape"] = std::vector<int64_t>(t.shape().begin(), t.shape().end());
-    e["data_offsets"] = {offset, offset + t.nbytes()};
-    offset += t.nbytes();
-    header[tensors[i].first] = std::move(e);
-  }
-  std::string text;
-  try {
-    text = header.dump();
-  } catch (const nlohmann::json::exception& e) {
-    user_error("writing safetensors file '", path, "': a tensor name or metadata string is not valid UTF-8 (",
-               e.what(), ")");
-  }
-  text.append((8 - text.size() % 8) % 8, ' ');
-  unsigned char len_bytes[8];
-  for (int i = 0; i < 8; ++i) len_bytes[i] = uint8_t(uint64_t(text.size()) >> (8 * i));
-
-  write_file_atomic(path, [&](int fd) {
-    bool ok = write_all(fd, len_bytes, 8) && write_all(fd, text.data(), text.size());
-    for (size_t k = 0; ok && k < order.size(); ++k) {
-      const TensorView& t = tensors[order[k]].second;
-      ok = write_all(fd, t.raw(), size_t(t.nbytes()));
-    }
-    return ok;
-  });
-}
+void SafetensorsFile::verify(const std::string& name) const { impl_->copy_bytes(impl_->lookup(name), nullptr); }
 
 }  // namespace loom

@@ -17,6 +17,8 @@ inline constexpr const char* kMetadataName = "metadata.json";
 inline constexpr const char* kShardedKey = "sharded_checkpoint";
 inline constexpr const char* kIndexKey = "loom_sharded_index";
 inline constexpr const char* kFormat = "loom-sharded";
+// In shard 0's piece index: the CRC-32C of metadata.json (8 hex digits; absent in older checkpoints).
+inline constexpr const char* kMetadataCrcKey = "metadata_crc32c";
 inline constexpr int kVersion = 1;
 
 // A piece's geometry with the window resolved; `problem` is set when it is malformed.

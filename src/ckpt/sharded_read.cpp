@@ -1,6 +1,9 @@
 // Reading sharded checkpoints and resharding on load (format and guarantees in include/loom/ckpt/sharded.h).
 // Loading a target = intersecting its runs with the disjoint union of all saved runs of the tensor (sorted
 // by global index), which also finds every uncovered element.
+// Checksums: every saved piece is one tensor of its shard file, verified whole by SafetensorsFile the
+// first time any part of it is needed (a resharding load that needs half a piece still reads all of it,
+// once); metadata.json is verified against the CRC shard 0's index records for it.
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -14,7 +17,9 @@
 #include "loom/ckpt/checkpoint.h"
 #include "loom/ckpt/safetensors.h"
 #include "loom/ckpt/sharded.h"
+#include "loom/core/crc32c.h"
 #include "loom/core/file_io.h"
+#include "safetensors_impl.h"
 #include "sharded_geometry.h"
 
 namespace loom {
@@ -63,6 +68,11 @@ struct ShardedCheckpoint::Impl {
   // The single-file format of Loom 0.1.0 (no "sharded_checkpoint" object): its files stand in for the
   // shards, each tensor one whole piece.
   std::vector<std::string> legacy_files;
+  std::vector<std::string> unchecked;  // files that record no checksums (written before Loom did)
+
+  [[noreturn]] void damaged(const std::string& what) const {
+    user_error("checkpoint ", dir, " is damaged: ", what, "; ", other_checkpoints_hint(dir));
+  }
 
   std::string shard_path(int r) const {
     return (fs::path(dir) / (legacy_files.empty() ? shard_file_name(r) : legacy_files[size_t(r)])).string();
@@ -100,6 +110,7 @@ struct ShardedCheckpoint::Impl {
       if (!fs::exists(path, ec))
         user_error("checkpoint file ", path, " is missing (", meta_path, " lists it); the checkpoint is incomplete");
       const SafetensorsFile f = SafetensorsFile::open(path);
+      if (!f.has_checksums()) unchecked.push_back(file);
       for (const std::string& key : f.names()) {
         const SafetensorsInfo& info = f.info(key);
         if (!info.dtype || !dtype_is_float(*info.dtype))
@@ -139,6 +150,7 @@ struct ShardedCheckpoint::Impl {
       user_error("checkpoint shard ", path, " is missing (", dir, "/", kMetadataName, " says the checkpoint has ",
                  world_size, " shards); the checkpoint is incomplete");
     const SafetensorsFile f = SafetensorsFile::open(path);  // validates the header; UserError names the file
+    if (!f.has_checksums()) unchecked.push_back(shard_file_name(r));
     auto bad = [&](const auto&... why) { user_error("checkpoint shard ", path, ": ", why...); };
     const auto it = f.metadata().find(kIndexKey);
     if (it == f.metadata().end()) bad("has no \"", kIndexKey, "\" metadata entry (not a Loom checkpoint shard)");
@@ -156,6 +168,13 @@ struct ShardedCheckpoint::Impl {
         bad("the piece index has version ", idx.at("version").get<int>(), "; this Loom reads up to ", kVersion);
       if (idx.at("rank").get<int>() != r)
         bad("the piece index says it was written by rank ", idx.at("rank").get<int>(), ", not ", r);
+      if (idx.contains(kMetadataCrcKey)) {
+        const std::string want = idx.at(kMetadataCrcKey).get<std::string>();
+        const std::string have = safetensors_detail::hex8(crc32c(metadata));
+        if (want != have)
+          damaged(detail::concat(kMetadataName, " has CRC-32C ", have, " but ", path, " records ", want,
+                                 " for it (the file was damaged on disk or in a copy, or edited)"));
+      }
       std::set<std::string> keys;
       for (const json& e : idx.at("pieces")) {
         SavedPiece p;
@@ -328,6 +347,16 @@ int ShardedCheckpoint::world_size() const { return impl_->world_size; }
 const std::string& ShardedCheckpoint::layout_json() const { return impl_->layout; }
 const std::string& ShardedCheckpoint::metadata_json() const { return impl_->metadata; }
 
+std::string ShardedCheckpoint::checksum_note() const {
+  const std::vector<std::string>& u = impl_->unchecked;
+  if (u.empty()) return "";
+  const size_t files = impl_->legacy_files.empty() ? size_t(impl_->world_size) : impl_->legacy_files.size();
+  std::string which = u.size() == files ? "its files record" : u.front() + (u.size() > 1 ? " and " +
+                      std::to_string(u.size() - 1) + " more files record" : " records");
+  return "note: checkpoint " + impl_->dir + " was written before Loom recorded checksums (" + which +
+         " none), so its tensors cannot be verified as they load";
+}
+
 std::vector<std::string> ShardedCheckpoint::tensor_names() const {
   std::vector<std::string> out;
   for (const auto& [name, t] : impl_->tensors) out.push_back(name);
@@ -349,7 +378,8 @@ void ShardedCheckpoint::read(const std::vector<TensorPiece>& targets) const {
   std::vector<std::vector<CopyOp>> plans(targets.size());
   for (size_t i = 0; i < targets.size(); ++i) impl_->plan(targets[i], plans[i]);
 
-  // Map every shard needed before copying anything, so an unreadable file leaves the targets untouched.
+  // Map (and verify) every saved piece needed before copying anything, so an unreadable or damaged file
+  // leaves the targets untouched.
   std::lock_guard<std::mutex> lock(impl_->mu);
   std::map<const SavedPiece*, const uint8_t*> src;
   for (const auto& ops : plans)
@@ -362,7 +392,13 @@ void ShardedCheckpoint::read(const std::vector<TensorPiece>& targets) const {
                          SafetensorsFile::open(impl_->shard_path(op.src->shard), SafetensorsFile::Mode::kMmap))
                 .first;
       // The mapping lives in the cached SafetensorsFile; the Tensor returned by map() does not own it.
-      src[op.src] = static_cast<const uint8_t*>(f->second.map(op.src->key).raw());
+      try {
+        src[op.src] = static_cast<const uint8_t*>(f->second.map(op.src->key).raw());
+      } catch (const ChecksumError& e) {
+        throw ChecksumError(detail::concat("checkpoint ", impl_->dir, " is damaged: ", e.what(), "; ",
+                                           other_checkpoints_hint(impl_->dir)),
+                            e.path(), e.tensor());
+      }
     }
   for (size_t i = 0; i < targets.size(); ++i) {
     const TensorView& dst = targets[i].data;

@@ -8,6 +8,8 @@
 #include "loom/ckpt/checkpoint.h"
 #include "loom/ckpt/safetensors.h"
 #include "loom/ckpt/sharded.h"
+#include "loom/core/crc32c.h"
+#include "safetensors_impl.h"
 #include "sharded_geometry.h"
 
 namespace loom {
@@ -53,7 +55,8 @@ std::string shard_file_name(int rank) {
   return name;
 }
 
-void write_shard(const std::string& staging, int rank, const std::vector<TensorPiece>& pieces) {
+void write_shard(const std::string& staging, int rank, const std::vector<TensorPiece>& pieces,
+                 const std::string& metadata_text) {
   NamedTensors tensors;
   json index = json::array();
   std::set<std::string> keys;
@@ -77,19 +80,24 @@ void write_shard(const std::string& staging, int rank, const std::vector<TensorP
                      {"key", key}});
     tensors.emplace_back(key, TensorView(p.data.raw(), p.data.dtype(), Shape{n}, p.data.device()));
   }
-  const json meta = {{"format", kFormat}, {"version", kVersion}, {"rank", rank}, {"pieces", index}};
+  json meta = {{"format", kFormat}, {"version", kVersion}, {"rank", rank}, {"pieces", index}};
+  if (!metadata_text.empty()) meta[kMetadataCrcKey] = safetensors_detail::hex8(crc32c(metadata_text));
   write_checkpoint_tensors(staging, shard_file_name(rank), tensors, {{kIndexKey, meta.dump()}});
 }
 
-void write_sharded_metadata(const std::string& staging, int world_size, const std::string& layout_json,
-                            const std::string& metadata_json) {
+std::string sharded_metadata_text(int world_size, const std::string& layout_json, const std::string& metadata_json) {
   LOOM_CHECK(world_size >= 1, "[sharded] world size must be positive, got ", world_size);
   json j = parse_object(metadata_json, "metadata");
   const json layout = parse_object(layout_json, "layout");
   if (j.contains(kShardedKey))
     user_error("the metadata of a sharded checkpoint must not have the key \"", kShardedKey, "\" (it is reserved)");
   j[kShardedKey] = {{"format", kFormat}, {"version", kVersion}, {"world_size", world_size}, {"layout", layout}};
-  write_checkpoint_text(staging, kMetadataName, j.dump(2) + "\n");
+  return j.dump(2) + "\n";
+}
+
+void write_sharded_metadata(const std::string& staging, int world_size, const std::string& layout_json,
+                            const std::string& metadata_json) {
+  write_checkpoint_text(staging, kMetadataName, sharded_metadata_text(world_size, layout_json, metadata_json));
 }
 
 void save_sharded_checkpoint(const std::string& root, int64_t iteration, const std::vector<TensorPiece>& pieces,
@@ -110,8 +118,9 @@ void save_sharded_checkpoint(const std::string& root, int64_t iteration, const s
   });
   step("writing its shard", [&] {
     const std::string staging = checkpoint_staging_dir(root, iteration);
-    write_shard(staging, rank, pieces);
-    if (rank == 0) write_sharded_metadata(staging, world.size(), layout_json, metadata_json);
+    const std::string text = rank == 0 ? sharded_metadata_text(world.size(), layout_json, metadata_json) : "";
+    write_shard(staging, rank, pieces, text);
+    if (rank == 0) write_checkpoint_text(staging, kMetadataName, text);
   });
   step("committing", [&] {
     if (rank == 0) commit_checkpoint(root, iteration);
@@ -125,8 +134,9 @@ void save_sharded_checkpoint(const std::string& root, int64_t iteration, const s
   if (rank == 0) begin_checkpoint(root, iteration);
   barrier();  // the staging dir exists
   const std::string staging = checkpoint_staging_dir(root, iteration);
-  write_shard(staging, rank, pieces);
-  if (rank == 0) write_sharded_metadata(staging, world_size, layout_json, metadata_json);
+  const std::string text = rank == 0 ? sharded_metadata_text(world_size, layout_json, metadata_json) : "";
+  write_shard(staging, rank, pieces, text);
+  if (rank == 0) write_checkpoint_text(staging, kMetadataName, text);
   barrier();  // every shard is durable
   if (rank == 0) commit_checkpoint(root, iteration);
   barrier();  // committed: every rank returns only once the checkpoint is current

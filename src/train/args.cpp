@@ -248,6 +248,8 @@ const std::vector<Flag>& flags() {
       {"--save", "DIR", "checkpoint directory to save to", [](C& c, S v) { c.checkpoint.save = v; }},
       {"--load", "DIR", "checkpoint directory to resume from (its latest_checkpointed_iteration.txt)",
        [](C& c, S v) { c.checkpoint.load = v; }},
+      {"--ckpt-step", "N", "load the checkpoint of iteration N from --load instead of the one its tracker names",
+       [](C& c, S v) { c.checkpoint.ckpt_step = parse_int("--ckpt-step", v); }},
       {"--save-interval", "N", "iterations between checkpoints (the end of training always saves)",
        [](C& c, S v) { c.checkpoint.save_interval = parse_int("--save-interval", v); }},
       {"--no-save-optim", "", "do not save the optimizer state", [](C& c, S) { c.checkpoint.no_save_optim = true; }},

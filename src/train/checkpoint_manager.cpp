@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iomanip>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "loom/ckpt/checkpoint.h"
@@ -138,8 +139,11 @@ struct OpenedCheckpoint {
   json meta;
   std::string meta_path;
 };
-OpenedCheckpoint open_checkpoint(const std::string& dir) {
+// A checkpoint without checksums gets one note per directory (a LoRA run may open its base twice).
+OpenedCheckpoint open_checkpoint(const std::string& dir, std::ostream& log, std::set<std::string>& noted) {
   OpenedCheckpoint o{ShardedCheckpoint::open(dir), json(), dir + "/metadata.json"};
+  if (const std::string note = o.ck.checksum_note(); !note.empty() && noted.insert(dir).second)
+    log << " > " << note << "\n";
   try {
     o.meta = json::parse(o.ck.metadata_json());
   } catch (const json::exception& e) {
@@ -148,6 +152,21 @@ OpenedCheckpoint open_checkpoint(const std::string& dir) {
   if (get_field<std::string>(o.meta, "format", o.meta_path) != kFormat)
     user_error(o.meta_path, " is not a Loom checkpoint (format ", o.meta["format"].dump(), ")");
   return o;
+}
+
+// The checkpoint --load names: the tracker's, or with --ckpt-step N the directory of iteration N.
+std::optional<LatestCheckpoint> checkpoint_to_load(const CheckpointConfig& c) {
+  if (!c.ckpt_step) return read_latest_checkpoint(c.load);
+  LatestCheckpoint ck;
+  ck.iteration = *c.ckpt_step;
+  ck.dir = checkpoint_dir(c.load, ck.iteration);
+  if (!std::filesystem::is_directory(ck.dir)) {
+    std::string have;
+    for (int64_t it : list_checkpoint_iterations(c.load)) have += (have.empty() ? "" : ", ") + std::to_string(it);
+    user_error("--ckpt-step ", ck.iteration, ": there is no checkpoint directory ", ck.dir, " (",
+               have.empty() ? "--load " + c.load + " holds no iter_XXXXXXX directory" : "its iterations: " + have, ")");
+  }
+  return ck;
 }
 
 std::string fmt_ms(double ms) {
@@ -327,6 +346,13 @@ void CheckpointManager::check_optimizer_matches(const json& saved, const std::st
 }
 
 void CheckpointManager::check_load_flags(const TrainConfig& cfg) {
+  if (cfg.checkpoint.ckpt_step && cfg.checkpoint.load.empty())
+    user_error("--ckpt-step ", *cfg.checkpoint.ckpt_step, " needs --load DIR (the directory of the checkpoints)");
+  if (cfg.checkpoint.ckpt_step && *cfg.checkpoint.ckpt_step < 0)
+    user_error("--ckpt-step must be a non-negative iteration, got ", *cfg.checkpoint.ckpt_step);
+  if (cfg.checkpoint.ckpt_step && is_hf_model_dir(cfg.checkpoint.load))
+    user_error("--ckpt-step picks an iteration of a Loom checkpoint directory, but --load ", cfg.checkpoint.load,
+               " is a Hugging Face model directory");
   if (!cfg.checkpoint.load.empty() && is_hf_model_dir(cfg.checkpoint.load) && !cfg.checkpoint.finetune &&
       !cfg.lora.enabled())
     user_error("--load ", cfg.checkpoint.load, " is a Hugging Face model directory (config.json), which holds "
@@ -382,11 +408,12 @@ std::string CheckpointManager::load_model_only(const std::string& path, const ch
   if (is_hf_model_dir(path)) {
     load_hf_weights(path);
   } else {
-    const std::optional<LatestCheckpoint> latest = read_latest_checkpoint(path);
+    const std::optional<LatestCheckpoint> latest =
+        path == cfg.checkpoint.load ? checkpoint_to_load(cfg.checkpoint) : read_latest_checkpoint(path);
     if (!latest)
       user_error(flag, " ", path, " holds no checkpoint (no ", checkpoint_tracker_path(path),
                  ") and is no Hugging Face model directory (no config.json)");
-    const OpenedCheckpoint opened = open_checkpoint(latest->dir);
+    const OpenedCheckpoint opened = open_checkpoint(latest->dir, log_, checksum_noted_);
     const ShardedCheckpoint& ck = opened.ck;
     const json& meta = opened.meta;
     const std::string& meta_path = opened.meta_path;
@@ -452,7 +479,7 @@ void CheckpointManager::load() {
          << "  successfully loaded Hugging Face model from " << cfg.checkpoint.load << " at iteration 0\n";
     return;
   }
-  const std::optional<LatestCheckpoint> latest = read_latest_checkpoint(cfg.checkpoint.load);
+  const std::optional<LatestCheckpoint> latest = checkpoint_to_load(cfg.checkpoint);
   if (!latest) {
     log_ << " > WARNING: could not find the metadata file " << checkpoint_tracker_path(cfg.checkpoint.load)
          << "\n    will not load any checkpoints";
@@ -468,7 +495,7 @@ void CheckpointManager::load() {
   }
   const std::string dir = latest->dir;
   // One reader of the checkpoint, read before anything is changed.
-  const OpenedCheckpoint opened = open_checkpoint(dir);
+  const OpenedCheckpoint opened = open_checkpoint(dir, log_, checksum_noted_);
   const ShardedCheckpoint& ck = opened.ck;
   const json& meta = opened.meta;
   const std::string& meta_path = opened.meta_path;

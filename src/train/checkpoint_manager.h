@@ -19,6 +19,7 @@
 // re-derived from the masters by the same rounding. Private to the train layer.
 #pragma once
 #include <ostream>
+#include <set>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -62,6 +63,7 @@ class CheckpointManager {
   TrainingRun& run_;
   std::ostream& log_;
   std::string lora_base_;  // the directory the frozen base of a LoRA run came from (saved as lora.base)
+  std::set<std::string> checksum_noted_;  // checkpoints whose "no checksums" note was printed
 };
 
 }  // namespace loom

@@ -233,6 +233,7 @@ std::unique_ptr<GPTModel> load_model_for_inference(const std::string& dir, const
     HfImportOptions io;
     io.ctx = &ctx;
     io.expert_biases = model->expert_biases();
+    io.notes = log;
     load_model_weights(dir, model->params(), io);
   }
   model->sync_compute();

@@ -37,6 +37,11 @@ constexpr const char* kWordEmbedding = "embedding.word_embeddings.weight";
 
 using LoomTensors = std::vector<std::pair<std::string, Tensor>>;
 
+// A checkpoint that records no checksums loads unverified: one line says so (once per load).
+void note_unverified(const std::string& note, std::ostream* log) {
+  if (log && !note.empty()) *log << note << "\n";
+}
+
 // The model weights of a Loom checkpoint (any layout, either format) as whole f32 tensors: every tensor
 // but the optimizer state and the FP8 scaling state.
 LoomTensors read_checkpoint_weights(const ShardedCheckpoint& ck) {
@@ -249,6 +254,7 @@ void load_model_weights(const std::string& dir, ParameterSet& params, const HfIm
   std::string source;
   if (is_hf_model_dir(dir)) {
     const HfCheckpoint hf = HfCheckpoint::open(dir);
+    note_unverified(hf.checksum_note(), opts.notes ? opts.notes : opts.log);
     GPTConfig cfg = gpt_config_from_hf(hf.config(), 1);
     const Parameter* wte = params.find(kWordEmbedding);
     if (!wte) user_error("the model has no ", kWordEmbedding, "; cannot load HF directory ", dir);
@@ -265,7 +271,9 @@ void load_model_weights(const std::string& dir, ParameterSet& params, const HfIm
     source = "HF directory " + dir;
   } else {
     const std::string ck = loom_checkpoint_dir(dir);
-    values = read_checkpoint_weights(ShardedCheckpoint::open(ck));
+    const ShardedCheckpoint sc = ShardedCheckpoint::open(ck);
+    note_unverified(sc.checksum_note(), opts.notes ? opts.notes : opts.log);
+    values = read_checkpoint_weights(sc);
     source = "checkpoint " + ck;
     // The routers' expert biases: into the model's buffers, not among the parameters.
     for (auto it = values.begin(); it != values.end();) {
@@ -331,6 +339,7 @@ void convert_hf_to_loom(const std::string& hf_dir, const std::string& loom_root,
                         std::ostream& log) {
   check_new_loom_root(loom_root);
   const HfCheckpoint hf = HfCheckpoint::open(hf_dir);
+  note_unverified(hf.checksum_note(), &log);
   GPTConfig cfg = gpt_config_from_hf(hf.config(), opts.make_vocab_size_divisible_by);
   if (opts.rotary_interleaved) {
     if (cfg.position_embedding_type != PositionEmbeddingType::kRope)
@@ -369,7 +378,9 @@ void convert_loom_to_hf(const std::string& loom_dir, const std::string& hf_dir, 
   model_io_detail::token_ids_from_metadata(meta, opts);
   const std::string type = hf_model_type(cfg);  // refuses an architecture with no HF counterpart, before any work
   const std::string file = ck + "/metadata.json";
-  const LoomTensors tensors = read_checkpoint_weights(ShardedCheckpoint::open(ck));
+  const ShardedCheckpoint sc = ShardedCheckpoint::open(ck);
+  note_unverified(sc.checksum_note(), &log);
+  const LoomTensors tensors = read_checkpoint_weights(sc);
   std::map<std::string, TensorView> loom;
   for (const auto& [name, t] : tensors) loom[name] = t;
   log << "converting Loom checkpoint " << ck << " (" << loom.size() << " parameters) to a Hugging Face "

@@ -28,17 +28,6 @@ namespace loom {
 
 namespace {
 
-constexpr std::array<uint32_t, 256> make_crc32c_table() {
-  std::array<uint32_t, 256> t{};
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-    t[i] = c;
-  }
-  return t;
-}
-constexpr std::array<uint32_t, 256> kCrc32cTable = make_crc32c_table();
-
 // ---- protobuf wire format -------------------------------------------------------------------------
 enum WireType : uint32_t { kVarint = 0, kFixed64 = 1, kLengthDelimited = 2, kFixed32 = 5 };
 
@@ -102,12 +91,6 @@ std::string host_name() {
 }
 
 }  // namespace
-
-uint32_t crc32c(std::string_view data) {
-  uint32_t c = 0xFFFFFFFFu;
-  for (unsigned char b : data) c = kCrc32cTable[(c ^ b) & 0xFF] ^ (c >> 8);
-  return c ^ 0xFFFFFFFFu;
-}
 
 uint32_t masked_crc32c(std::string_view data) {
   const uint32_t c = crc32c(data);

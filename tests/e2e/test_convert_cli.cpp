@@ -1,6 +1,7 @@
 // `loom convert` and `loom train --load <HF dir> --finetune` end to end, on the tiny HF directories of
 // tests/golden/gen_hf_models.py: HF -> Loom -> HF through the binary reproduces model.safetensors byte for
-// byte (and, sharded, tensor for tensor); --dtype bf16 writes BF16; training starts from an HF directory and
+// byte but for the checksum entry Loom adds to its metadata (and, sharded, tensor for tensor); --dtype bf16
+// writes BF16; training starts from an HF directory and
 // from its converted checkpoint with identical losses (neither is the random init's); bad flags, an existing
 // destination and an architecture mismatch fail with exit 2 and one error line naming the flag. The MoE
 // directories of tests/golden/gen_hf_moe_models.py round-trip too, and train from the HF Mixtral directory.
@@ -23,6 +24,7 @@
 #include "loom/train/trainer.h"
 
 #include "e2e_util.h"
+#include "unit/ckpt/ckpt_test_util.h"
 
 namespace fs = std::filesystem;
 using namespace loom;
@@ -87,7 +89,7 @@ TEST(ConvertCli, Gpt2RoundTripIsByteIdentical) {
   EXPECT_EQ(slurp(tmp / "ck/latest_checkpointed_iteration.txt"), "0");
   const CliResult b = run_loom("convert --from loom:" + (tmp / "ck") + " --to hf:" + (tmp / "hf"));
   ASSERT_EQ(b.code, 0) << b.err;
-  EXPECT_EQ(slurp(tmp / "hf/model.safetensors"), slurp(kGpt2 + "/model.safetensors"));
+  EXPECT_EQ(ckpt_test::without_checksums(slurp(tmp / "hf/model.safetensors")), slurp(kGpt2 + "/model.safetensors"));
   EXPECT_NE(slurp(tmp / "hf/config.json").find("\"model_type\": \"gpt2\""), std::string::npos);
 }
 
@@ -99,9 +101,11 @@ TEST(ConvertCli, LlamaShardedAndBf16) {
   ASSERT_EQ(sharded.code, 0) << sharded.err;
   EXPECT_TRUE(fs::is_regular_file(tmp / "hf/model.safetensors.index.json"));
   EXPECT_FALSE(fs::exists(tmp / "hf/model.safetensors"));
-  // Sharded HF -> Loom again gives the very same checkpoint weights.
+  // Sharded HF -> Loom again gives the very same checkpoint weights (the shards differ only in the checksum
+  // of metadata.json, which names another source directory).
   ASSERT_EQ(run_loom("convert --from hf:" + (tmp / "hf") + " --to loom:" + (tmp / "ck2")).code, 0);
-  EXPECT_EQ(slurp(tmp / "ck2/iter_0000000/shard_00000.safetensors"), slurp(tmp / "ck/iter_0000000/shard_00000.safetensors"));
+  EXPECT_EQ(ckpt_test::without_checksums(slurp(tmp / "ck2/iter_0000000/shard_00000.safetensors")),
+            ckpt_test::without_checksums(slurp(tmp / "ck/iter_0000000/shard_00000.safetensors")));
   const HfCheckpoint a = HfCheckpoint::open(tmp / "hf"), b = HfCheckpoint::open(kLlama);
   ASSERT_EQ(a.names(), b.names());
   for (const std::string& n : a.names()) {
@@ -176,7 +180,7 @@ TEST(ConvertCli, MixtureOfExpertsRoundTripsAndFinetunes) {
     const CliResult to_loom = run_loom("convert --from hf:" + dir + " --to loom:" + (tmp / "ck"));
     ASSERT_EQ(to_loom.code, 0) << to_loom.err;
     ASSERT_EQ(run_loom("convert --from loom:" + (tmp / "ck") + " --to hf:" + (tmp / "hf")).code, 0);
-    EXPECT_EQ(slurp(tmp / "hf/model.safetensors"), slurp(dir + "/model.safetensors")) << name;
+    EXPECT_EQ(ckpt_test::without_checksums(slurp(tmp / "hf/model.safetensors")), slurp(dir + "/model.safetensors")) << name;
   }
   // The fixture's Mixtral as `loom train` flags.
   const std::string mixtral =

@@ -1,8 +1,9 @@
 // Resume bit-exactness of `loom train` (the acceptance test of checkpoints): a run stopped at iteration k
 // and resumed with --load must print the same loss at every iteration as a run that never stopped, and
 // end with byte-identical model.safetensors / optimizer.safetensors / metadata.json. Three ways to stop:
-// --exit-interval (in-process), SIGTERM with --exit-signal-handler and kill -9 after a --save-interval
-// save (both on the loom binary, since a signal has to hit a separate process). Each runs with fp32,
+// --exit-interval (in-process), SIGTERM with --exit-signal-handler and kill -9 (three times at random
+// moments, resuming in between) after --save-interval saves (both on the loom binary, since a signal has
+// to hit a separate process). Each runs with fp32,
 // --bf16, --fp16 (a dynamic loss scale that changes during the run) and FP8 (delayed scaling with an
 // amax history: fp8_state.safetensors must restore it), with Megatron's default dropout on so that the
 // dropout RNG state has to be restored too.
@@ -285,37 +286,46 @@ TEST_P(TrainResume, SigtermSaveAndResumePrintsTheSameLosses) {
   expect_same_checkpoint_files(iter_dir(tmp / "straight", N), iter_dir(tmp / "ckpt", N));
 }
 
-// (c) kill -9 at a random moment after the tracker reached 10 (possibly in the middle of a save): the
-// tracker still names a complete checkpoint and resuming from it reproduces the straight run.
+// (c) kill -9 at random moments, three times in a row (possibly in the middle of a save): each time the
+// tracker still names a complete checkpoint, the next run resumes from it (checksums verified), and the run
+// that finally completes reproduces the straight run bit for bit.
 TEST_P(TrainResume, Kill9AfterSaveResumesFromTheTrackerBitExact) {
   const std::string prec = GetParam();
   TempDir tmp("kill9_" + prec);
-  const int64_t N = 50;
+  const int64_t N = 90;
   const TrainResult straight = train(cat(tiny_args(prec, N), {"--save", tmp / "straight"}));
   ASSERT_EQ(straight.losses.size(), size_t(N));
 
-  // React to a random iteration line in [11, 25]: the save of iteration 10 has completed by then, and the
-  // child (which may run up to a page of log lines ahead) can be anywhere in iterations 11..~38.
   std::random_device rd;
-  const int64_t react_at = 11 + int64_t(rd() % 15);
-  SCOPED_TRACE("SIGKILL after the log line of iteration " + std::to_string(react_at));
-  LoomChild child(cat(tiny_args(prec, N), {"--save", tmp / "ckpt", "--save-interval", "5"}), tmp / "stderr");
-  bool killed = false;
-  while (const std::optional<std::string> line = child.next_line()) {
-    if (!killed && iteration_of(*line) >= react_at) {
-      ASSERT_GE(read_tracker(tmp / "ckpt"), 10);
-      ASSERT_EQ(::kill(child.pid(), SIGKILL), 0);
-      killed = true;
+  int64_t t = 0;  // the tracker after the last kill
+  for (int trial = 0; trial < 3; ++trial) {
+    // React to a random iteration line: in the first run one in [11, 25] (the save of iteration 10 has
+    // completed by then), in a resumed run one of the first 10 it trains. The child may run up to a page of
+    // log lines (~15 iterations) ahead, so it is killed anywhere in them, saves included, and never gets
+    // near N.
+    const int64_t react_at = trial == 0 ? 11 + int64_t(rd() % 15) : t + 1 + int64_t(rd() % 10);
+    SCOPED_TRACE("kill " + std::to_string(trial + 1) + ": SIGKILL after the log line of iteration " +
+                 std::to_string(react_at));
+    Args args = cat(tiny_args(prec, N), {"--save", tmp / "ckpt", "--save-interval", "5"});
+    if (trial > 0) args = cat(args, {"--load", tmp / "ckpt"});
+    LoomChild child(args, tmp / "stderr");
+    bool killed = false;
+    while (const std::optional<std::string> line = child.next_line()) {
+      if (!killed && iteration_of(*line) >= react_at) {
+        ASSERT_GE(read_tracker(tmp / "ckpt"), std::max<int64_t>(t, 10));
+        ASSERT_EQ(::kill(child.pid(), SIGKILL), 0);
+        killed = true;
+      }
     }
+    const int status = child.finish();
+    ASSERT_TRUE(killed) << child.stdout_text() << read_file(tmp / "stderr");
+    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
+    const int64_t now = read_tracker(tmp / "ckpt");
+    ASSERT_GE(now, std::max<int64_t>(t, 10));
+    ASSERT_LT(now, N);
+    EXPECT_EQ(now % 5, 0);
+    t = now;
   }
-  const int status = child.finish();
-  ASSERT_TRUE(killed) << child.stdout_text() << read_file(tmp / "stderr");
-  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
-
-  const int64_t t = read_tracker(tmp / "ckpt");
-  ASSERT_GE(t, 10);
-  ASSERT_LT(t, N);
-  EXPECT_EQ(t % 5, 0);
   const TrainResult resumed = train(cat(tiny_args(prec, N), {"--load", tmp / "ckpt", "--save", tmp / "ckpt",
                                                              "--save-interval", "5"}));
   EXPECT_EQ(resumed.start_iteration, t);

@@ -27,6 +27,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "loom/ckpt/safetensors.h"
 
@@ -64,10 +65,20 @@ struct LatestCheckpoint {
 // UserError naming the tracker file. Never modifies anything (every rank may call it at once).
 std::optional<LatestCheckpoint> read_latest_checkpoint(const std::string& root);
 
+// The iterations of the committed checkpoints in `root` (its iter_<digits> directories), ascending; empty
+// when root cannot be listed.
+std::vector<int64_t> list_checkpoint_iterations(const std::string& root);
+
+// For errors about a damaged checkpoint directory `dir` (normally <root>/iter_XXXXXXX): one sentence naming
+// the other checkpoints of its root and how to load one instead (loom train --ckpt-step N; generate and
+// convert take an iter_XXXXXXX directory), or saying that there is none.
+std::string other_checkpoints_hint(const std::string& dir);
+
 // Copies each tensor of `into` (name -> CPU destination) from `file`. Every name must exist with exactly
 // the destination's dtype and shape, and (unless allow_extra) the file must hold no other tensor; the first
 // problem is a UserError naming the tensor, the file, what the checkpoint has and what is expected. All
-// checks run before any byte is copied, so a failed load leaves every destination untouched.
+// these checks run before any byte is copied, so such a failed load leaves every destination untouched; a
+// damaged tensor (ChecksumError) is found as its bytes are copied, after the tensors before it.
 void load_tensors_checked(const SafetensorsFile& file, const NamedTensors& into, bool allow_extra = false);
 
 namespace detail {

@@ -14,7 +14,9 @@
 // transformers). pytorch_model.bin checkpoints are not read.
 //
 // Writing builds the whole directory under <dir>.loom-staging (each file written to .tmp, fsynced,
-// renamed), fsyncs it and renames it to <dir>, so a crash leaves either no <dir> or a complete one.
+// renamed), fsyncs it and renames it to <dir>, so a crash leaves either no <dir> or a complete one. Every
+// shard records the CRC-32C of its tensors in its "__metadata__" (safetensors.h), which transformers
+// ignores and this reader verifies.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -110,12 +112,18 @@ class HfCheckpoint {
   int64_t total_bytes() const { return total_bytes_; }
 
   // A fresh CPU tensor, converted to `as` (SafetensorsFile::read rules: float <-> float, int -> i32/i64).
+  // Both reads verify the tensor's checksum when its file records one (files Loom wrote): ChecksumError
+  // naming the directory, the file and the tensor.
   Tensor read(const std::string& name, DType as) const;
   // Copies the stored bytes into `dst`, whose dtype and shape must match exactly.
   void read_into(const std::string& name, TensorView dst) const;
+  // "" when every file records checksums, else a one-line note for the log that its tensors load
+  // unverified (directories from the Hub or other tools, or from Loom before checksums).
+  std::string checksum_note() const;
 
  private:
   const SafetensorsFile& file(const std::string& name) const;
+  [[noreturn]] void damaged(const ChecksumError& e) const;
 
   std::string dir_;
   HfConfig config_;

@@ -27,9 +27,16 @@
 // fp8_state.safetensors) as a world of one whose every tensor is one whole piece, under this format's
 // names ("optimizer.exp_avg.<param>"), so it too loads into any layout.
 //
+// Checksums: each shard records the CRC-32C of every piece (safetensors.h, "loom.crc32c"), and shard 0's
+// piece index also that of metadata.json ("metadata_crc32c"). open() verifies metadata.json; a piece is
+// verified, whole, the first time a read needs any part of it. A mismatch is a ChecksumError naming the
+// checkpoint directory, the file and the tensor, and the other checkpoints of the same root that could be
+// loaded instead. Checkpoints written before checksums load unverified (checksum_note() says so).
+//
 // Reading cost: open() reads metadata.json and every shard's header (no tensor data). Data is read
-// through a read-only memory map of each shard actually needed, opened once per ShardedCheckpoint, and
-// only the bytes that overlap a target are touched.
+// through a read-only memory map of each shard actually needed, opened once per ShardedCheckpoint; every
+// piece that overlaps a target is read once in full (to verify it), and only the overlapping bytes are
+// copied.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -72,14 +79,18 @@ std::string shard_file_name(int rank);
 // Any rank, between begin_checkpoint and commit_checkpoint: writes <staging>/shard_<rank>.safetensors with
 // `pieces` (empty pieces are skipped; a rank with nothing to save still writes its file, so a reader can
 // tell a missing shard from an empty one). Malformed pieces (ranges out of bounds, data size not the flat
-// window, non-CPU or non-float data) fail a LOOM_CHECK naming the piece.
-void write_shard(const std::string& staging, int rank, const std::vector<TensorPiece>& pieces);
+// window, non-CPU or non-float data) fail a LOOM_CHECK naming the piece. Rank 0 passes the text of
+// metadata.json (sharded_metadata_text) so that its checksum is recorded; empty: none recorded.
+void write_shard(const std::string& staging, int rank, const std::vector<TensorPiece>& pieces,
+                 const std::string& metadata_text = "");
 
 // Rank 0, between begin_checkpoint and commit_checkpoint: writes <staging>/metadata.json. `layout_json`
 // and `metadata_json` are JSON objects (text); the caller's object must not have the key
 // "sharded_checkpoint". UserError when either is not a JSON object.
 void write_sharded_metadata(const std::string& staging, int world_size, const std::string& layout_json,
                             const std::string& metadata_json);
+// The text write_sharded_metadata writes (same checks).
+std::string sharded_metadata_text(int world_size, const std::string& layout_json, const std::string& metadata_json);
 
 // The whole save, collective over `world` (every rank calls it with its own pieces): rank 0 begins the
 // checkpoint of `iteration` under `root`, every rank writes its shard (rank 0 also metadata.json), rank 0
@@ -117,6 +128,9 @@ class ShardedCheckpoint {
   int world_size() const;
   const std::string& layout_json() const;    // the "layout" object as compact JSON text
   const std::string& metadata_json() const;  // the whole metadata.json text
+  // "" when every file records checksums, else a one-line note for the log that the checkpoint (written
+  // before Loom recorded checksums) loads unverified.
+  std::string checksum_note() const;
   std::vector<std::string> tensor_names() const;  // sorted
   bool contains(const std::string& name) const;
   const Shape& global_shape(const std::string& name) const;  // UserError when absent

@@ -157,6 +157,9 @@ struct MoeTrainConfig {
 struct CheckpointConfig {
   std::string save;                    // --save DIR
   std::string load;                    // --load DIR
+  // --ckpt-step N (Megatron's): load <load>/iter_<N> instead of the checkpoint the tracker names (e.g. an
+  // earlier one when the latest is damaged).
+  std::optional<int64_t> ckpt_step;
   std::optional<int64_t> save_interval;  // --save-interval (iterations); the end of training always saves
   bool no_save_optim = false;          // --no-save-optim
   bool no_save_rng = false;            // --no-save-rng

@@ -59,6 +59,8 @@ struct HfImportOptions {
   // The Loom model pairs RoPE channels (2c, 2c + 1) (--rotary-interleaved): q/k rows are permuted.
   bool rotary_interleaved = false;
   std::ostream* log = nullptr;         // the mapping summary, when set
+  // One-line notes (a checkpoint that records no checksums to verify); log when not set.
+  std::ostream* notes = nullptr;
   const DeviceContext* ctx = nullptr;  // to copy into parameters that live on a device
   // MoE routers' expert biases (GPTModel::expert_biases(): buffers, not parameters) to fill from a Loom
   // checkpoint that holds them (left as they are otherwise, e.g. from a Hugging Face directory).

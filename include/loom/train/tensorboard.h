@@ -12,10 +12,10 @@
 #include <string>
 #include <string_view>
 
+#include "loom/core/crc32c.h"  // crc32c()
+
 namespace loom {
 
-// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78); crc32c("123456789") == 0xE3069283.
-uint32_t crc32c(std::string_view data);
 // The TFRecord mask: rotate right by 15 and add 0xa282ead8, so that CRCs of data containing CRCs
 // do not degenerate.
 uint32_t masked_crc32c(std::string_view data);

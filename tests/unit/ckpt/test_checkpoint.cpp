@@ -127,6 +127,32 @@ TEST_F(CheckpointTest, DirNames) {
   EXPECT_EQ(checkpoint_tracker_path("/ck"), "/ck/latest_checkpointed_iteration.txt");
 }
 
+// The committed checkpoints of a root (what a damaged-checkpoint error offers instead): iter_<digits>
+// directories only, never staging or rename-aside leftovers or files; the hint leaves out the damaged one.
+TEST_F(CheckpointTest, ListsOtherCheckpointsForTheDamagedOne) {
+  EXPECT_TRUE(list_checkpoint_iterations(root_).empty());  // does not exist yet
+  for (int64_t it : {30, 5, 12345678, 20}) {
+    begin_checkpoint(root_, it);
+    commit_checkpoint(root_, it);
+  }
+  begin_checkpoint(root_, 40);  // a save in progress
+  fs::create_directory(root_ + "/iter_0000050.loom-old");
+  fs::create_directory(root_ + "/iter_12");  // too few digits: not Megatron's name
+  write_file(root_ + "/iter_0000060", "a file");
+  EXPECT_EQ(list_checkpoint_iterations(root_), (std::vector<int64_t>{5, 20, 30, 12345678}));
+  EXPECT_EQ(other_checkpoints_hint(checkpoint_dir(root_, 20)),
+            "other checkpoints in " + root_ + ": iterations 5, 30, 12345678 (resume from one with loom train --load " +
+                root_ + " --ckpt-step N; loom generate and loom convert take its directory, e.g. " +
+                checkpoint_dir(root_, 12345678) + ")");
+  EXPECT_NE(other_checkpoints_hint(checkpoint_dir(root_, 30) + ".loom-old/").find("iterations 5, 20, 12345678 "),
+            std::string::npos);
+  const std::string lone = (dir_ / "lone").string();
+  begin_checkpoint(lone, 3);
+  commit_checkpoint(lone, 3);
+  EXPECT_EQ(other_checkpoints_hint(checkpoint_dir(lone, 3)), "there is no other checkpoint in " + lone +
+                                                                 " to fall back to");
+}
+
 TEST_F(CheckpointTest, RoundTrip) {
   EXPECT_FALSE(read_latest_checkpoint(root_).has_value());  // root does not even exist yet
   save_generated(root_, 100, 5);

@@ -103,6 +103,43 @@ TEST_F(HfDirTest, SingleFileRoundTrip) {
   expect_user_error([&] { ck.info("nope"); }, {dir, "no tensor named 'nope'"});
 }
 
+// Every shard Loom writes records checksums; a damaged tensor fails both reads with an error naming the
+// directory, the file and the tensor; a directory from another tool (no checksums) reads with a note.
+TEST_F(HfDirTest, ChecksumsAreVerifiedOnRead) {
+  Owned owned{{{"transformer.wte.weight", make_bytes({50, 8}, DType::kF32, 1)},
+               {"transformer.wpe.weight", make_bytes({16, 8}, DType::kF32, 2)},
+               {"transformer.ln_f.bias", make_bytes({8}, DType::kF32, 3)}}};
+  const std::string dir = file("gpt2");
+  write_hf_dir(dir, kGpt2Config, owned.views(), 700);  // three shards
+  HfCheckpoint ck = HfCheckpoint::open(dir);
+  ASSERT_TRUE(ck.sharded());
+  EXPECT_EQ(ck.checksum_note(), "");
+  const std::string shard = ck.file_of("transformer.wpe.weight");
+  ckpt_test::overwrite_tensor_bytes(shard, "transformer.wpe.weight", 100, ckpt_test::nan_bytes(4));
+  for (int k = 0; k < 2; ++k) {
+    try {
+      if (k == 0) {
+        ck.read("transformer.wpe.weight", DType::kBF16);
+      } else {
+        Tensor dst = Tensor::empty({16, 8}, DType::kF32);
+        ck.read_into("transformer.wpe.weight", dst);
+      }
+      ADD_FAILURE() << "read a damaged tensor";
+    } catch (const ChecksumError& e) {
+      for (const std::string& p : {"Hugging Face model directory " + dir + " is damaged", shard,
+                                   std::string("tensor 'transformer.wpe.weight'"), std::string("checksum mismatch")})
+        EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_TRUE(same_bytes(ck.read("transformer.wte.weight", DType::kF32), owned.tensors[0].second));
+
+  ckpt_test::strip_checksums(shard);
+  ck = HfCheckpoint::open(dir);
+  EXPECT_NE(ck.checksum_note().find(fs::path(shard).filename().string() + " records no checksums"), std::string::npos)
+      << ck.checksum_note();
+  (void)ck.read("transformer.wpe.weight", DType::kF32);  // unverified: the NaNs come through
+}
+
 TEST_F(HfDirTest, ShardedRoundTripFollowsTransformersSplit) {
   // 40-byte tensors a, b, d, e and a 200-byte c with a 100-byte limit: transformers puts c alone
   // (bigger than the limit) as soon as it is seen, then [a, b] and [d, e].

@@ -1,7 +1,9 @@
 // Safetensors reader/writer: round trips in every Loom dtype (read, read_into, mmap), conversions,
 // atomic replace, one malformed file per validation rule (each error must name the file, the tensor
-// where there is one, and the problem), and byte-for-byte agreement with an independent Python writer
-// (tests/golden/fixtures/ckpt_python_writer.safetensors, from tests/golden/gen_safetensors_fixture.py).
+// where there is one, and the problem), the per-tensor checksums (recorded, verified by every kind of
+// read, malformed entries rejected, files without them still read), and byte-for-byte agreement with an
+// independent Python writer (tests/golden/fixtures/ckpt_python_writer.safetensors, from
+// tests/golden/gen_safetensors_fixture.py).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -9,11 +11,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
 #include <numbers>
 #include <sstream>
 
 #include "ckpt_test_util.h"
 #include "loom/ckpt/safetensors.h"
+#include "loom/core/crc32c.h"
 
 namespace loom {
 namespace {
@@ -255,6 +260,110 @@ TEST_F(SafetensorsTest, AcceptsPaddingAndZeroSizedTensorsAtAnyBoundary) {
   EXPECT_EQ(f.read("b").data<uint16_t>()[0], 0x5a5a);
 }
 
+// ---- checksums ----------------------------------------------------------------------------------
+
+// Every tensor's CRC-32C is recorded (computed while writing) and matches the bytes; the entry is hidden
+// from metadata(); a file written without checksums reads the same, unverified.
+TEST_F(SafetensorsTest, ChecksumsAreRecordedAndHiddenFromMetadata) {
+  const Tensor a = make_f32({3, 700000}, 0.5f);  // several 1 MiB chunks
+  const Tensor b = make_bytes({5}, DType::kBF16, 3);
+  const Tensor e = Tensor::empty({0}, DType::kF32);
+  const std::map<std::string, std::string> meta = {{"k", "v"}};
+  const std::string path = file("c.safetensors");
+  write_safetensors(path, {{"a", a}, {"b", b}, {"e", e}}, meta);
+  for (auto mode : {SafetensorsFile::Mode::kRead, SafetensorsFile::Mode::kMmap}) {
+    const SafetensorsFile f = SafetensorsFile::open(path, mode);
+    EXPECT_TRUE(f.has_checksums());
+    EXPECT_EQ(f.metadata(), meta);
+    EXPECT_EQ(f.info("a").crc32c, crc32c(a.raw(), size_t(a.nbytes())));
+    EXPECT_EQ(f.info("b").crc32c, crc32c(b.raw(), size_t(b.nbytes())));
+    EXPECT_EQ(f.info("e").crc32c, 0u);
+    for (const char* n : {"a", "b", "e"}) f.verify(n);
+  }
+  // The header names the checksums in the documented form.
+  const std::string bytes = read_file(path);
+  char want[64];
+  std::snprintf(want, sizeof want, "\"loom.crc32c\":\"{\\\"a\\\":\\\"%08x\\\"", crc32c(a.raw(), size_t(a.nbytes())));
+  EXPECT_NE(bytes.find(want), std::string::npos) << bytes.substr(0, 300);
+
+  const std::string plain = file("plain.safetensors");
+  write_safetensors(plain, {{"a", a}}, {}, /*checksums=*/false);
+  const SafetensorsFile g = SafetensorsFile::open(plain, SafetensorsFile::Mode::kMmap);
+  EXPECT_FALSE(g.has_checksums());
+  EXPECT_FALSE(g.info("a").crc32c.has_value());
+  EXPECT_TRUE(g.metadata().empty());
+  EXPECT_TRUE(same_bytes(g.map("a"), a));
+  expect_user_error([&] { write_safetensors(file("r.safetensors"), {{"a", a}}, {{"loom.crc32c", "{}"}}); },
+                    {"r.safetensors", "loom.crc32c", "reserved"});
+}
+
+// 1 KiB of garbage, or NaNs, in the middle of a tensor: every read path reports a ChecksumError naming
+// the file and the tensor; the other tensors still read.
+TEST_F(SafetensorsTest, DamagedTensorFailsEveryReadPath) {
+  const Tensor a = make_f32({64, 1024}, 1.0f), b = make_f32({16}, -2.0f);
+  for (const std::string& garbage : {std::string(1024, '\x5a'), nan_bytes(256)}) {
+    const std::string path = file("d.safetensors");
+    write_safetensors(path, {{"a", a}, {"b", b}});
+    overwrite_tensor_bytes(path, "a", a.nbytes() / 2, garbage);
+    for (auto mode : {SafetensorsFile::Mode::kRead, SafetensorsFile::Mode::kMmap}) {
+      const SafetensorsFile f = SafetensorsFile::open(path, mode);  // the header is intact
+      const std::vector<std::string> parts = {path, "tensor 'a'", "checksum mismatch"};
+      auto expect_damaged = [&](const std::function<void()>& read) {
+        try {
+          read();
+          ADD_FAILURE() << "read a damaged tensor";
+        } catch (const ChecksumError& e) {
+          EXPECT_EQ(e.path(), path);
+          EXPECT_EQ(e.tensor(), "a");
+          for (const std::string& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+        }
+      };
+      expect_damaged([&] { f.read("a"); });
+      expect_damaged([&] { f.read("a", DType::kBF16); });
+      Tensor dst = Tensor::empty(a.shape(), a.dtype());
+      expect_damaged([&] { f.read_into("a", dst); });
+      expect_damaged([&] { f.verify("a"); });
+      if (mode == SafetensorsFile::Mode::kMmap) {
+        expect_damaged([&] { f.map("a"); });
+        expect_damaged([&] { f.map("a"); });  // a failed check is not remembered as passed
+      }
+      EXPECT_TRUE(same_bytes(f.read("b"), b));
+    }
+  }
+}
+
+TEST_F(SafetensorsTest, MalformedChecksumEntriesAreRejected) {
+  const std::string ok_a = R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})";
+  const std::string ok_b = R"("b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]})";
+  auto header = [&](const std::string& crc_json) {
+    return R"({"__metadata__":{"loom.crc32c":)" + nlohmann::json(crc_json).dump() + "}," + ok_a + "," + ok_b + "}";
+  };
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"{", {"loom.crc32c", "not valid JSON"}},
+      {"[1]", {"loom.crc32c", "must be a JSON object"}},
+      {R"({"a":"00000000","a":"00000000","b":"00000000"})", {"lists tensor 'a' twice"}},
+      {R"({"a":"00000000","b":"00000000","c":"00000000"})", {"names tensor 'c'", "does not hold"}},
+      {R"({"a":"00000000"})", {"tensor 'b'", "no checksum"}},
+      {R"({"a":"0000000","b":"00000000"})", {"tensor 'a'", "8 lowercase hex digits"}},
+      {R"({"a":"0000000G","b":"00000000"})", {"tensor 'a'", "8 lowercase hex digits"}},
+      {R"({"a":"ABCDEF01","b":"00000000"})", {"tensor 'a'", "8 lowercase hex digits"}},
+      {R"({"a":12,"b":"00000000"})", {"tensor 'a'", "8 lowercase hex digits"}},
+  };
+  for (const auto& [crc_json, expect] : cases) {
+    SCOPED_TRACE(crc_json);
+    const std::string path = file("m.safetensors");
+    write_raw(path, header(crc_json), 12);
+    std::vector<std::string> parts = expect;
+    parts.push_back(path);
+    try {
+      SafetensorsFile::open(path);
+      ADD_FAILURE() << "opened a file with a malformed checksum entry";
+    } catch (const UserError& e) {
+      for (const std::string& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+    }
+  }
+}
+
 // ---- compatibility with an independent writer ---------------------------------------------------
 
 TEST(SafetensorsCompat, ReadsPythonWriterFileAndWritesIdenticalBytes) {
@@ -310,7 +419,7 @@ TEST(SafetensorsCompat, ReadsPythonWriterFileAndWritesIdenticalBytes) {
   EXPECT_EQ(f.read("e.i64").data<int64_t>()[1], int64_t(1) << 40);
 
   const fs::path out = fs::temp_directory_path() / ("loom_st_compat_" + std::to_string(::getpid()) + ".safetensors");
-  write_safetensors(out.string(), mine, meta);
+  write_safetensors(out.string(), mine, meta, /*checksums=*/false);
   const std::string ours = read_file(out.string()), theirs = read_file(path);
   fs::remove(out);
   EXPECT_EQ(ours.size(), theirs.size());

@@ -2,7 +2,8 @@
 // checkpoint is read back into other layouts (TP1, TP4, ZeRO over 3 ranks, another partition dim, another
 // dtype); every element is compared exactly against a reference computed here by plain per-element index
 // arithmetic (independent of the run-based mapping in sharded.cpp). Plus the error cases (coverage gap,
-// shape mismatch, missing tensor, missing or corrupt shard) and crash atomicity.
+// shape mismatch, missing tensor, missing or corrupt shard), crash atomicity, and the checksums (a
+// damaged piece or metadata.json is caught, a checkpoint without checksums loads with a note).
 #include "loom/ckpt/sharded.h"
 
 #include <gtest/gtest.h>
@@ -463,6 +464,104 @@ TEST_F(ShardedTest, CollectiveSaveOverASingleRankWorld) {
   bad.flat_end = 1000;
   EXPECT_THROW(save_sharded_checkpoint(file("a"), 7, {bad}, "{}", "{}", *world), Error);
   EXPECT_EQ(read_latest_checkpoint(file("a"))->iteration, 5);
+}
+
+// ---- checksums ----------------------------------------------------------------------------------
+
+// A damaged piece: every read that needs any part of it (the whole tensor, or one TP rank's slice that
+// overlaps it only partly) fails, naming the checkpoint directory, the shard file, the tensor and the
+// other checkpoints of the root; reads of other tensors still work; a failed read leaves its targets
+// untouched.
+TEST_F(ShardedTest, DamagedPieceNamesDirFileTensorAndOtherCheckpoints) {
+  const std::vector<Spec> all = specs();
+  const std::string root = file("ck");
+  for (int64_t it : {10, 20, 30}) save_all(root, it, all);
+  const std::string dir = checkpoint_dir(root, 30);
+  const std::string shard = dir + "/shard_00001.safetensors";  // tp 1, dp 0: the first third of its box
+  ckpt_test::overwrite_tensor_bytes(shard, "w_col", 4, std::string(8, '\x77'));
+  const ShardedCheckpoint ck = ShardedCheckpoint::open(dir);  // headers only: fine
+  EXPECT_EQ(ck.checksum_note(), "");
+  const std::vector<std::string> parts = {"checkpoint " + dir + " is damaged", shard, "tensor 'w_col'",
+                                          "checksum mismatch", "other checkpoints in " + root + ": iterations 10, 20",
+                                          "--ckpt-step", checkpoint_dir(root, 20)};
+  auto expect_damaged = [&](const std::function<void()>& read) {
+    try {
+      read();
+      ADD_FAILURE() << "read a damaged piece";
+    } catch (const ChecksumError& e) {
+      EXPECT_EQ(e.path(), shard);
+      EXPECT_EQ(e.tensor(), "w_col");
+      for (const std::string& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+    }
+  };
+  expect_damaged([&] { ck.read_full("w_col", DType::kF32); });
+  // TP4 rank 2 (rows 4 and 5) overlaps only the first of the damaged piece's rows; the bias comes first in
+  // the same call and must stay untouched too.
+  std::vector<Tensor> st;
+  std::vector<TensorPiece> targets = {make_target(all[3], -1, {}, 0, 7, DType::kF32, st),
+                                      make_target(all[0], 0, {{4, 2}}, 0, 12, DType::kF32, st)};
+  expect_damaged([&] { ck.read(targets); });
+  for (const TensorPiece& t : targets)
+    for (int64_t k = 0; k < t.data.numel(); ++k) ASSERT_EQ(t.data.data<float>()[k], -12345.0f) << t.name;
+  // TP4 rank 0 (rows 0 and 1) needs only pieces of TP rank 0: no damage there.
+  TensorPiece clean = make_target(all[0], 0, {{0, 2}}, 0, 12, DType::kF32, st);
+  ck.read(clean);
+  expect_filled(all[0], clean);
+  ck.read(targets[0]);
+  expect_filled(all[3], targets[0]);
+
+  // The only checkpoint of its root: nothing to fall back to.
+  const std::string lone = save_all(file("lone"), 5, all);
+  ckpt_test::overwrite_tensor_bytes(lone + "/shard_00000.safetensors", "bias", 0, ckpt_test::nan_bytes(1));
+  expect_user_error([&] { ShardedCheckpoint::open(lone).read_full("bias", DType::kF32); },
+                    {lone, "shard_00000.safetensors", "'bias'", "there is no other checkpoint in " + file("lone")});
+}
+
+// metadata.json is checked against the checksum shard 0 records for it: an edit that keeps it valid JSON
+// (a changed digit of the iteration) is caught at open.
+TEST_F(ShardedTest, DamagedMetadataIsCaughtAtOpen) {
+  const std::vector<Spec> all = specs();
+  std::vector<Tensor> st;
+  std::vector<TensorPiece> pieces;
+  for (const Spec& s : all) pieces.push_back(make_piece(s, -1, {}, 0, s.shape.numel(), s.saved_dtype, st));
+  const std::string root = file("ck");
+  save_sharded_checkpoint(root, 4, pieces, R"({"tp":1})", R"({"iteration": 4})", 0, 1, [] {});
+  save_sharded_checkpoint(root, 8, pieces, R"({"tp":1})", R"({"iteration": 8})", 0, 1, [] {});
+  const std::string dir = checkpoint_dir(root, 8), meta = dir + "/metadata.json";
+  (void)ShardedCheckpoint::open(dir);
+  std::string text = read_file(meta);
+  const size_t at = text.find("\"iteration\": 8");
+  ASSERT_NE(at, std::string::npos) << text;
+  text[at + 13] = '9';
+  write_file(meta, text);
+  expect_user_error([&] { ShardedCheckpoint::open(dir); },
+                    {"checkpoint " + dir + " is damaged", "metadata.json", "shard_00000.safetensors", "iteration 4"});
+}
+
+// A checkpoint written before checksums (the same files without them) loads, unverified, and says so
+// once; so does the single-file format.
+TEST_F(ShardedTest, CheckpointWithoutChecksumsLoadsWithANote) {
+  const std::vector<Spec> all = specs();
+  const std::string dir = save_all(file("ck"), 10, all);
+  for (int r = 0; r < kWorld; ++r) ckpt_test::strip_checksums(dir + "/" + shard_file_name(r));
+  ASSERT_FALSE(SafetensorsFile::open(dir + "/shard_00000.safetensors").has_checksums());
+  const ShardedCheckpoint ck = ShardedCheckpoint::open(dir);
+  EXPECT_NE(ck.checksum_note().find("note: checkpoint " + dir), std::string::npos) << ck.checksum_note();
+  EXPECT_NE(ck.checksum_note().find("cannot be verified"), std::string::npos) << ck.checksum_note();
+  for (const Spec& s : all) {
+    std::vector<Tensor> st;
+    TensorPiece t = make_target(s, -1, {}, 0, s.shape.numel(), DType::kF32, st);
+    ck.read(t);
+    expect_filled(s, t);
+  }
+  // One shard without (copied in from an older save): named.
+  const std::string dir2 = save_all(file("ck2"), 10, all);
+  ckpt_test::strip_checksums(dir2 + "/shard_00002.safetensors");
+  EXPECT_NE(ShardedCheckpoint::open(dir2).checksum_note().find("shard_00002.safetensors records none"),
+            std::string::npos)
+      << ShardedCheckpoint::open(dir2).checksum_note();
+  const std::string legacy = std::string(LOOM_SOURCE_DIR) + "/tests/golden/fixtures/legacy_single_ckpt/ck/iter_0000004";
+  EXPECT_NE(ShardedCheckpoint::open(legacy).checksum_note().find("its files record none"), std::string::npos);
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // Hugging Face <-> Loom model I/O (train/model_io.h, model/hf_mapping.h) against the tiny HF directories of
 // tests/golden/gen_hf_models.py: Loom loads each (config and weights) and its logits match the PyTorch
 // reference written out from the HF modeling code within 1e-5 relative; Llama's interleaved-RoPE variant too;
-// HF -> Loom -> HF reproduces model.safetensors byte for byte (directly and through the converter, sharded and
+// HF -> Loom -> HF reproduces model.safetensors byte for byte (but for the checksum entry Loom adds to the
+// metadata) (directly and through the converter, sharded and
 // with interleaved RoPE); every mapping error names the tensor (unmapped, missing, wrong shape, an untied copy
 // of a tied head, a nonzero implied bias); the mapping's parameter list is exactly GPTModel's for every
 // architecture the converter takes; config.json <-> GPTConfig both ways, with the errors for what Loom lacks.
@@ -29,6 +30,7 @@
 #include "loom/train/trainer.h"
 #include "model_io_test_util.h"
 #include "model_test_util.h"
+#include "unit/ckpt/ckpt_test_util.h"
 
 using namespace loom;
 namespace fs = std::filesystem;
@@ -489,7 +491,9 @@ TEST(ModelIo, ExportReproducesTheFixtureBytes) {
     HfExportOptions opts;
     opts.log = &log;
     export_hf(model.params(), cfg, tmp / "out", opts);
-    EXPECT_EQ(slurp(tmp / "out/model.safetensors"), slurp(dir + "/model.safetensors")) << dir;
+    // Byte for byte what transformers wrote, plus the checksum entry in the metadata.
+    EXPECT_TRUE(SafetensorsFile::open(tmp / "out/model.safetensors").has_checksums());
+    EXPECT_EQ(ckpt_test::without_checksums(slurp(tmp / "out/model.safetensors")), slurp(dir + "/model.safetensors")) << dir;
     EXPECT_EQ(nlohmann::json::parse(hf_config_json(read_model_config(tmp / "out"))),
               nlohmann::json::parse(hf_config_json(cfg)));
     EXPECT_NE(log.str().find("x2"), std::string::npos) << log.str();
@@ -530,7 +534,7 @@ TEST(ModelIo, ConvertRoundTripIsByteIdentical) {
     EXPECT_EQ(std::memcmp(a.params().values().raw(), b.params().values().raw(), size_t(a.params().values().nbytes())), 0);
 
     convert_loom_to_hf(tmp / "loom", tmp / "hf", {}, log);
-    EXPECT_EQ(slurp(tmp / "hf/model.safetensors"), slurp(dir + "/model.safetensors")) << dir;
+    EXPECT_EQ(ckpt_test::without_checksums(slurp(tmp / "hf/model.safetensors")), slurp(dir + "/model.safetensors")) << dir;
     const HfConfig back = HfCheckpoint::open(tmp / "hf").config();
     const HfConfig orig = HfCheckpoint::open(dir).config();
     EXPECT_EQ(back.bos_token_id.value_or(-1), orig.bos_token_id.value_or(-2));  // kept in the Loom metadata
