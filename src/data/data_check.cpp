@@ -82,6 +82,7 @@ DataCheckReport check_indexed_dataset(const std::string& prefix_arg, const DataC
   r.scanned = true;
 
   int32_t lo = std::numeric_limits<int32_t>::max(), hi = std::numeric_limits<int32_t>::min();
+  bool scanned_ids = false;  // some block was read (an int64 file's blocks may all fail)
   std::vector<int32_t> block;
   std::vector<int64_t> empty_docs;
   int64_t file_offset = 0;  // tokens of the file before the current sequence
@@ -105,6 +106,7 @@ DataCheckReport check_indexed_dataset(const std::string& prefix_arg, const DataC
           bhi = std::max(bhi, block[size_t(i)]);
         }
         lo = blo, hi = bhi;
+        scanned_ids = true;
         if (blo >= 0 && (opt.vocab_size <= 0 || int64_t(bhi) < opt.vocab_size)) continue;
         for (int64_t i = 0; i < n; ++i) {
           const int32_t id = block[size_t(i)];
@@ -134,7 +136,7 @@ DataCheckReport check_indexed_dataset(const std::string& prefix_arg, const DataC
     ++r.length_histogram[size_t(b)];
   }
   r.tokens = file_offset;
-  if (r.tokens > 0) r.min_id = lo, r.max_id = hi;
+  if (scanned_ids) r.min_id = lo, r.max_id = hi;
   if (r.ids_outside > opt.max_listed)
     r.problems.push_back(std::to_string(r.ids_outside - opt.max_listed) + " more ids outside the vocabulary in " +
                          r.prefix + ".bin (" + std::to_string(r.ids_outside) + " in all)");

@@ -2,7 +2,8 @@
 // Writer: tokens stream to <prefix>.bin.tmp.<pid>.<n>, the index stays in memory until finalize() writes
 // <prefix>.idx.tmp..., then .bin is renamed before .idx, so an .idx under its final name always has its
 // complete .bin. Reader: every header field, count, pointer and document index is checked against the
-// file sizes before any token is touched, so a corrupt or truncated file is a UserError, never a crash.
+// file sizes before any token is touched, so a corrupt or truncated file is a UserError, never a crash;
+// inspect() runs the same checks through a ProblemSink that collects every problem instead (data check).
 // The .idx arrays start at byte 34 (not aligned for int32/int64), so they are copied out of the map into
 // aligned vectors; the .bin stays memory-mapped (pointers are multiples of the item size, so aligned).
 #include "loom/data/indexed_dataset.h"
