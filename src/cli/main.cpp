@@ -9,6 +9,7 @@
 
 #include "cli/calc_args.h"
 #include "cli/convert_args.h"
+#include "cli/data_args.h"
 #include "cli/generate_args.h"
 #include "cli/preprocess_args.h"
 #include "loom/data/preprocess.h"
@@ -27,6 +28,7 @@ const char* kUsage =
     "commands:\n"
     "  train       pretrain a GPT model (Megatron-LM flags; `loom train --help`)\n"
     "  preprocess  tokenize JSONL into Megatron .bin/.idx files (`loom preprocess --help`)\n"
+    "  data check  scan .bin/.idx datasets: counts, id range, lengths, every problem (`loom data --help`)\n"
     "  calc        parameters, FLOPs, memory per rank and training time from train flags (`loom calc --help`)\n"
     "  generate    continue a prompt with a trained checkpoint, KV-cached (`loom generate --help`)\n"
     "  convert     Hugging Face GPT-2 / Llama directories <-> Loom checkpoints (`loom convert --help`)\n";
@@ -116,6 +118,7 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "train") return cmd_train(args);
     if (cmd == "preprocess") return cmd_preprocess(args);
+    if (cmd == "data") return loom::run_data_command(args, std::cout);
     if (cmd == "calc") return cmd_calc(args);
     if (cmd == "convert") return cmd_convert(args);
     if (cmd == "generate") return cmd_generate(args);

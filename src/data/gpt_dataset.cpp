@@ -266,6 +266,24 @@ void GPTDataset::sample(int64_t index, int32_t* out) const {
              seq_length_ + 1);
 }
 
+std::string GPTDataset::locate(int64_t index, int64_t position) const {
+  if (index < 0 || index >= size() || position < 0 || position > seq_length_) return {};
+  // The walk of sample(): the window's sequences in order, until the one holding `position`.
+  const int64_t k = shuffle_index_[size_t(index)];
+  const int64_t p0 = sample_index_[size_t(2 * k)], o0 = sample_index_[size_t(2 * k + 1)];
+  const int64_t p1 = sample_index_[size_t(2 * k + 2)], o1 = sample_index_[size_t(2 * k + 3)];
+  const auto lengths = data_->sequence_lengths();
+  int64_t at = 0;
+  for (int64_t p = p0; p <= p1; ++p) {
+    const int32_t seq = document_index_[size_t(p)];
+    const int64_t begin = (p == p0) ? o0 : 0;
+    const int64_t end = (p == p1) ? o1 + 1 : lengths[size_t(seq)];
+    if (position < at + end - begin) return locate_token(*data_, seq, begin + position - at);
+    at += end - begin;
+  }
+  return {};
+}
+
 std::string GPTDataset::description() const {
   std::ostringstream os;
   os << "GPTDataset(" << data_->prefix() << ", " << split_name(split_) << ", sequences [" << seq_begin_ << ", "

@@ -227,6 +227,11 @@ void BlendedDataset::sample(int64_t index, int32_t* out) const {
   datasets_[size_t(dataset_index_[size_t(index)])]->sample(dataset_sample_index_[size_t(index)], out);
 }
 
+std::string BlendedDataset::locate(int64_t index, int64_t position) const {
+  if (index < 0 || index >= size()) return {};
+  return datasets_[size_t(dataset_index_[size_t(index)])]->locate(dataset_sample_index_[size_t(index)], position);
+}
+
 std::string BlendedDataset::description() const {
   std::ostringstream os;
   os << "BlendedDataset(" << size() << " samples from";

@@ -2,7 +2,8 @@
 // Writer: tokens stream to <prefix>.bin.tmp.<pid>.<n>, the index stays in memory until finalize() writes
 // <prefix>.idx.tmp..., then .bin is renamed before .idx, so an .idx under its final name always has its
 // complete .bin. Reader: every header field, count, pointer and document index is checked against the
-// file sizes before any token is touched, so a corrupt or truncated file is a UserError, never a crash.
+// file sizes before any token is touched, so a corrupt or truncated file is a UserError, never a crash;
+// inspect() runs the same checks through a ProblemSink that collects every problem instead (data check).
 // The .idx arrays start at byte 34 (not aligned for int32/int64), so they are copied out of the map into
 // aligned vectors; the .bin stays memory-mapped (pointers are multiples of the item size, so aligned).
 #include "loom/data/indexed_dataset.h"
@@ -12,12 +13,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <sstream>
 
 #include "loom/core/check.h"
 
@@ -29,7 +32,11 @@ constexpr char kMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
 constexpr uint64_t kVersion = 1;
 constexpr size_t kHeaderBytes = 9 + 8 + 1 + 8 + 8;  // magic, version, dtype code, S, D+1
 
-const char* dtype_name(IndexDType dt) {
+const char* dtype_name(IndexDType dt) { return index_dtype_name(dt); }
+
+}  // namespace
+
+const char* index_dtype_name(IndexDType dt) {
   switch (dt) {
     case IndexDType::kU8: return "uint8";
     case IndexDType::kI8: return "int8";
@@ -42,6 +49,8 @@ const char* dtype_name(IndexDType dt) {
   }
   return "?";
 }
+
+namespace {
 
 // Token ids are integers; the float codes exist in Megatron's enum but never hold token data.
 bool is_token_dtype(uint8_t code) { return code >= 1 && code <= 8 && code != 6 && code != 7; }
@@ -268,15 +277,38 @@ T load_le(const char* p) {
   return v;
 }
 
+// Where the reader's checks go: open() throws at the first problem; inspect() (collect = true) lists them
+// all, at most kPerField per field so that one bad length does not bury the rest under a cascade.
+struct ProblemSink {
+  static constexpr int kPerField = 5;
+  bool collect = false;
+  std::vector<std::string> problems;
+  std::vector<std::pair<std::string, int64_t>> counts;  // (field, problems seen)
+
+  template <typename... Args>
+  void report(const std::string& field, const Args&... args) {
+    if (!collect) user_error(args...);
+    auto it = std::find_if(counts.begin(), counts.end(), [&](const auto& c) { return c.first == field; });
+    if (it == counts.end()) it = counts.insert(counts.end(), {field, 0});
+    if (++it->second <= kPerField) problems.push_back(detail::concat(args...));
+  }
+  void summarize(const std::string& idx_path) {
+    for (const auto& [field, n] : counts)
+      if (n > kPerField)
+        problems.push_back(detail::concat(idx_path, ": ", n - kPerField, " more problems with field '", field, "'"));
+  }
+};
+
 class MMapIndexedDataset final : public IndexedDataset {
  public:
-  explicit MMapIndexedDataset(const std::string& prefix) : prefix_(prefix) {
+  // sink.collect: record problems instead of throwing; the dataset is usable only when none was found.
+  MMapIndexedDataset(const std::string& prefix, ProblemSink& sink) : prefix_(prefix) {
     const std::string idx_path = prefix + ".idx", bin_path = prefix + ".bin";
     MappedFile idx;
     idx.open(idx_path);
     bin_.open(bin_path);
-    parse_index(idx, idx_path);
-    validate(idx_path, bin_path);
+    if (parse_index(idx, idx_path, sink)) validate(idx_path, bin_path, sink);
+    sink.summarize(idx_path);
   }
 
   IndexDType dtype() const override { return dtype_; }
@@ -316,17 +348,21 @@ class MMapIndexedDataset final : public IndexedDataset {
   }
 
  private:
-  void parse_index(const MappedFile& idx, const std::string& path) {
-    if (idx.size < kHeaderBytes)
-      user_error(path, ": truncated header (", idx.size, " bytes, need ", kHeaderBytes, ")");
+  // false when the header or the array sizes are unusable (then nothing else can be checked).
+  bool parse_index(const MappedFile& idx, const std::string& path, ProblemSink& sink) {
+    auto fatal = [&](const std::string& field, const auto&... args) {
+      sink.report(field, path, ": ", args...);
+      return false;
+    };
+    if (idx.size < kHeaderBytes) return fatal("header", "truncated header (", idx.size, " bytes, need ", kHeaderBytes, ")");
     if (std::memcmp(idx.data, kMagic, 9) != 0)
-      user_error(path, ": field 'magic' is not \"MMIDIDX\\0\\0\" (not a Megatron mmap indexed dataset)");
+      return fatal("magic", "field 'magic' is not \"MMIDIDX\\0\\0\" (not a Megatron mmap indexed dataset)");
     const uint64_t version = load_le<uint64_t>(idx.data + 9);
-    if (version != kVersion) user_error(path, ": field 'version' is ", version, ", only version 1 is supported");
+    if (version != kVersion) return fatal("version", "field 'version' is ", version, ", only version 1 is supported");
     const uint8_t code = idx.data[17];
     if (!is_token_dtype(code))
-      user_error(path, ": field 'dtype' has code ", int(code),
-                 ", expected a token id type: 1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 8 uint16");
+      return fatal("dtype", "field 'dtype' has code ", int(code),
+                   ", expected a token id type: 1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 8 uint16");
     dtype_ = IndexDType(code);
     itemsize_ = index_dtype_size(dtype_);
     const uint64_t S = load_le<uint64_t>(idx.data + 18);
@@ -334,18 +370,19 @@ class MMapIndexedDataset final : public IndexedDataset {
     // Sizes are checked by division first so that huge counts cannot overflow the products.
     const uint64_t body = idx.size - kHeaderBytes;
     if (S > body / 12)
-      user_error(path, ": field 'sequence_count' = ", S, " needs ", S, " * 12 bytes of arrays, but the file has ",
-                 body, " bytes after the header (truncated .idx?)");
+      return fatal("sequence_count", "field 'sequence_count' = ", S, " needs ", S,
+                   " * 12 bytes of arrays, but the file has ", body, " bytes after the header (truncated .idx?)");
     if (D1 > (body - S * 12) / 8)
-      user_error(path, ": field 'document_count' = ", D1, " needs ", D1, " * 8 bytes of document indices after",
-                 " the sequence arrays, but only ", body - S * 12, " bytes remain (truncated .idx?)");
+      return fatal("document_count", "field 'document_count' = ", D1, " needs ", D1,
+                   " * 8 bytes of document indices after the sequence arrays, but only ", body - S * 12,
+                   " bytes remain (truncated .idx?)");
     const uint64_t expect = kHeaderBytes + S * 12 + D1 * 8;
     if (idx.size != expect)
-      user_error(path, ": file is ", idx.size, " bytes, but sequence_count ", S, " and document_count ", D1,
-                 " give ", expect, idx.size - expect == S ? " (multimodal sequence modes are not supported)" : "");
-    if (D1 < 1) user_error(path, ": field 'document_count' is 0; it counts the leading 0 of document_indices");
+      return fatal("size", "file is ", idx.size, " bytes, but sequence_count ", S, " and document_count ", D1, " give ",
+                   expect, idx.size - expect == S ? " (multimodal sequence modes are not supported)" : "");
+    if (D1 < 1) return fatal("document_count", "field 'document_count' is 0; it counts the leading 0 of document_indices");
     if (S > uint64_t(std::numeric_limits<int64_t>::max() / 16))
-      user_error(path, ": field 'sequence_count' = ", S, " is too large");
+      return fatal("sequence_count", "field 'sequence_count' = ", S, " is too large");
 
     const char* p = idx.data + kHeaderBytes;
     lengths_.resize(S);
@@ -354,36 +391,46 @@ class MMapIndexedDataset final : public IndexedDataset {
     if (S) std::memcpy(lengths_.data(), p, S * 4);
     if (S) std::memcpy(pointers_.data(), p + S * 4, S * 8);
     std::memcpy(doc_indices_.data(), p + S * 12, D1 * 8);
+    return true;
   }
 
-  void validate(const std::string& idx_path, const std::string& bin_path) const {
+  void validate(const std::string& idx_path, const std::string& bin_path, ProblemSink& sink) const {
     const int64_t S = int64_t(lengths_.size()), item = int64_t(itemsize_);
     const int64_t bin_size = int64_t(bin_.size);
     int64_t expect_ptr = 0;  // running byte offset; stays <= bin_size, so no overflow
     for (int64_t i = 0; i < S; ++i) {
       const int64_t len = lengths_[i], ptr = pointers_[i];
-      if (len < 0) user_error(idx_path, ": field 'sequence_lengths[", i, "]' is negative (", len, ")");
+      if (len < 0) {
+        sink.report("sequence_lengths", idx_path, ": field 'sequence_lengths[", i, "]' is negative (", len, ")");
+        continue;
+      }
       const int64_t nbytes = len * item;
       if (ptr < 0 || ptr > bin_size || nbytes > bin_size - ptr)
-        user_error(idx_path, ": field 'sequence_pointers[", i, "]' = ", ptr, " with length ", len, " (", nbytes,
-                   " bytes) points past the end of ", bin_path, " (", bin_size, " bytes)");
-      if (ptr != expect_ptr)
-        user_error(idx_path, ": field 'sequence_pointers[", i, "]' = ", ptr, ", expected ", expect_ptr,
-                   " (the running sum of sequence_lengths * ", item, " bytes)");
-      expect_ptr += nbytes;
+        sink.report("sequence_pointers", idx_path, ": field 'sequence_pointers[", i, "]' = ", ptr, " with length ",
+                    len, " (", nbytes, " bytes) points past the end of ", bin_path, " (", bin_size, " bytes)");
+      else if (ptr != expect_ptr)
+        sink.report("sequence_pointers", idx_path, ": field 'sequence_pointers[", i, "]' = ", ptr, ", expected ",
+                    expect_ptr, " (the running sum of sequence_lengths * ", item, " bytes; pointers must be contiguous ",
+                    "and increasing)");
+      // Past the end of the file, the sum would only repeat the size problem below.
+      if (nbytes <= bin_size - expect_ptr) expect_ptr += nbytes;
+      else expect_ptr = bin_size + 1;
     }
     if (expect_ptr != bin_size)
-      user_error(bin_path, ": size is ", bin_size, " bytes, but the sequence_lengths in ", idx_path, " sum to ",
-                 expect_ptr / item, " tokens * ", item, " bytes = ", expect_ptr);
+      sink.report("bin_size", bin_path, ": size is ", bin_size, " bytes, but the sequence_lengths in ", idx_path,
+                  expect_ptr > bin_size ? " need more" : " sum to " + std::to_string(expect_ptr / item) + " tokens * " +
+                  std::to_string(item) + " bytes = " + std::to_string(expect_ptr),
+                  " (.idx and .bin do not belong together, or one is truncated)");
     if (doc_indices_[0] != 0)
-      user_error(idx_path, ": field 'document_indices[0]' is ", doc_indices_[0], ", expected 0");
+      sink.report("document_indices", idx_path, ": field 'document_indices[0]' is ", doc_indices_[0], ", expected 0");
     for (size_t k = 1; k < doc_indices_.size(); ++k)
       if (doc_indices_[k] < doc_indices_[k - 1])
-        user_error(idx_path, ": field 'document_indices[", k, "]' = ", doc_indices_[k], " is less than entry ",
-                   k - 1, " (", doc_indices_[k - 1], "); document indices must be non-decreasing");
+        sink.report("document_indices", idx_path, ": field 'document_indices[", k, "]' = ", doc_indices_[k],
+                    " is less than entry ", k - 1, " (", doc_indices_[k - 1],
+                    "); document indices must be non-decreasing");
     if (doc_indices_.back() != S)
-      user_error(idx_path, ": field 'document_indices[", doc_indices_.size() - 1, "]' (the last) is ",
-                 doc_indices_.back(), ", expected the sequence count ", S);
+      sink.report("document_indices", idx_path, ": field 'document_indices[", doc_indices_.size() - 1,
+                  "]' (the last) is ", doc_indices_.back(), ", expected the sequence count ", S);
   }
 
   std::string prefix_;
@@ -398,7 +445,38 @@ class MMapIndexedDataset final : public IndexedDataset {
 }  // namespace
 
 std::unique_ptr<IndexedDataset> IndexedDataset::open(const std::string& prefix) {
-  return std::make_unique<MMapIndexedDataset>(prefix);
+  ProblemSink sink;
+  return std::make_unique<MMapIndexedDataset>(prefix, sink);
+}
+
+IndexInspection IndexedDataset::inspect(const std::string& prefix) {
+  IndexInspection out;
+  try {
+    ProblemSink sink;
+    sink.collect = true;
+    auto ds = std::make_unique<MMapIndexedDataset>(prefix, sink);
+    out.problems = std::move(sink.problems);
+    if (out.problems.empty()) out.dataset = std::move(ds);
+  } catch (const UserError& e) {  // a file that cannot be opened or mapped
+    out.problems.push_back(e.what());
+  }
+  return out;
+}
+
+std::string locate_token(const IndexedDataset& ds, int64_t seq, int64_t offset) {
+  const auto lengths = ds.sequence_lengths();
+  const auto docs = ds.document_indices();
+  // The document holding `seq`: the last k with docs[k] <= seq (empty documents repeat an entry).
+  const int64_t doc = int64_t(std::upper_bound(docs.begin(), docs.end(), seq) - docs.begin()) - 1;
+  int64_t in_file = offset, in_doc = offset;
+  for (int64_t s = 0; s < seq; ++s) {
+    in_file += lengths[size_t(s)];
+    if (doc >= 0 && s >= docs[size_t(doc)]) in_doc += lengths[size_t(s)];
+  }
+  std::ostringstream os;
+  os << ds.prefix() << ".bin: document " << doc << ", token " << in_doc << " of the document (token " << in_file
+     << " of the file)";
+  return os.str();
 }
 
 }  // namespace loom

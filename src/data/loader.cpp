@@ -4,6 +4,7 @@
 // number, prefetching changes timing only, never content.
 #include "loom/data/loader.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -34,6 +35,29 @@ void token_extras(std::span<const int32_t> tokens, const BatchOptions& opt, floa
   }
 }
 
+int64_t first_id_outside(const int32_t* ids, int64_t n, int64_t vocab_size) {
+  // As unsigned, a negative id is above every vocabulary: one max covers both ends, and the loop has no
+  // branch, so it vectorises; the search runs only once something is out of range.
+  uint32_t hi = 0;
+  for (int64_t i = 0; i < n; ++i) hi = std::max(hi, uint32_t(ids[i]));
+  if (int64_t(hi) < vocab_size) return -1;
+  for (int64_t i = 0; i < n; ++i)
+    if (int64_t(uint32_t(ids[i])) >= vocab_size) return i;
+  return -1;
+}
+
+namespace {
+
+[[noreturn]] void id_outside_vocabulary(const SampleDataset& ds, int64_t sample, int64_t pos, int32_t id,
+                                        const BatchOptions& opt) {
+  const std::string where = ds.locate(sample, pos);
+  user_error("token id ", id, " at position ", pos, " of sample ", sample, where.empty() ? "" : " (" + where + ")",
+             " is outside the vocabulary [0, ", opt.vocab_size, ")",
+             opt.vocab_source.empty() ? "" : " of " + opt.vocab_source, ": valid ids are 0 .. ", opt.vocab_size - 1);
+}
+
+}  // namespace
+
 void fill_batch(const SampleDataset& ds, int64_t first, int64_t B, const BatchOptions& opt, Batch& out) {
   const int64_t T = ds.seq_length();
   out.first_sample = first;
@@ -46,10 +70,8 @@ void fill_batch(const SampleDataset& ds, int64_t first, int64_t B, const BatchOp
   for (int64_t b = 0; b < B; ++b) {
     ds.sample(first + b, window.data());
     if (opt.vocab_size > 0)
-      for (int64_t i = 0; i <= T; ++i)
-        if (window[size_t(i)] < 0 || window[size_t(i)] >= opt.vocab_size)
-          user_error("token id ", window[size_t(i)], " at position ", i, " of sample ", first + b,
-                     " is outside the vocabulary [0, ", opt.vocab_size, ")");
+      if (const int64_t bad = first_id_outside(window.data(), T + 1, opt.vocab_size); bad >= 0)
+        id_outside_vocabulary(ds, first + b, bad, window[size_t(bad)], opt);
     int32_t* tok = out.tokens.data<int32_t>() + b * T;
     std::memcpy(tok, window.data(), size_t(T) * sizeof(int32_t));
     std::memcpy(out.labels.data<int32_t>() + b * T, window.data() + 1, size_t(T) * sizeof(int32_t));
@@ -142,9 +164,11 @@ std::optional<Batch> Loader::produce(int64_t step) const {
       user_error("the training batch of iteration ", start / gbs + 1, " (micro-batch ", (start % gbs) / group,
                  ", ", dataset_->description(), "): ", e.what(),
                  ". The data holds ids the model cannot embed: was it tokenised with a larger vocabulary? Check "
-                 "--vocab-size / --tokenizer-type / --vocab-file against the data");
+                 "--vocab-size / --tokenizer-type / --vocab-file against the data (`loom data check PREFIX "
+                 "--vocab-size N` lists every such id)");
     user_error("a ", cfg_.role, " batch (", dataset_->description(), "): ", e.what(),
-               ". The data holds ids the model cannot embed: check the tokenizer flags against the data");
+               ". The data holds ids the model cannot embed: check the tokenizer flags against the data (`loom "
+               "data check PREFIX --vocab-size N` lists every such id)");
   }
   return b;
 }

@@ -89,6 +89,13 @@ bool NpyPackedDataset::extras(int64_t index, float* loss_mask, int32_t* position
   return true;
 }
 
+std::string NpyPackedDataset::locate(int64_t index, int64_t position) const {
+  if (index < 0 || index >= size() || position < 0 || position > seq_length_) return {};
+  const int64_t r = order_[size_t(index)], len = start_[size_t(r) + 1] - start_[size_t(r)];
+  if (position >= len) return path_ + ": padding after record " + std::to_string(r) + " (the pad id " + std::to_string(pad_id_) + ")";
+  return path_ + ": record " + std::to_string(r) + ", input_ids[" + std::to_string(position) + "]";
+}
+
 std::string NpyPackedDataset::description() const {
   std::ostringstream o;
   o << "packed SFT records " << path_ << ": " << records() << " records of up to " << seq_length_ + 1 << " tokens ("

@@ -248,6 +248,7 @@ class ChunkReader {
       f_ = nullptr;
       user_error("--input: ", path, " is a directory, expected a JSONL file");
     }
+    if (S_ISREG(st.st_mode)) file_size_ = size_t(st.st_size);
   }
   ~ChunkReader() {
     if (f_) std::fclose(f_);
@@ -274,10 +275,15 @@ class ChunkReader {
         start = c.text.size();
         break;
       }
+      // Reads of 64 KiB, or of what a regular file still holds (+1 to meet its end; at least 4 KiB in case
+      // it grows): a small input does not zero-fill a 64 KiB buffer.
+      const size_t want =
+          file_size_ ? std::clamp<size_t>(*file_size_ - std::min(read_, *file_size_) + 1, 4096, kRead) : kRead;
       const size_t at = c.text.size();
-      c.text.resize(at + (size_t(1) << 16));
-      const size_t got = std::fread(c.text.data() + at, 1, size_t(1) << 16, f_);
+      c.text.resize(at + want);
+      const size_t got = std::fread(c.text.data() + at, 1, want, f_);
       c.text.resize(at + got);
+      read_ += got;
       if (got == 0) {
         if (std::ferror(f_)) user_error("--input: cannot read ", path_, ": ", std::strerror(errno));
         eof_ = true;
@@ -293,8 +299,11 @@ class ChunkReader {
  private:
   std::string path_;
   std::FILE* f_ = nullptr;
+  static constexpr size_t kRead = size_t(1) << 16;
   std::string carry_;
   int64_t next_line_ = 1;
+  std::optional<size_t> file_size_;  // a regular file's size when opened (none for a pipe)
+  size_t read_ = 0;                  // bytes read so far
   bool eof_ = false;
 };
 
@@ -417,6 +426,18 @@ PreprocessStats run_preprocess(const PreprocessConfig& cfg, std::ostream& log) {
     }
     while (!inflight.empty()) retire_front();
   }
+
+  // An empty dataset would only fail later, far from its cause (training: "fewer than 2 tokens"); the
+  // writers' destructors remove the temporaries, so nothing is left behind.
+  if (stats.documents == 0)
+    user_error("--input ", cfg.input, " holds no documents (",
+               stats.bytes == 0 ? std::string("the file is empty")
+                                : std::to_string(stats.skipped_lines) + " bad lines skipped, no good one",
+               "); nothing was written");
+  for (size_t k = 0; k < K; ++k)
+    if (stats.tokens[k] == 0)
+      user_error("--input ", cfg.input, ": all ", stats.documents, " documents are empty after tokenization (key '",
+                 cfg.json_keys[k], "' holds no text); nothing was written");
 
   // Rename every pair only after the whole input succeeded; undo earlier pairs if a later one fails.
   size_t finalized = 0;

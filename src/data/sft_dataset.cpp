@@ -306,6 +306,18 @@ bool SftDataset::extras(int64_t index, float* loss_mask, int32_t* position_ids, 
   return true;
 }
 
+std::string SftDataset::locate(int64_t index, int64_t position) const {
+  if (index < 0 || index >= num_samples_ || position < 0 || position > cfg_.seq_length) return {};
+  const int64_t seq = order_[size_t(index)];
+  int64_t at = 0;
+  for (int64_t i = seq_start_[size_t(seq)]; i < seq_start_[size_t(seq) + 1]; ++i) {
+    const int64_t k = bin_docs_[size_t(i)], len = lengths_[size_t(k)];
+    if (position < at + len) return locate_token(*tokens_, docs_[size_t(k)], position - at);
+    at += len;
+  }
+  return "padding after the packed samples (the pad id " + std::to_string(cfg_.pad_id) + ")";
+}
+
 std::vector<int64_t> SftDataset::sequence_documents(int64_t seq) const {
   std::vector<int64_t> out;
   for (int64_t i = seq_start_[size_t(seq)]; i < seq_start_[size_t(seq) + 1]; ++i) out.push_back(docs_[size_t(bin_docs_[size_t(i)])]);

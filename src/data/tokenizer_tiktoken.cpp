@@ -187,6 +187,8 @@ class TikTokenizer final : public Tokenizer {
     } catch (const nlohmann::json::parse_error& e) {
       const auto [line, col] = bpe::line_col(text, e.byte > 0 ? e.byte - 1 : 0);
       user_error("--tokenizer-model '", path, "' line ", line, ", column ", col, ": invalid JSON (", e.what(), ")");
+    } catch (const nlohmann::json::exception& e) {  // e.g. a number too large for a double (out_of_range 406)
+      user_error("--tokenizer-model '", path, "': invalid JSON (", e.what(), ")");
     }
     if (!j.is_array()) user_error("--tokenizer-model '", path, "': a JSON rank file must be a list of {\"rank\", \"token_bytes\", \"token_str\"}");
     std::vector<RankEntry> out;

@@ -300,6 +300,8 @@ void setup_data(TrainingRun& run, std::ostream& log) {
     if (valid_samples > 0) run.valid_ds = std::make_shared<MockDataset>(V, run.T, cfg.seed + 1, valid_samples);
     if (test_samples > 0) run.test_ds = std::make_shared<MockDataset>(V, run.T, cfg.seed + 2, test_samples);
     cfg.model.vocab_size = V;
+    run.batch_opts.vocab_size = V;
+    run.batch_opts.vocab_source = "--mock-data (--vocab-size)";
   } else {
     const std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(cfg.data.tokenizer);
     cfg.model.vocab_size = tokenizer->vocab_size();
@@ -353,7 +355,12 @@ void setup_data(TrainingRun& run, std::ostream& log) {
     run.batch_opts.reset_attention_mask = cfg.data.reset_attention_mask;
     run.batch_opts.eod_mask_loss = cfg.data.eod_mask_loss;
     run.batch_opts.eod = tokenizer->eod();
+    // The tokenizer's own vocabulary, not the padded one: ids in the padding rows are as wrong as ids past it.
     run.batch_opts.vocab_size = tokenizer->vocab_size();
+    run.batch_opts.vocab_source = tokenizer->name() == "NullTokenizer"
+                                      ? "NullTokenizer (--vocab-size " + std::to_string(tokenizer->vocab_size() - 1) +
+                                            " and its end-of-document id " + std::to_string(tokenizer->eod()) + ")"
+                                      : tokenizer->name();
     log << "> built " << tokenizer->name() << " tokenizer (vocabulary " << tokenizer->vocab_size() << ")\n";
   }
   // Logged only now: a bad --data-path or tokenizer file fails before anything is printed.

@@ -94,8 +94,8 @@ TEST_F(Preprocess, DocumentsSentencesEmptyDocumentsAndEod) {
       << r.out;
 }
 
-// Lines longer than the reader's 1 MiB chunks and 64 KiB reads, CRLF line ends, an empty input.
-TEST_F(Preprocess, LongLinesCrlfAndEmptyInput) {
+// Lines longer than the reader's 1 MiB chunks and 64 KiB reads, CRLF line ends.
+TEST_F(Preprocess, LongLinesAndCrlf) {
   std::vector<int32_t> big;
   std::string text = "{\"text\": \"";
   for (int i = 0; i < 700000; ++i) {  // ~2.7 MB of text
@@ -107,10 +107,31 @@ TEST_F(Preprocess, LongLinesCrlfAndEmptyInput) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(read_docs("out_text_document"), (std::vector<Doc>{{{1}}, {big}, {{2, 3}}}));
 
-  write_input("", "empty.jsonl");
-  r = loom("--input empty.jsonl --output-prefix e" + kNull);
-  ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_TRUE(read_docs("e_text_document").empty());
+}
+
+// An input that would give an empty dataset is an error naming the input, and writes nothing: no
+// documents at all, documents that all tokenize to nothing, only bad lines skipped, or one --json-keys key
+// that is empty everywhere.
+TEST_F(Preprocess, EmptyInputIsAnErrorAndWritesNothing) {
+  struct Case {
+    std::string input, args, needle;
+  };
+  const std::vector<Case> cases = {
+      {"", "", "empty.jsonl holds no documents (the file is empty); nothing was written"},
+      {"{\"text\": \"\"}\n{\"text\": []}\n{\"text\": [\"\", \" \"]}\n", " --append-eod",
+       "empty.jsonl: all 3 documents are empty after tokenization (key 'text' holds no text); nothing was written"},
+      {"[1]\n{\"txt\": \"1\"}\n", " --skip-bad-lines", "empty.jsonl holds no documents (2 bad lines skipped"},
+      {"{\"text\": \"1\", \"title\": \"\"}\n", " --json-keys text title", "(key 'title' holds no text)"},
+  };
+  for (const Case& c : cases) {
+    write_input(c.input, "empty.jsonl");
+    const CliResult r = loom("--input empty.jsonl --output-prefix e" + c.args + kNull);
+    EXPECT_EQ(r.code, 2) << c.needle << ": " << r.out;
+    EXPECT_NE(r.err.find("--input empty.jsonl"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_TRUE(outputs().empty()) << "files left after " << c.needle;
+  }
 }
 
 TEST_F(Preprocess, VocabSizeChoosesInt32) {

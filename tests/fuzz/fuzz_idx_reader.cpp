@@ -3,6 +3,9 @@
 // A UserError from open() is the expected answer to a bad pair; a crash, a sanitizer report or a
 // LOOM_CHECK is a finding. A pair that opens must keep the documented invariants, and every token of
 // every sequence must be readable (int64 tokens outside int32 may be a UserError on read).
+// The same pair also goes through IndexedDataset::inspect and `loom data check`'s scan
+// (check_indexed_dataset), which must never throw: inspect finds a problem exactly when open() fails,
+// and the scan's figures must agree with the opened dataset.
 #include <unistd.h>
 
 #include <cstdint>
@@ -12,6 +15,7 @@
 #include <vector>
 
 #include "loom/core/check.h"
+#include "loom/data/data_check.h"
 #include "loom/data/indexed_dataset.h"
 #include "fuzz_util.h"
 
@@ -45,12 +49,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       std::remove((prefix() + ".idx").c_str());
     }
   } cleanup;
+  const loom::IndexInspection inspection = loom::IndexedDataset::inspect(prefix());
+  loom::DataCheckOptions check_opt;
+  check_opt.vocab_size = 1000;
+  check_opt.max_listed = 3;
+  const loom::DataCheckReport report = loom::check_indexed_dataset(prefix(), check_opt);
   std::unique_ptr<loom::IndexedDataset> ds;
   try {
     ds = loom::IndexedDataset::open(prefix());
   } catch (const loom::UserError&) {
+    require(!inspection.problems.empty() && !inspection.dataset, "inspect finds what open() rejects");
+    require(!report.ok() && !report.scanned, "data check reports what open() rejects");
     return 0;
   }
+  require(inspection.problems.empty() && inspection.dataset, "inspect accepts what open() accepts");
+  require(report.scanned && report.documents == int64_t(ds->document_indices().size()) - 1 &&
+              report.sequences == ds->num_sequences(),
+          "data check counts");
+  int64_t hist = 0;
+  for (const int64_t h : report.length_histogram) hist += h;
+  require(hist == report.documents, "every document in the length histogram");
   const int64_t S = ds->num_sequences();
   const auto lens = ds->sequence_lengths();
   const auto docs = ds->document_indices();
@@ -63,6 +81,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     total += l;
   }
   require(total * int64_t(loom::index_dtype_size(ds->dtype())) == int64_t(n_bin), ".bin size");
+  require(report.tokens == total, "data check token count");
+  require(report.ok() == (report.ids_outside == 0 && total > 0 && report.documents > 0), "data check verdict");
   std::vector<int32_t> buf;
   for (int64_t s = 0; s < S; ++s) {
     buf.assign(size_t(lens[s]) + 1, -7);

@@ -65,6 +65,12 @@ bool run(const loom::PreprocessConfig& cfg, loom::PreprocessStats& stats) {
 
 }  // namespace
 
+// run_preprocess hands every input to worker threads: one CPU for all of them (fuzz_util.h).
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  fuzz_util::pin_to_current_cpu();
+  return 0;
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   const uint8_t opt = data[0];

@@ -74,6 +74,10 @@ class SampleDataset {
                       int32_t* /*segment_ids*/) const {
     return false;
   }
+  // Where token `position` (0 .. seq_length) of sample `index` comes from, for error messages, e.g.
+  // "data/x.bin: document 812, token 3 of the document (token 123456 of the file)"; empty when the
+  // dataset cannot say. Not for the hot path: it may scan the index.
+  virtual std::string locate(int64_t /*index*/, int64_t /*position*/) const { return {}; }
 };
 
 class GPTDataset final : public SampleDataset {
@@ -89,6 +93,7 @@ class GPTDataset final : public SampleDataset {
   int64_t seq_length() const override { return seq_length_; }
   void sample(int64_t index, int32_t* out) const override;
   std::string description() const override;
+  std::string locate(int64_t index, int64_t position) const override;
 
   // Megatron's arrays: document_index (sequence ids, epochs x sequences, shuffled), sample_index
   // ((size + 1) x 2 row-major: position in document_index, token offset in that sequence),
@@ -139,6 +144,7 @@ class BlendedDataset final : public SampleDataset {
   int64_t seq_length() const override { return datasets_[0]->seq_length(); }
   void sample(int64_t index, int32_t* out) const override;
   std::string description() const override;
+  std::string locate(int64_t index, int64_t position) const override;
 
   std::span<const int16_t> dataset_index() const { return dataset_index_; }
   std::span<const int64_t> dataset_sample_index() const { return dataset_sample_index_; }

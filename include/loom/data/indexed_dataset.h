@@ -16,6 +16,7 @@ namespace loom {
 
 enum class IndexDType : uint8_t { kU8 = 1, kI8 = 2, kI16 = 3, kI32 = 4, kI64 = 5, kF64 = 6, kF32 = 7, kU16 = 8 };
 size_t index_dtype_size(IndexDType dt);
+const char* index_dtype_name(IndexDType dt);  // numpy's name: "uint16", "int32", ...
 // Megatron's choice: uint16 when the vocabulary is below 65500, else int32.
 IndexDType index_dtype_for_vocab(int64_t vocab_size);
 
@@ -34,10 +35,20 @@ class IndexedDatasetWriter {
   std::unique_ptr<Impl> impl_;
 };
 
+class IndexedDataset;
+
+// Every problem of an .idx/.bin pair (for `loom data check`), not only the first.
+struct IndexInspection {
+  std::unique_ptr<IndexedDataset> dataset;  // null when any problem was found: the tokens cannot be trusted
+  std::vector<std::string> problems;        // each names the file and the field, as open()'s errors do
+};
+
 class IndexedDataset {
  public:
   // Opens <prefix>.idx/.bin; UserError naming the file and the field for any inconsistency.
   static std::unique_ptr<IndexedDataset> open(const std::string& prefix);
+  // The same checks, collected: at most a few problems per field (then a count of the rest).
+  static IndexInspection inspect(const std::string& prefix);
   virtual ~IndexedDataset() = default;
   virtual IndexDType dtype() const = 0;
   virtual int64_t num_sequences() const = 0;
@@ -47,5 +58,10 @@ class IndexedDataset {
   virtual void read(int64_t seq, int64_t offset, int64_t length, int32_t* out) const = 0;
   virtual const std::string& prefix() const = 0;
 };
+
+// "<prefix>.bin: document D, token K of the document (token F of the file)" for token `offset` of sequence
+// `seq` (D: the document holding the sequence; K counts the document's earlier sequences too). For error
+// messages: it scans the index, O(sequences).
+std::string locate_token(const IndexedDataset& ds, int64_t seq, int64_t offset);
 
 }  // namespace loom

@@ -24,8 +24,10 @@ struct BatchOptions {
   bool reset_attention_mask = false;  // --reset-attention-mask: segment id += 1 after each EOD
   bool eod_mask_loss = false;         // --eod-mask-loss: loss_mask = 0 where the input token is EOD
   int32_t eod = -1;                   // the tokenizer's end-of-document id (-1: none)
-  int64_t vocab_size = 0;             // every token id must lie in [0, vocab_size) (0: not checked)
+  int64_t vocab_size = 0;             // every token id must lie in [0, vocab_size) (0: not checked); the
+                                      // tokenizer's vocabulary, not the padded one (those rows are dummies)
   bool dataset_extras = false;        // the dataset gives loss mask, positions and segments (SFT): use them
+  std::string vocab_source = "";      // names vocab_size in errors, e.g. "GPT2BPETokenizer"
 };
 
 struct Batch {
@@ -38,10 +40,13 @@ struct Batch {
 };
 
 // Fills `out` (allocated here, host) with the samples first .. first + B - 1 of `ds`. With
-// opt.vocab_size set, a token id outside [0, vocab_size) (input or label) is a UserError naming the sample,
-// the position and the id: a GPU's embedding could only flag it later, and an id in the padded rows of
-// the table would train silently.
+// opt.vocab_size set, a token id outside [0, vocab_size) (input or label) is a UserError naming the id, the
+// sample and position, where the dataset read it from (file, document, offset: SampleDataset::locate) and
+// the valid range: a GPU's embedding could only flag it later, and an id in the padded rows of the table
+// would train silently. The check is one branch-free max per sample (vectorised), next to the copy.
 void fill_batch(const SampleDataset& ds, int64_t first, int64_t B, const BatchOptions& opt, Batch& out);
+// The first of n ids outside [0, vocab_size), or -1 (vocab_size <= 2^31).
+int64_t first_id_outside(const int32_t* ids, int64_t n, int64_t vocab_size);
 // The extras of one row of T input tokens (Megatron's rules; see BatchOptions).
 void token_extras(std::span<const int32_t> tokens, const BatchOptions& opt, float* loss_mask, int32_t* position_ids,
                   int32_t* segment_ids);

@@ -31,6 +31,7 @@ class NpyPackedDataset final : public SampleDataset {
   void sample(int64_t index, int32_t* out) const override;
   bool extras(int64_t index, float* loss_mask, int32_t* position_ids, int32_t* segment_ids) const override;
   std::string description() const override;
+  std::string locate(int64_t index, int64_t position) const override;
   int64_t records() const { return int64_t(start_.size()) - 1; }
 
  private:

@@ -5,7 +5,9 @@
 // --append-eod adds the tokenizer's EOD to the last sequence of a non-empty document, and a document
 // with no tokens is still recorded (a document with zero sequences, so document k is input line k).
 // Output is byte-identical for any --workers: lines are tokenized in parallel chunks and written in
-// input order. Files appear under their final names only after the whole input succeeded.
+// input order. Files appear under their final names only after the whole input succeeded. An input
+// without documents, or whose documents hold no tokens (for any key), is an error: no empty dataset is
+// written.
 #pragma once
 #include <cstdint>
 #include <ostream>

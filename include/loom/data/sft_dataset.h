@@ -65,6 +65,7 @@ class SftDataset final : public SampleDataset {
   void sample(int64_t index, int32_t* out) const override;
   bool extras(int64_t index, float* loss_mask, int32_t* position_ids, int32_t* segment_ids) const override;
   std::string description() const override;
+  std::string locate(int64_t index, int64_t position) const override;
   const SftStats& stats() const { return stats_; }
   // The samples of packed sequence `seq` of an epoch (document ids), in order.
   std::vector<int64_t> sequence_documents(int64_t seq) const;

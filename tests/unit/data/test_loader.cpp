@@ -1,5 +1,6 @@
 // Loader: Megatron's sampler order per data-parallel rank, resume from a consumed-sample count,
-// prefetch depth never changes the batches, errors (token ids outside the vocabulary name the batch),
+// prefetch depth never changes the batches, errors (token ids outside the vocabulary name the batch, the
+// place the dataset read them from and the valid range),
 // exception propagation and clean shutdown; and the
 // per-token extras of --reset-position-ids / --reset-attention-mask / --eod-mask-loss.
 #include <gtest/gtest.h>
@@ -209,6 +210,49 @@ TEST(Loader, TokenIdsOutsideTheVocabularyNameTheBatch) {
   c.batch.vocab_size = 0;  // unchecked
   Loader unchecked(ds, c);
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(unchecked.next().has_value());
+}
+
+// A dataset that can say where its tokens come from: the error carries that place and the valid range.
+TEST(Loader, TokenIdsOutsideTheVocabularyNameTheirSource) {
+  class Located final : public SampleDataset {
+   public:
+    int64_t size() const override { return 8; }
+    int64_t seq_length() const override { return 6; }
+    void sample(int64_t i, int32_t* out) const override {
+      for (int64_t t = 0; t <= 6; ++t) out[t] = (i == 5 && t == 3) ? 60000 : int32_t(t);
+    }
+    std::string description() const override { return "located"; }
+    std::string locate(int64_t i, int64_t t) const override {
+      return "x.bin: document " + std::to_string(10 + i) + ", token " + std::to_string(t);
+    }
+  };
+  LoaderConfig c = config(2, 1, 0, 1, 0);
+  c.batch.vocab_size = 50257;
+  c.batch.vocab_source = "GPT2BPETokenizer";
+  Loader l(std::make_shared<Located>(), c);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(l.next().has_value());
+  const std::string e = user_error_text([&] { l.next(); });
+  EXPECT_NE(e.find("the training batch of iteration 3 (micro-batch 1, located): token id 60000 at position 3 of "
+                   "sample 5 (x.bin: document 15, token 3) is outside the vocabulary [0, 50257) of GPT2BPETokenizer: "
+                   "valid ids are 0 .. 50256"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("loom data check"), std::string::npos) << e;
+}
+
+TEST(Loader, FirstIdOutsideFindsBothEnds) {
+  std::vector<int32_t> ids(1000, 7);
+  EXPECT_EQ(first_id_outside(ids.data(), 1000, 8), -1);
+  EXPECT_EQ(first_id_outside(ids.data(), 1000, 7), 0);
+  ids[217] = -1;
+  EXPECT_EQ(first_id_outside(ids.data(), 1000, 8), 217);
+  ids[217] = 7;
+  ids[999] = 2147483647;
+  EXPECT_EQ(first_id_outside(ids.data(), 1000, int64_t(1) << 31), -1);
+  EXPECT_EQ(first_id_outside(ids.data(), 1000, 2147483647), 999);
+  ids[5] = int32_t(0x80000000u);  // INT32_MIN: negative, not a large id
+  EXPECT_EQ(first_id_outside(ids.data(), 1000, int64_t(1) << 31), 5);
+  EXPECT_EQ(first_id_outside(ids.data(), 0, 1), -1);
 }
 
 TEST(Loader, ProducerErrorIsRethrownAfterEarlierBatches) {

@@ -153,6 +153,10 @@ print(' '.join(str(x) for x in idx.reshape(1, -1).squeeze()[:7]))
   for (int64_t i = 0; i < 7; ++i) {
     ds.sample(i, w.data());
     EXPECT_EQ(w[0], (std::vector<int32_t>{5, 20, 30})[size_t(order[size_t(i)])]) << "sample " << i;
+    // Errors name the record and the input_ids entry (or the padding) a token came from.
+    const std::string r = std::to_string(order[size_t(i)]);
+    EXPECT_EQ(ds.locate(i, 3), path("train.npy") + ": record " + r + ", input_ids[3]");
+    EXPECT_EQ(ds.locate(i, 12), path("train.npy") + ": padding after record " + r + " (the pad id 99)");
   }
   // Every label NeMo puts in the loss is in Loom's (same label, and only those).
   for (int64_t i = 0; i < 7; ++i) {

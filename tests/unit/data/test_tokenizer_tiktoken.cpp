@@ -307,6 +307,10 @@ TEST(TikTokenizer, BadFilesAndFlagsNameTheFileAndLine) {
   expect_error(tik_config(json_bad, "v2"), {json_bad, "entry 1"});
   expect_error(tik_config(write_temp("[{\"rank\": 0, \"token_bytes\": \"AQ==\"}]"), "v2"), {"entry 0", "single bytes"});
   expect_error(tik_config(write_temp("[\n{\"rank\": 0,,}]"), "v2"), {"line 2", "invalid JSON"});
+  // A number too large for a double is nlohmann's out_of_range, not a parse_error: still the file's
+  // UserError (fuzz_tiktoken_ranks found it escaping as an internal error).
+  const std::string overflow = write_temp("[{\"rank\": 1022e222222}]", ".json");
+  expect_error(tik_config(overflow, "v2"), {overflow, "invalid JSON", "number overflow"});
   TokenizerConfig small = tik_config(good, "v2");
   small.vocab_size = 1000;
   expect_error(small, {"--vocab-size 1000"});
