@@ -246,22 +246,35 @@ void GPTDataset::save_cache(const std::string& base) const {
   if (!ok) user_error("--data-cache-path: cannot write the dataset index files ", base, "-*: ", std::strerror(errno));
 }
 
+namespace {
+// The pieces of window k in order, as sample() reads them: f(sequence, begin, end) for each document slice
+// [begin, end); the walk stops early when f returns true.
+template <class F>
+void walk_window(std::span<const int64_t> sample_index, std::span<const int32_t> document_index,
+                 std::span<const int32_t> lengths, int64_t k, F&& f) {
+  const int64_t p0 = sample_index[size_t(2 * k)], o0 = sample_index[size_t(2 * k + 1)];
+  const int64_t p1 = sample_index[size_t(2 * k + 2)], o1 = sample_index[size_t(2 * k + 3)];
+  for (int64_t p = p0; p <= p1; ++p) {
+    const int32_t seq = document_index[size_t(p)];
+    const int64_t begin = (p == p0) ? o0 : 0;
+    const int64_t end = (p == p1) ? o1 + 1 : lengths[size_t(seq)];
+    if (f(seq, begin, end)) return;
+  }
+}
+}  // namespace
+
 void GPTDataset::sample(int64_t index, int32_t* out) const {
   LOOM_CHECK(index >= 0 && index < size(), "[GPTDataset] sample ", index, " outside [0, ", size(), ") of ",
              data_->prefix(), " ", split_name(split_));
   const int64_t k = shuffle_index_[size_t(index)];
-  const int64_t p0 = sample_index_[size_t(2 * k)], o0 = sample_index_[size_t(2 * k + 1)];
-  const int64_t p1 = sample_index_[size_t(2 * k + 2)], o1 = sample_index_[size_t(2 * k + 3)];
-  const auto lengths = data_->sequence_lengths();
   int64_t written = 0;
-  for (int64_t p = p0; p <= p1; ++p) {
-    const int32_t seq = document_index_[size_t(p)];
-    const int64_t begin = (p == p0) ? o0 : 0;
-    const int64_t end = (p == p1) ? o1 + 1 : lengths[size_t(seq)];
-    LOOM_CHECK(written + end - begin <= seq_length_ + 1, "[GPTDataset] window ", k, " overflows");
-    if (end > begin) data_->read(seq, begin, end - begin, out + written);
-    written += end - begin;
-  }
+  walk_window(sample_index_, document_index_, data_->sequence_lengths(), k,
+              [&](int32_t seq, int64_t begin, int64_t end) {
+                LOOM_CHECK(written + end - begin <= seq_length_ + 1, "[GPTDataset] window ", k, " overflows");
+                if (end > begin) data_->read(seq, begin, end - begin, out + written);
+                written += end - begin;
+                return false;
+              });
   LOOM_CHECK(written == seq_length_ + 1, "[GPTDataset] window ", k, " has ", written, " tokens, expected ",
              seq_length_ + 1);
 }
@@ -269,19 +282,18 @@ void GPTDataset::sample(int64_t index, int32_t* out) const {
 std::string GPTDataset::locate(int64_t index, int64_t position) const {
   if (index < 0 || index >= size() || position < 0 || position > seq_length_) return {};
   // The walk of sample(): the window's sequences in order, until the one holding `position`.
-  const int64_t k = shuffle_index_[size_t(index)];
-  const int64_t p0 = sample_index_[size_t(2 * k)], o0 = sample_index_[size_t(2 * k + 1)];
-  const int64_t p1 = sample_index_[size_t(2 * k + 2)], o1 = sample_index_[size_t(2 * k + 3)];
-  const auto lengths = data_->sequence_lengths();
+  std::string where;
   int64_t at = 0;
-  for (int64_t p = p0; p <= p1; ++p) {
-    const int32_t seq = document_index_[size_t(p)];
-    const int64_t begin = (p == p0) ? o0 : 0;
-    const int64_t end = (p == p1) ? o1 + 1 : lengths[size_t(seq)];
-    if (position < at + end - begin) return locate_token(*data_, seq, begin + position - at);
-    at += end - begin;
-  }
-  return {};
+  walk_window(sample_index_, document_index_, data_->sequence_lengths(), shuffle_index_[size_t(index)],
+              [&](int32_t seq, int64_t begin, int64_t end) {
+                if (position < at + end - begin) {
+                  where = locate_token(*data_, seq, begin + position - at);
+                  return true;
+                }
+                at += end - begin;
+                return false;
+              });
+  return where;
 }
 
 std::string GPTDataset::description() const {
