@@ -31,28 +31,12 @@ namespace {
 
 using fuzz_util::require;
 
-const fs::path& dir() {
-  static const fs::path d = (::access("/dev/shm", W_OK) == 0 ? fs::path("/dev/shm") : fs::temp_directory_path()) /
-                            ("loom_fuzz_ckpt_" + std::to_string(::getpid()));
-  return d;
-}
+const fs::path& dir() { return fuzz_util::scratch_dir("ckpt"); }
 
-struct ScratchDir {
-  ScratchDir() {
-    std::error_code ec;
-    fs::remove_all(dir(), ec);
-    fs::create_directories(dir() / "ck");
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    fs::remove_all(dir(), ec);
-  }
+struct ScratchDir : fuzz_util::Scratch {
+  ScratchDir() : Scratch(dir(), "ck") {}
 };
 
-void put(const fs::path& p, const uint8_t* data, size_t n) {
-  std::ofstream f(p, std::ios::binary | std::ios::trunc);
-  f.write(reinterpret_cast<const char*>(data), std::streamsize(n));
-}
 
 // A valid one-rank shard: a whole (2, 3) f32 tensor and half of a (4) bf16 one (no metadata.json checksum).
 void write_valid_shard(const fs::path& ck) {
@@ -127,7 +111,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       fs::create_directories(root / "iter_0000005");
       fs::create_directories(root / "iter_0000010.loom-old");
       fs::create_directories(root / "release");
-      put(loom::checkpoint_tracker_path(root.string()), p, n);
+      fuzz_util::write_file(loom::checkpoint_tracker_path(root.string()), p, n);
       const std::optional<loom::LatestCheckpoint> latest = loom::read_latest_checkpoint(root.string());
       require(latest.has_value(), "an existing tracker names a checkpoint or fails");
       require(latest->iteration >= 0 && fs::is_directory(latest->dir), "the named directory exists");
@@ -140,16 +124,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     if (mode == 1) {
       write_valid_shard(ck);
-      put(ck / "metadata.json", p, n);
+      fuzz_util::write_file(ck / "metadata.json", p, n);
     } else if (mode == 2) {
       size_t len = n >= 2 ? size_t(p[0] | (p[1] << 8)) : 0;
       p += std::min<size_t>(n, 2);
       n -= std::min<size_t>(n, 2);
       len = std::min(len, n);
-      put(ck / "metadata.json", p, len);
-      put(ck / "shard_00000.safetensors", p + len, n - len);
+      fuzz_util::write_file(ck / "metadata.json", p, len);
+      fuzz_util::write_file(ck / "shard_00000.safetensors", p + len, n - len);
     } else {
-      put(ck / "x.safetensors", p, n);
+      fuzz_util::write_file(ck / "x.safetensors", p, n);
       exercise_safetensors((ck / "x.safetensors").string());
       return 0;
     }

@@ -32,29 +32,12 @@ using fuzz_util::require;
 const char* kConfig =
     R"({"model_type": "gpt2", "vocab_size": 8, "n_positions": 4, "n_embd": 4, "n_layer": 1, "n_head": 2})";
 
-const fs::path& dir() {
-  static const fs::path d =
-      (::access("/dev/shm", W_OK) == 0 ? fs::path("/dev/shm") : fs::temp_directory_path()) /
-      ("loom_fuzz_hf_" + std::to_string(::getpid()));
-  return d;
-}
+const fs::path& dir() { return fuzz_util::scratch_dir("hf"); }
 
-struct ScratchDir {
-  ScratchDir() {
-    std::error_code ec;
-    fs::remove_all(dir(), ec);
-    fs::create_directories(dir() / "in");
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    fs::remove_all(dir(), ec);
-  }
+struct ScratchDir : fuzz_util::Scratch {
+  ScratchDir() : Scratch(dir(), "in") {}
 };
 
-void put(const fs::path& p, const uint8_t* data, size_t n) {
-  std::ofstream f(p, std::ios::binary | std::ios::trunc);
-  f.write(reinterpret_cast<const char*>(data), std::streamsize(n));
-}
 
 bool same_bytes(const loom::Tensor& a, const loom::Tensor& b) {
   return a.dtype() == b.dtype() && a.shape() == b.shape() &&
@@ -125,23 +108,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const std::string text(reinterpret_cast<const char*>(p), n);
       const loom::HfConfig c = loom::parse_hf_config(text);
       require(c.raw_json == text, "raw json kept");
-      put(in / "config.json", p, n);
+      fuzz_util::write_file(in / "config.json", p, n);
       const loom::Tensor w = loom::Tensor::zeros({2, 3}, loom::DType::kF32);
       loom::write_safetensors((in / "model.safetensors").string(), {{"w", w}});
     } else if (mode == 1) {
-      put(in / "config.json", reinterpret_cast<const uint8_t*>(kConfig), std::strlen(kConfig));
-      put(in / "model.safetensors", p, n);
+      fuzz_util::write_file(in / "config.json", reinterpret_cast<const uint8_t*>(kConfig), std::strlen(kConfig));
+      fuzz_util::write_file(in / "model.safetensors", p, n);
     } else {
-      put(in / "config.json", reinterpret_cast<const uint8_t*>(kConfig), std::strlen(kConfig));
+      fuzz_util::write_file(in / "config.json", reinterpret_cast<const uint8_t*>(kConfig), std::strlen(kConfig));
       size_t len = std::min<size_t>(u16(p, n), n);
-      put(in / "model.safetensors.index.json", p, len);
+      fuzz_util::write_file(in / "model.safetensors.index.json", p, len);
       p += len;
       n -= len;
       len = std::min<size_t>(u16(p, n), n);
-      put(in / "model-00001-of-00002.safetensors", p, len);
+      fuzz_util::write_file(in / "model-00001-of-00002.safetensors", p, len);
       p += len;
       n -= len;
-      put(in / "model-00002-of-00002.safetensors", p, n);
+      fuzz_util::write_file(in / "model-00002-of-00002.safetensors", p, n);
     }
     exercise(in.string(), knob);
   } catch (const loom::UserError&) {

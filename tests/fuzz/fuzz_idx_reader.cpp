@@ -22,10 +22,7 @@
 namespace {
 
 using fuzz_util::require;
-
-void write_file(const std::string& path, const uint8_t* data, size_t n) {
-  fuzz_util::write_file(path, std::string_view(reinterpret_cast<const char*>(data), n));
-}
+using fuzz_util::write_file;
 
 // tmpfs when there is one: rewriting a just-mapped file on a disk filesystem waits for writeback.
 const std::string& prefix() {

@@ -28,19 +28,10 @@ using fuzz_util::require;
 
 // A fresh directory per input, removed afterwards (libFuzzer does not run atexit handlers). On tmpfs
 // when there is one: rewriting files on a disk filesystem waits for writeback.
-const fs::path& dir() {
-  static const fs::path d =
-      (::access("/dev/shm", W_OK) == 0 ? fs::path("/dev/shm") : fs::temp_directory_path()) /
-      ("loom_fuzz_jsonl_" + std::to_string(::getpid()));
-  return d;
-}
+const fs::path& dir() { return fuzz_util::scratch_dir("jsonl"); }
 
-struct ScratchDir {
-  ScratchDir() { fs::create_directories(dir()); }
-  ~ScratchDir() {
-    std::error_code ec;
-    fs::remove_all(dir(), ec);
-  }
+struct ScratchDir : fuzz_util::Scratch {
+  ScratchDir() : Scratch(dir()) {}
 };
 
 std::string slurp(const fs::path& p) {
@@ -75,10 +66,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   const uint8_t opt = data[0];
   const ScratchDir scratch;
-  {
-    std::ofstream f(dir() / "in.jsonl", std::ios::binary | std::ios::trunc);
-    f.write(reinterpret_cast<const char*>(data + 1), std::streamsize(size - 1));
-  }
+  fuzz_util::write_file(dir() / "in.jsonl", data + 1, size - 1);
   loom::PreprocessConfig cfg;
   cfg.input = (dir() / "in.jsonl").string();
   cfg.output_prefix = (dir() / "out").string();

@@ -4,9 +4,13 @@
 #pragma once
 
 #include <sched.h>
+#include <unistd.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <string_view>
 
@@ -24,6 +28,39 @@ inline void write_file(const std::string& path, std::string_view bytes) {
   if (!f) std::abort();
   if (!bytes.empty() && std::fwrite(bytes.data(), 1, bytes.size(), f) != bytes.size()) std::abort();
   std::fclose(f);
+}
+
+// The target's scratch directory, one per process (`tag` names the target): on tmpfs when there is one,
+// since rewriting files on a disk filesystem waits for writeback.
+inline const std::filesystem::path& scratch_dir(const char* tag) {
+  namespace fs = std::filesystem;
+  static const fs::path d = (::access("/dev/shm", W_OK) == 0 ? fs::path("/dev/shm") : fs::temp_directory_path()) /
+                            ("loom_fuzz_" + std::string(tag) + "_" + std::to_string(::getpid()));
+  return d;
+}
+
+// The scratch directory for one input: emptied and created (with `sub` inside when given), removed
+// afterwards (libFuzzer runs no atexit handlers).
+class Scratch {
+ public:
+  explicit Scratch(std::filesystem::path dir, const char* sub = "") : dir_(std::move(dir)) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+    std::filesystem::create_directories(dir_ / sub);
+  }
+  ~Scratch() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+
+ private:
+  std::filesystem::path dir_;
+};
+
+inline void write_file(const std::filesystem::path& path, const uint8_t* data, size_t n) {
+  write_file(path.string(), std::string_view(reinterpret_cast<const char*>(data), n));
 }
 
 // Keeps the process, and the threads it starts later, on the CPU it runs on now. Code under test that
