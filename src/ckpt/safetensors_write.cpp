@@ -93,8 +93,9 @@ void write_safetensors(const std::string& path, const NamedTensors& tensors,
     return ra != rb ? ra > rb : tensors[a].first < tensors[b].first;
   });
 
-  // With checksums the header goes out first with placeholder values, the data follows (each chunk
-  // checksummed just before it is written), and the final header, of the same size, replaces it.
+  // With checksums the header goes out first with every CRC zero (fixed-width hex, so the final header
+  // has the same size), the data follows (each chunk checksummed just before it is written), and the
+  // header with the real CRCs is written over the first one.
   std::vector<uint32_t> crcs(order.size(), 0);
   const std::string text = header_text(path, tensors, order, metadata, checksums ? &crcs : nullptr);
   unsigned char len_bytes[8];

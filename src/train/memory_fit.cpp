@@ -37,7 +37,7 @@ std::string gib(double bytes) {
 
 }  // namespace
 
-void check_model_fits(const TrainingRun& run, std::ostream& log) {
+void check_model_fits(const TrainingRun& run) {
   const TrainConfig& cfg = run.cfg;
   const bool cpu = run.ctx->device().is_cpu();
   const int64_t sharing = cpu ? local_processes() : 1;
@@ -90,7 +90,6 @@ void check_model_fits(const TrainingRun& run, std::ostream& log) {
   if (need > capacity)
     user_error("the model cannot fit: each process needs about ", gib(need), " (", parts, ") but has ", gib(capacity),
                " (", where, ")", advice);
-  (void)log;
 }
 
 }  // namespace loom

@@ -205,7 +205,7 @@ TrainResult Trainer::run() {
   CheckpointManager::check_load_flags(cfg_);  // cheap checks of --load before any data or model is built
   CheckpointManager::check_save_dir(cfg_);
   setup_parallel_and_device(run_, cfg_, std::move(world_), log_);
-  check_model_fits(run_, log_);
+  check_model_fits(run_);
   // MLPerf's init interval starts here: the flags are valid, data, model and checkpoint are still to come.
   if (run_.ps->rank() == 0 && !cfg_.mlperf.log.empty())
     mlperf_ = std::make_unique<MlperfRunLog>(run_.cfg.mlperf, default_platform(run_), std::function<int64_t()>(),

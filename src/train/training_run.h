@@ -104,7 +104,7 @@ void setup_parallel_and_device(TrainingRun& run, const TrainConfig& cfg, std::un
                                std::ostream& log);
 // Refuses a model whose parameters, optimizer state and activations cannot fit this process's share of
 // the device (memory_fit.cpp), with the figures, before any data or model is built.
-void check_model_fits(const TrainingRun& run, std::ostream& log);
+void check_model_fits(const TrainingRun& run);
 // Megatron's train/validation/test datasets (sized for the run) and the batch options; sets the vocabulary.
 void setup_data(TrainingRun& run, std::ostream& log);
 // This rank's model chunks, the distributed optimizer (initialised from --seed), the LR/WD scheduler and
