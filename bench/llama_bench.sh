@@ -17,6 +17,11 @@
 #                         vocab 128256, RoPE base 500000 with Llama 3.1 scaling factor 32, tied embeddings,
 #                         RMSNorm eps 1e-5, no biases) with LLAMA_1B_LAYERS layers, micro-batch 1, seq
 #                         LLAMA_1B_SEQ, bf16; 1 warm-up + 3 timed iterations
+#   1b-gemm-bf16          (not in the default runs) Loom only: the 1b layer shape with pretraining-sized steps
+#                         (LLAMA_GEMM_LAYERS 4 layers, micro-batch LLAMA_GEMM_MBS 4 x seq LLAMA_GEMM_SEQ 512,
+#                         global batch LLAMA_GEMM_GBS 8: 2 accumulated micro-batches), against its GEMM ceiling
+# Every 1b run also times its GEMM ceiling (build/bench/loom_bench_ceiling: the step's matrix products through
+# oneDNN directly at the model's shapes, the fastest variant each) and reports the step's fraction of it.
 # The published Llama-3.2-1B has 16 layers (1.24B parameters). On a 23 GiB machine Loom trains it
 # (peak RSS 20.9 GiB: fp32 master weights + bf16 copy + fp32 grads + AdamW m, v = 18 B/param), but
 # PyTorch's autocast run needs ~1 GiB more (18.2 B/param measured at 14 layers) and does not fit, so the
@@ -99,24 +104,34 @@ def pytorch(out, timefile):
 def report(results, md_path, header):
     rows = [json.loads(l) for l in open(results) if l.strip()]
     f = lambda x, nd=1: "-" if x is None else f"{x:,.{nd}f}"
-    cols = ["run", "shape", "params", "impl", "ms/step", "tokens/s", "GFLOP/s", "peak RSS MB",
+    cols = ["run", "shape", "params", "impl", "ms/step", "tokens/s", "GFLOP/s", "of GEMM ceiling", "peak RSS MB",
             "speed (PyTorch ms / Loom ms)", "memory (Loom RSS / PyTorch RSS)"]
     out = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    out_notes = []
     for run in dict.fromkeys(r["run"] for r in rows):
         by = {r["impl"]: r for r in rows if r["run"] == run}
-        lo, pt = by.get("loom"), by.get("pytorch")
+        lo, pt, ce = by.get("loom"), by.get("pytorch"), by.get("ceiling")
         ok = lambda r: r is not None and not r.get("failed")
+        # The step's GEMMs at oneDNN's best (bench/ceiling/gemm_ceiling.cpp) / the measured step.
+        frac = lambda r: f"{100 * ce['ceiling_ms'] / r['ms_per_step']:.1f}%" if ok(ce) else "-"
         speed = f"{pt['ms_per_step'] / lo['ms_per_step']:.2f}x" if ok(lo) and ok(pt) else "-"
         mem = f"{lo['peak_rss_mb'] / pt['peak_rss_mb']:.2f}" if ok(lo) and ok(pt) else "-"
         for name, r in (("loom", lo), ("pytorch", pt)):
+            if name == "pytorch" and r is None and ok(lo):
+                continue  # a Loom-only run (1b-gemm-bf16)
             tail = [speed, mem] if name == "loom" else ["", ""]
             if not ok(r):
-                out.append(f"| {run} | - | - | {name} | FAILED | - | - | - | " + " | ".join(tail) + " |")
+                out.append(f"| {run} | - | - | {name} | FAILED | - | - | - | - | " + " | ".join(tail) + " |")
                 continue
             p = r.get("params")
             out.append("| " + " | ".join([run, r["shape"], "-" if p is None else f"{p / 1e6:,.2f}M", name,
-                                          f(r["ms_per_step"]), f(r["tokens_per_s"]), f(r["gflops"]),
+                                          f(r["ms_per_step"]), f(r["tokens_per_s"]), f(r["gflops"]), frac(r),
                                           f(r["peak_rss_mb"])] + tail) + " |")
+        if ok(ce):
+            out_notes.append(f"GEMM ceiling of {run}: {ce['ceiling_ms']:,.1f} ms/step = {ce['ceiling_gflops']:,.1f} GFLOP/s "
+                             f"(oneDNN {ce['dtype']}, {ce['threads']} threads, {ce['micro_batches']} micro-batch(es) "
+                             "of the probe's products)")
+    out += [""] + out_notes if out_notes else []
     # LoRA vs full fine-tuning of the same model on Loom (issue 17: step <= 0.7x, peak memory <= 0.45x).
     for full, lora in (("1b-bf16", "1b-lora-bf16"), ("tiny-fp32", "tiny-lora-fp32")):
         a = next((r for r in rows if r["run"] == full and r["impl"] == "loom" and not r.get("failed")), None)
@@ -140,6 +155,17 @@ elif mode == "pytorch":   # OUT TIMEFILE SHAPE_JSON RUN
     want = "bf16" if sys.argv[-1].endswith("bf16") else "fp32"
     if r.get("precision") != want:  # the run's name promises a precision: hold the reference to it
         sys.exit(f"[llama-bench] {sys.argv[3]}: PyTorch ran in {r.get('precision')}, run {sys.argv[-1]} wants {want}")
+elif mode == "ceiling":   # PROBE_OUT MICRO_BATCHES SHAPE_JSON RUN
+    shape, micro = json.loads(sys.argv[5]), int(sys.argv[4])
+    last = [l for l in open(sys.argv[3]) if l.startswith("{")]
+    if not last:
+        sys.exit(f"[llama-bench] no JSON line in the GEMM ceiling probe's output {sys.argv[3]}")
+    r = json.loads(last[-1])
+    s = shape
+    want = flops_per_step(s["B"], s["T"], s["L"], s["C"], s["NH"], s["NKV"], s["F"], s["Vp"])
+    if r["flop"] * micro != want:
+        sys.exit(f"[llama-bench] the ceiling probe counted {r['flop']} x {micro} FLOPs per step, the FLOP formula {want}")
+    r.update(impl="ceiling", micro_batches=micro, ceiling_ms=r["ceiling_ms"] * micro, flop=want)
 elif mode == "report":    # RESULTS MD HEADER
     report(sys.argv[3], sys.argv[4], sys.argv[5])
     sys.exit(0)
@@ -156,6 +182,8 @@ helper() { "$PYTHON" -c "$HELPER" "$ROOT/bench" "$@"; }
 source "$ROOT/bench/torch_coretype.sh"
 pick_torch_coretype llama-bench
 
+CEILING_BIN="${CEILING_BIN:-$(dirname "$LOOM_BIN")/bench/loom_bench_ceiling}"
+[[ -x "$CEILING_BIN" ]] || echo "[llama-bench] WARNING: $CEILING_BIN missing: no GEMM ceiling in the report" >&2
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/llama_bench.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
 RESULTS="$WORK/results.jsonl"
@@ -165,7 +193,23 @@ COMMON_LOOM=(--mock-data --lr 6e-4 --min-lr 6e-5 --lr-warmup-iters 0 --lr-decay-
   --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.95 --clip-grad 1.0 --log-interval 1
   --hidden-dropout 0 --attention-dropout 0 --eval-iters 0 --seed 1234)
 
-run_pair() {  # RUN WARMUP STEPS SHAPE_JSON "LOOM ARGS" "PYTORCH ARGS"
+# The GEMM ceiling of a run's step (bench/ceiling/gemm_ceiling.cpp): one micro-batch's products through
+# oneDNN at the model's shapes, times the micro-batches per step.
+run_ceiling() {  # RUN SHAPE_JSON MICRO_BATCH MICRO_BATCHES DTYPE "PROBE ARGS"
+  local run="$1" log="$WORK/ceiling_$1.log"
+  [[ -x "$CEILING_BIN" ]] || return 0
+  local -a args
+  read -r -d '' -a args <<<"$6" || true
+  echo "[llama-bench] $run: GEMM ceiling ($CEILING_BIN --dtype $5 --batch $3 ${args[*]}) x $4"
+  if OMP_NUM_THREADS="$THREADS" "$CEILING_BIN" --dtype "$5" --batch "$3" "${args[@]}" >"$log" 2>"$log.table" &&
+     helper ceiling "$log" "$4" "$2" "$run" >>"$RESULTS"; then
+    cat "$log.table"
+  else
+    echo "[llama-bench] ERROR: the GEMM ceiling probe for $run failed:" >&2; tail -n 5 "$log.table" >&2; failed=1
+  fi
+}
+
+run_pair() {  # RUN WARMUP STEPS SHAPE_JSON "LOOM ARGS" "PYTORCH ARGS" ("-": Loom only)
   local run="$1" w="$2" n="$3" shape="$4" log tf
   local -a loom_args torch_args
   # The argument strings span several lines: read every word, not just the first line.
@@ -181,6 +225,7 @@ run_pair() {  # RUN WARMUP STEPS SHAPE_JSON "LOOM ARGS" "PYTORCH ARGS"
     echo "[llama-bench] ERROR: loom $run failed:" >&2; tail -n 15 "$log" >&2; grep -E "Command (exited|terminated)" "$tf" >&2 || true
     echo "{\"run\": \"$run\", \"impl\": \"loom\", \"failed\": true}" >>"$RESULTS"; failed=1
   fi
+  [[ "$6" != "-" ]] || return 0
   echo "[llama-bench] $run: pytorch ($w warm-up + $n timed)"
   log="$WORK/pytorch_$run.log" tf="$WORK/pytorch_$run.time"
   echo "  ${TORCH_ENV[*]} $PYTHON bench/pytorch_llama.py ${torch_args[*]} --warmup $w --steps $n --threads $THREADS"
@@ -210,6 +255,16 @@ ONEB_TORCH="--num-layers $L1B --hidden-size 2048 --ffn-hidden-size 8192 --num-at
 # LoRA on the five linears pytorch_llama.py has (its qkv is fused, gate and up are separate); the rank follows.
 LORA_LOOM="--lora-alpha 32 --lora-target-modules linear_qkv linear_proj gate_proj up_proj linear_fc2 --lora-rank"
 ONEB_SHAPE="{\"B\": 1, \"T\": $T1B, \"L\": $L1B, \"C\": 2048, \"NH\": 32, \"NKV\": 8, \"F\": 8192, \"Vp\": 128256}"
+ONEB_PROBE="--hidden 2048 --ffn 8192 --heads 32 --kv-heads 8 --glu --vocab 128256"
+# 1b-gemm-bf16: the 1B layer shape with enough tokens per step for the GEMMs to dominate, as pretraining
+# runs it (micro-batch x seq, accumulated): LLAMA_GEMM_LAYERS layers (memory), micro-batch LLAMA_GEMM_MBS,
+# seq LLAMA_GEMM_SEQ, global batch LLAMA_GEMM_GBS. Loom only, measured against its GEMM ceiling.
+GL="${LLAMA_GEMM_LAYERS:-4}" GMBS="${LLAMA_GEMM_MBS:-4}" GSEQ="${LLAMA_GEMM_SEQ:-512}" GGBS="${LLAMA_GEMM_GBS:-8}"
+(( GGBS % GMBS == 0 )) || { echo "[llama-bench] ERROR: LLAMA_GEMM_GBS ($GGBS) must be a multiple of LLAMA_GEMM_MBS ($GMBS)" >&2; exit 1; }
+GEMM_LOOM="${ONEB_LOOM//--num-layers $L1B/--num-layers $GL}"
+GEMM_LOOM="${GEMM_LOOM//--seq-length $T1B --max-position-embeddings $T1B/--seq-length $GSEQ --max-position-embeddings $GSEQ}"
+GEMM_LOOM="${GEMM_LOOM//--micro-batch-size 1 --global-batch-size 1/--micro-batch-size $GMBS --global-batch-size $GGBS}"
+GEMM_SHAPE="{\"B\": $GGBS, \"T\": $GSEQ, \"L\": $GL, \"C\": 2048, \"NH\": 32, \"NKV\": 8, \"F\": 8192, \"Vp\": 128256}"
 
 for run in $RUNS; do
   case "$run" in
@@ -217,12 +272,15 @@ for run in $RUNS; do
       "--config $ROOT/configs/llama-tiny.yaml --micro-batch-size 4 --global-batch-size 4" "$TINY_TORCH" ;;
     tiny-bf16) run_pair "$run" 2 8 "$TINY_SHAPE" \
       "--config $ROOT/configs/llama-tiny.yaml --micro-batch-size 4 --global-batch-size 4 --bf16" "$TINY_TORCH --bf16" ;;
-    1b-bf16) run_pair "$run" 1 "$N1B" "$ONEB_SHAPE" "$ONEB_LOOM" "$ONEB_TORCH" ;;
+    1b-bf16) run_ceiling "$run" "$ONEB_SHAPE" 1 1 bf16 "--seq $T1B --layers $L1B $ONEB_PROBE"
+      run_pair "$run" 1 "$N1B" "$ONEB_SHAPE" "$ONEB_LOOM" "$ONEB_TORCH" ;;
+    1b-gemm-bf16) run_ceiling "$run" "$GEMM_SHAPE" "$GMBS" "$((GGBS / GMBS))" bf16 "--seq $GSEQ --layers $GL $ONEB_PROBE"
+      run_pair "$run" 1 2 "$GEMM_SHAPE" "$GEMM_LOOM" "-" ;;
     1b-lora-bf16) run_pair "$run" 1 "$N1B" "$ONEB_SHAPE" "$ONEB_LOOM $LORA_LOOM 16" "$ONEB_TORCH --lora-rank 16 --base-bf16" ;;
     tiny-lora-fp32) run_pair "$run" 2 8 "$TINY_SHAPE" \
       "--config $ROOT/configs/llama-tiny.yaml --micro-batch-size 4 --global-batch-size 4 $LORA_LOOM 8" \
       "$TINY_TORCH --lora-rank 8" ;;
-    *) echo "[llama-bench] ERROR: unknown run '$run' (tiny-fp32 | tiny-bf16 | tiny-lora-fp32 | 1b-bf16 | 1b-lora-bf16)" >&2
+    *) echo "[llama-bench] ERROR: unknown run '$run' (tiny-fp32 | tiny-bf16 | tiny-lora-fp32 | 1b-bf16 | 1b-lora-bf16 | 1b-gemm-bf16)" >&2
        exit 1 ;;
   esac
 done

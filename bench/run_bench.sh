@@ -46,6 +46,7 @@ ALL_TARGETS = {"fp32": {(4, 64): 2.0, (8, 256): 1.4}, "bf16": {(8, 256): 1.4}}
 PRECISION = os.environ.get("BENCH_PRECISION", "fp32")
 TARGETS = ALL_TARGETS.get(PRECISION, {})
 MEM_TARGET = 1.0                          # memory = Loom RSS / PyTorch RSS, at most this
+CEILING_TARGET = {(8, 256): 0.85}         # Loom's step time at the GEMM ceiling / its measured step time
 
 def env_int(name, default):
     return int(os.environ.get(name, default))
@@ -113,18 +114,31 @@ def report(results_path, md_path, header):
         if (r["B"], r["T"]) not in shapes:
             shapes.append((r["B"], r["T"]))
     by = {(r["B"], r["T"], r["impl"]): r for r in rows}
-    cols = ["shape", "impl", "precision", "ms/step", "tokens/s", "GFLOP/s", "peak RSS MB"]
+    cols = ["shape", "impl", "precision", "ms/step", "tokens/s", "GFLOP/s", "of GEMM ceiling", "peak RSS MB"]
+    ceilings = []
     table = []
     verdicts = []
     for B, T in shapes:
-        lo, pt = by.get((B, T, "loom")), by.get((B, T, "pytorch"))
+        lo, pt, ce = by.get((B, T, "loom")), by.get((B, T, "pytorch")), by.get((B, T, "ceiling"))
+        ok = lambda r: r is not None and not r.get("failed")
+        # Fraction of the GEMM ceiling: the time the step's GEMMs take at oneDNN's best / the step's time.
+        frac = lambda r: ce["ceiling_ms"] / r["ms_per_step"] if ok(ce) and ok(r) else None
         for r, name in ((lo, "loom"), (pt, "pytorch")):
             if r is None or r.get("failed"):
-                table.append([f"{B}x{T}", name, PRECISION, "FAILED", "-", "-", "-"])
+                table.append([f"{B}x{T}", name, PRECISION, "FAILED", "-", "-", "-", "-"])
             else:
+                f = frac(r)
                 table.append([f"{B}x{T}", name, PRECISION, fmt(r["ms_per_step"]), fmt(r["tokens_per_s"]),
-                              fmt(r["gflops"]), fmt(r.get("peak_rss_mb"))])
-        ok = lambda r: r is not None and not r.get("failed")
+                              fmt(r["gflops"]), "-" if f is None else f"{100 * f:.1f}%",
+                              fmt(r.get("peak_rss_mb"))])
+        if ok(ce):
+            # The target is for GPT-2 124M (the default model), not for the quick-check models.
+            ctgt = CEILING_TARGET.get((B, T)) if model() == dict(L=12, C=768, NH=12, V=50257) else None
+            f = frac(lo)
+            ceilings.append([f"{B}x{T}", fmt(ce["ceiling_ms"]), fmt(ce["ceiling_gflops"]),
+                             "-" if f is None else f"{100 * f:.1f}%",
+                             "-" if ctgt is None else f">= {100 * ctgt:.0f}%",
+                             "-" if ctgt is None else ("MISS" if f is None or f < ctgt else "PASS")])
         speed = pt["ms_per_step"] / lo["ms_per_step"] if ok(lo) and ok(pt) else None
         mem = (lo["peak_rss_mb"] / pt["peak_rss_mb"]
                if ok(lo) and ok(pt) and lo.get("peak_rss_mb") and pt.get("peak_rss_mb") else None)
@@ -153,11 +167,17 @@ def report(results_path, md_path, header):
     print(text(cols, table, 3))
     print()
     print(text(vcols, verdicts, 2))
+    ccols = ["shape", "GEMM ceiling ms/step", "ceiling GFLOP/s", "Loom of ceiling", "target", "status"]
+    if ceilings:
+        print()
+        print(text(ccols, ceilings, 1))
     os.makedirs(os.path.dirname(os.path.abspath(md_path)), exist_ok=True)
     with open(md_path, "w") as f:
         f.write(f"# Loom vs PyTorch training speed, {PRECISION} (latest run)\n\n")
         f.write("\n".join("- " + h for h in header.splitlines()) + "\n\n")
         f.write(md(cols, table) + "\n\n" + md(vcols, verdicts) + "\n")
+        if ceilings:
+            f.write("\n" + md(ccols, ceilings) + "\n")
     print(f"\n[bench] markdown written to {md_path}")
 
 mode = sys.argv[1]
@@ -171,6 +191,17 @@ elif mode == "pytorch-result":    # STDOUT TIMEFILE
     r = read_pytorch(sys.argv[2])
     r["peak_rss_in_process_mb"] = r.get("peak_rss_mb")
     r["peak_rss_mb"] = rss_mb(sys.argv[3])
+    print(json.dumps(r))
+elif mode == "ceiling-result":    # PROBE_STDOUT B T
+    last = [l for l in open(sys.argv[2]) if l.startswith("{")]
+    if not last:
+        sys.exit(f"[bench] no JSON line in the GEMM ceiling probe's output {sys.argv[2]}")
+    r = json.loads(last[-1])
+    r.update(impl="ceiling", B=int(sys.argv[3]), T=int(sys.argv[4]))
+    mdl = model()
+    want = flops_per_step(r["B"], r["T"], mdl["L"], mdl["C"], padded_vocab(mdl["V"]))
+    if r["flop"] != want:
+        sys.exit(f"[bench] the ceiling probe counted {r['flop']} FLOPs per step, the bench formula {want}")
     print(json.dumps(r))
 elif mode == "report":            # RESULTS.jsonl MD HEADER
     report(sys.argv[2], sys.argv[3], sys.argv[4])
@@ -208,6 +239,9 @@ if [[ ! -x "$LOOM_BIN" ]]; then
   echo "[bench] build it first (make, or cmake --build build --target loom), or set LOOM_BIN" >&2
   exit 1
 fi
+CEILING_BIN="${CEILING_BIN:-$BUILD_DIR/bench/loom_bench_ceiling}"
+CEILING_DTYPE="f32"; [[ "$PRECISION" == bf16 ]] && CEILING_DTYPE="bf16"
+[[ -x "$CEILING_BIN" ]] || echo "[bench] WARNING: $CEILING_BIN missing (cmake --build $BUILD_DIR --target loom_bench_ceiling): no GEMM ceiling in the report" >&2
 [[ -x /usr/bin/time ]] || { echo "[bench] ERROR: /usr/bin/time missing (apt-get install time)" >&2; exit 1; }
 "$PYTHON" -c "import torch" 2>/dev/null ||
   { echo "[bench] ERROR: $PYTHON cannot import torch (apt-get install python3-torch)" >&2; exit 1; }
@@ -306,6 +340,19 @@ for shape in $SHAPES; do
     { echo "[bench] ERROR: BENCH_SHAPES entry '$shape' is not BxT (e.g. 4x64)" >&2; exit 1; }
   B="${BASH_REMATCH[1]}" T="${BASH_REMATCH[2]}"
   read -r W N <<<"$(counts_for "$shape")"
+
+  if [[ -x "$CEILING_BIN" ]]; then
+    echo "[bench] $shape: GEMM ceiling, $PRECISION ($CEILING_BIN, $THREADS threads)"
+    log="$WORK/ceiling_$shape.log"
+    if OMP_NUM_THREADS="$THREADS" "$CEILING_BIN" --dtype "$CEILING_DTYPE" --batch "$B" --seq "$T" --hidden "$C" \
+        --layers "$L" --heads "$NH" --vocab "$(( (V + 127) / 128 * 128 ))" >"$log" 2>"$log.table" &&
+       helper ceiling-result "$log" "$B" "$T" >>"$RESULTS"; then
+      cat "$log.table"
+    else
+      show_failure "the GEMM ceiling probe at $shape" "$log.table" /dev/null
+      failed=1
+    fi
+  fi
 
   echo "[bench] $shape: loom $PRECISION ($W warm-up + $N timed iterations, $THREADS threads)"
   log="$WORK/loom_$shape.log" tf="$WORK/loom_$shape.time"

@@ -40,6 +40,7 @@ if ((!DEMO_ONLY)); then
   APT_PKGS+=(libgtest-dev libgmock-dev libbenchmark-dev python3-torch time
              sentencepiece                                   # spm_train for the tokenizer tests
              libopenblas0-pthread                            # PyTorch's BLAS for the benchmarks
+             linux-perf                                      # bench/profile_step.sh
              clang libclang-rt-14-dev)                       # libFuzzer targets (tests/fuzz)
 fi
 

@@ -1,0 +1,238 @@
+// GEMM ceiling of a training step: every matrix product of one GPT/Llama training step (forward, input
+// gradient and weight gradient of each linear, the attention products, the output layer) timed through
+// oneDNN directly, at the model's shapes, in the best configuration oneDNN offers for it, with none of
+// Loom's code in between. The sum of those times is the shortest step any implementation built on these
+// GEMMs could take; bench/run_bench.sh and bench/llama_bench.sh print it next to the measured step and
+// the step's fraction of it.
+//
+//   loom_bench_ceiling --dtype bf16 --batch 8 --seq 256 --hidden 768 --ffn 3072 --layers 12 --heads 12
+//       --vocab 50304 [--kv-heads N] [--glu] [--reps 3]
+//
+// Variants timed per product (the fastest is the ceiling):
+//   f32:  dnnl_sgemm on all threads; the matmul primitive with plain (strided) operands
+//   bf16: the matmul primitive with plain operands, and with the weight operand in the layout oneDNN
+//         prefers (format_tag::any; the one-off reorder is not timed), f32 output for weight gradients
+//         (accumulated with a sum post-op, as Loom accumulates its f32 main grads), bf16 otherwise
+// Attention products are timed as batched matmuls over B x heads with the full T x T score matrix; the
+// causal half of that time is what the ceiling charges (the bench's FLOP formula counts causal work).
+// Prints a table on stderr and one JSON line on stdout: {"dtype", "threads", "ceiling_ms", "flop", "ceiling_gflops"}.
+#include <dnnl.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <dnnl.hpp>
+#include <string>
+#include <vector>
+
+namespace {
+
+using dnnl::memory;
+using Clock = std::chrono::steady_clock;
+
+struct Product {
+  std::string name;
+  int64_t batch, M, N, K;  // C (batch, M, N) = op(A) (M, K) · op(B) (K, N)
+  bool ta, tb;             // A stored (K, M) / B stored (N, K)
+  bool weight_b;           // B is a weight (its layout may be chosen: format_tag::any)
+  bool accumulate;         // C += (weight gradients into f32 main grads)
+  double count;            // times per step (layers; 0.5 for causal attention)
+};
+
+struct Args {
+  std::string dtype = "f32";
+  int64_t B = 8, T = 256, C = 768, F = 0, L = 12, NH = 12, KV = 0, V = 50304;
+  bool glu = false;
+  int reps = 3;
+};
+
+[[noreturn]] void usage(const char* msg) {
+  std::fprintf(stderr,
+               "loom_bench_ceiling: %s\nusage: loom_bench_ceiling --dtype f32|bf16 --batch B --seq T --hidden C "
+               "[--ffn F (4C)] --layers L --heads NH [--kv-heads KV (NH)] --vocab Vpadded [--glu] [--reps N (3)]\n",
+               msg);
+  std::exit(2);
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (k == "--glu") {
+      a.glu = true;
+      continue;
+    }
+    if (i + 1 >= argc) usage(("missing value for " + k).c_str());
+    const char* v = argv[++i];
+    auto num = [&] {
+      char* end = nullptr;
+      const long long x = std::strtoll(v, &end, 10);
+      if (!end || *end || x < 1) usage((k + " needs a positive integer, got '" + v + "'").c_str());
+      return int64_t(x);
+    };
+    if (k == "--dtype") a.dtype = v;
+    else if (k == "--batch") a.B = num();
+    else if (k == "--seq") a.T = num();
+    else if (k == "--hidden") a.C = num();
+    else if (k == "--ffn") a.F = num();
+    else if (k == "--layers") a.L = num();
+    else if (k == "--heads") a.NH = num();
+    else if (k == "--kv-heads") a.KV = num();
+    else if (k == "--vocab") a.V = num();
+    else if (k == "--reps") a.reps = int(num());
+    else usage(("unknown argument " + k).c_str());
+  }
+  if (a.dtype != "f32" && a.dtype != "bf16") usage("--dtype is f32 or bf16");
+  if (a.C % a.NH) usage("--hidden must be a multiple of --heads");
+  if (!a.F) a.F = 4 * a.C;
+  if (!a.KV) a.KV = a.NH;
+  return a;
+}
+
+std::vector<Product> step_products(const Args& a) {
+  const int64_t M = a.B * a.T, HS = a.C / a.NH, L = a.L;
+  std::vector<Product> p;
+  // A linear y = x·Wᵀ with W (N, K): forward, input gradient dout·W, weight gradient doutᵀ·x.
+  auto linear = [&](const std::string& n, int64_t N, int64_t K, double count) {
+    p.push_back({n + " fwd", 1, M, N, K, false, true, true, false, count});
+    p.push_back({n + " dinp", 1, M, K, N, false, false, true, false, count});
+    p.push_back({n + " dweight", 1, N, K, M, true, false, false, true, count});
+  };
+  linear("qkv", (a.NH + 2 * a.KV) * HS, a.C, double(L));
+  linear("proj", a.C, a.C, double(L));
+  linear("fc1", a.glu ? 2 * a.F : a.F, a.C, double(L));
+  linear("fc2", a.C, a.F, double(L));
+  linear("lm head", a.V, a.C, 1.0);
+  // Attention per (sequence, head): S = Q·Kᵀ, O = P·V; dP = dO·Vᵀ, dV = Pᵀ·dO, dQ = dS·K, dK = dSᵀ·Q.
+  const int64_t bh = a.B * a.NH;
+  const double half = 0.5 * double(L);
+  p.push_back({"attn QK^T", bh, a.T, a.T, HS, false, true, false, false, half});
+  p.push_back({"attn PV", bh, a.T, HS, a.T, false, false, false, false, half});
+  p.push_back({"attn dO V^T", bh, a.T, a.T, HS, false, true, false, false, half});
+  p.push_back({"attn P^T dO", bh, a.T, HS, a.T, true, false, false, false, half});
+  p.push_back({"attn dS K", bh, a.T, HS, a.T, false, false, false, false, half});
+  p.push_back({"attn dS^T Q", bh, a.T, HS, a.T, true, false, false, false, half});
+  return p;
+}
+
+double flops(const Product& p) { return 2.0 * double(p.batch) * double(p.M) * double(p.N) * double(p.K); }
+
+template <class F>
+double time_ms(int reps, F&& run) {
+  run();  // warm-up (JIT, first touch)
+  double best = 1e300;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = Clock::now();
+    run();
+    best = std::min(best, std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  }
+  return best;
+}
+
+std::vector<char> filled(size_t bytes) {
+  std::vector<char> v(bytes);
+  // Small finite values in either dtype (0x3c00: bf16 ~0.0078, f32 halves ~tiny normals): no NaN/denormal paths.
+  for (size_t i = 0; i + 1 < bytes; i += 2) {
+    v[i] = 0;
+    v[i + 1] = 0x3c;
+  }
+  return v;
+}
+
+memory::desc strided(int64_t batch, int64_t rows, int64_t cols, bool transposed, memory::data_type dt) {
+  // Logical (rows, cols), stored row-major as (rows, cols) or, transposed, as (cols, rows).
+  if (batch == 1)
+    return memory::desc({rows, cols}, dt, transposed ? memory::dims{1, rows} : memory::dims{cols, 1});
+  return memory::desc({batch, rows, cols}, dt,
+                      transposed ? memory::dims{rows * cols, 1, rows} : memory::dims{rows * cols, cols, 1});
+}
+
+struct Runner {
+  dnnl::engine eng{dnnl::engine::kind::cpu, 0};
+  dnnl::stream strm{eng};
+
+  // The matmul primitive; weights_any: B in oneDNN's preferred layout (reordered once, untimed).
+  double primitive(const Product& p, memory::data_type in, memory::data_type out, bool weights_any, int reps) {
+    const memory::desc a = strided(p.batch, p.M, p.K, p.ta, in);
+    const memory::desc b_plain = strided(p.batch, p.K, p.N, p.tb, in);
+    const memory::desc b = weights_any ? memory::desc(b_plain.dims(), in, memory::format_tag::any) : b_plain;
+    const memory::desc c = strided(p.batch, p.M, p.N, false, out);
+    dnnl::primitive_attr attr;
+    if (p.accumulate) {
+      dnnl::post_ops po;
+      po.append_sum(1.0f);
+      attr.set_post_ops(po);
+    }
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, eng);
+    std::vector<char> ab = filled(pd.src_desc().get_size()), bb = filled(pd.weights_desc().get_size()),
+                      cb(pd.dst_desc().get_size(), 0);
+    memory am(pd.src_desc(), eng, ab.data()), bm(pd.weights_desc(), eng, bb.data()), cm(pd.dst_desc(), eng, cb.data());
+    const dnnl::matmul prim(pd);
+    return time_ms(reps, [&] {
+      prim.execute(strm, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+      strm.wait();
+    });
+  }
+};
+
+// f32 through dnnl_sgemm (row-major, all threads; batched products: one sgemm per batch entry).
+double sgemm(const Product& p, int reps) {
+  const size_t a_n = size_t(p.M * p.K), b_n = size_t(p.K * p.N), c_n = size_t(p.M * p.N);
+  std::vector<float> A(a_n * size_t(p.batch), 0.01f), B(b_n * size_t(p.batch), 0.01f), C(c_n * size_t(p.batch), 0.f);
+  const int64_t lda = p.ta ? p.M : p.K, ldb = p.tb ? p.K : p.N;
+  return time_ms(reps, [&] {
+    if (p.batch == 1) {
+      dnnl_sgemm(p.ta ? 'T' : 'N', p.tb ? 'T' : 'N', p.M, p.N, p.K, 1.0f, A.data(), lda, B.data(), ldb,
+                 p.accumulate ? 1.0f : 0.0f, C.data(), p.N);
+      return;
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < p.batch; ++i)
+      dnnl_sgemm(p.ta ? 'T' : 'N', p.tb ? 'T' : 'N', p.M, p.N, p.K, 1.0f, A.data() + size_t(i) * a_n, lda,
+                 B.data() + size_t(i) * b_n, ldb, 0.0f, C.data() + size_t(i) * c_n, p.N);
+  });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args a = parse(argc, argv);
+  const bool bf16 = a.dtype == "bf16";
+  Runner r;
+  std::fprintf(stderr, "GEMM ceiling, %s, %d threads: B=%lld T=%lld C=%lld F=%lld L=%lld heads=%lld/%lld V=%lld%s\n",
+               a.dtype.c_str(), omp_get_max_threads(), (long long)a.B, (long long)a.T, (long long)a.C,
+               (long long)a.F, (long long)a.L, (long long)a.NH, (long long)a.KV, (long long)a.V,
+               a.glu ? " (GLU)" : "");
+  std::fprintf(stderr, "%-13s %6s %6s %6s %6s %5s  %9s %9s  %s\n", "product", "batch", "M", "N", "K", "count",
+               "best ms", "GFLOP/s", "variant");
+  double total_ms = 0, total_flop = 0;
+  for (const Product& p : step_products(a)) {
+    double best = 1e300;
+    std::string how;
+    auto consider = [&](double ms, const char* name) {
+      if (ms < best) best = ms, how = name;
+    };
+    if (bf16) {
+      const auto out = p.accumulate ? memory::data_type::f32 : memory::data_type::bf16;
+      consider(r.primitive(p, memory::data_type::bf16, out, false, a.reps), "matmul plain");
+      if (p.weight_b) consider(r.primitive(p, memory::data_type::bf16, out, true, a.reps), "matmul blocked B");
+    } else {
+      consider(sgemm(p, a.reps), "sgemm");
+      consider(r.primitive(p, memory::data_type::f32, memory::data_type::f32, false, a.reps), "matmul plain");
+    }
+    total_ms += best * p.count;
+    total_flop += flops(p) * p.count;
+    std::fprintf(stderr, "%-13s %6lld %6lld %6lld %6lld %5.1f  %9.3f %9.1f  %s\n", p.name.c_str(),
+                 (long long)p.batch, (long long)p.M, (long long)p.N, (long long)p.K, p.count, best,
+                 flops(p) / best / 1e6, how.c_str());
+  }
+  // A full training step runs each product's forward, input-gradient and weight-gradient GEMMs once.
+  std::fprintf(stderr, "GEMMs of one step at the ceiling: %.1f ms for %.1f GFLOP = %.1f GFLOP/s\n", total_ms,
+               total_flop / 1e9, total_flop / total_ms / 1e6);
+  std::printf("{\"dtype\": \"%s\", \"threads\": %d, \"ceiling_ms\": %.3f, \"flop\": %.0f, \"ceiling_gflops\": %.2f}\n",
+              a.dtype.c_str(), omp_get_max_threads(), total_ms, total_flop, total_flop / total_ms / 1e6);
+  return 0;
+}
