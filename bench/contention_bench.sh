@@ -10,13 +10,19 @@
 # figure is the median over runs of the mean step time (ms) of the timed iterations.
 #
 #   bench/contention_bench.sh            (env: BUILD_DIR=build, REPS=3, ITERS=8, WARMUP=2, THREADS=2,
-#                                         MODEL="gpt2-124m" or "small", VARIANTS="loom gomp passive")
+#                                         MODEL="gpt2-124m" or "small", PRECISION="fp32" or "bf16",
+#                                         VARIANTS="loom gomp passive")
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 LOOM="${LOOM:-$ROOT/${BUILD_DIR:-build}/loom}"
 REPS="${REPS:-3}" ITERS="${ITERS:-8}" WARMUP="${WARMUP:-2}" THREADS="${THREADS:-2}"
 MODEL="${MODEL:-gpt2-124m}"
 VARIANTS="${VARIANTS:-loom gomp passive}"
+case "${PRECISION:-fp32}" in
+  fp32) PREC=() ;;
+  bf16) PREC=(--bf16) ;;
+  *) echo "contention_bench: PRECISION must be fp32 or bf16" >&2; exit 1 ;;
+esac
 [[ -x "$LOOM" ]] || { echo "contention_bench: $LOOM not found (build first)" >&2; exit 1; }
 WORK=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
@@ -41,7 +47,7 @@ run_one() {  # run_one VARIANT -> prints the mean step ms
     *) echo "unknown variant $v" >&2; exit 1 ;;
   esac
   env "${envs[@]}" "$LOOM" train --mock-data "${SHAPE[@]}" --train-iters "$((WARMUP + ITERS))" --lr 6e-4 \
-    --log-interval 1 --eval-iters 0 --hidden-dropout 0 --attention-dropout 0 --seed 1234 >"$log" 2>&1 ||
+    --log-interval 1 --eval-iters 0 --hidden-dropout 0 --attention-dropout 0 --seed 1234 ${PREC[@]+"${PREC[@]}"} >"$log" 2>&1 ||
     { echo "contention_bench: loom failed:" >&2; tail -n 5 "$log" >&2; exit 1; }
   sed -n 's/.*elapsed time per iteration (ms): \([0-9.]*\).*/\1/p' "$log" | tail -n "$ITERS" |
     awk '{ s += $1; n++ } END { printf "%.1f\n", s / n }'
@@ -61,7 +67,7 @@ for ((r = 0; r < REPS; r++)); do
   done
 done
 
-echo "model $MODEL, $THREADS threads, $REPS reps x $ITERS timed iterations; $(nproc) cores: $(lscpu | sed -n 's/^Model name: *//p')"
+echo "model $MODEL, ${PRECISION:-fp32}, $THREADS threads, $REPS reps x $ITERS timed iterations; $(nproc) cores: $(lscpu | sed -n 's/^Model name: *//p')"
 printf "%-10s %12s %18s %10s %16s\n" variant "idle ms" "1 competitor ms" slowdown "vs fair (1.5x)"
 for v in $VARIANTS; do
   i=$(tr ' ' '\n' <<<"${idle[$v]}" | grep . | median)

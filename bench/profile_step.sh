@@ -43,15 +43,21 @@ OMP_NUM_THREADS="$THREADS" "$LOOM_BIN" "${ARGS[@]}" --train-iters "$W" >"$WORK/w
   { tail -n 20 "$WORK/warm.log" >&2; exit 1; }
 delay_ms=$(( ($(date +%s%N) - t0) / 1000000 ))
 echo "[profile] sampling iterations $((W + 1))..$((W + N)) (perf starts after ${delay_ms} ms)"
-OMP_NUM_THREADS="$THREADS" perf record -q -F 499 -D "$delay_ms" -o "$WORK/perf.data" -- \
+# One sample per 1 ms of a thread's CPU time (task-clock, fixed period): a thread's sample count is its busy
+# time in ms.
+OMP_NUM_THREADS="$THREADS" perf record -q -e task-clock -c 1000000 -D "$delay_ms" -o "$WORK/perf.data" -- \
   "$LOOM_BIN" "${ARGS[@]}" --train-iters "$((W + N))" >"$WORK/run.log" 2>&1 ||
   { tail -n 20 "$WORK/run.log" >&2; exit 1; }
 perf report -i "$WORK/perf.data" --no-children --sort dso,sym -F overhead,dso,sym --stdio 2>/dev/null \
   | grep -v '^#' | grep -v '^$' >"$WORK/report.txt"
+# Samples per thread = its busy ms; what the threads did not use of threads x wall time they slept
+# (serial sections, waiting at barriers, blocking I/O).
+perf report -i "$WORK/perf.data" --no-children --sort pid -n --stdio 2>/dev/null | grep -v '^#' | grep -v '^$' \
+  >"$WORK/threads.txt"
 
-python3 - "$WORK/report.txt" "$WORK/run.log" "$W" "$OUT" "$PREC" "$SHAPE" "$THREADS" <<'PY'
+python3 - "$WORK/report.txt" "$WORK/run.log" "$W" "$OUT" "$PREC" "$SHAPE" "$THREADS" "$WORK/threads.txt" "$N" <<'PY'
 import re, statistics, sys, os
-report, log, warmup, out, prec, shape, threads = sys.argv[1:8]
+report, log, warmup, out, prec, shape, threads, threads_file, steps = sys.argv[1:10]
 times = {int(m.group(1)): float(m.group(2)) for m in
          (re.search(r"iteration\s+(\d+)\s*/.*?elapsed time per iteration \(ms\):\s*([0-9.]+)", l)
           for l in open(log, errors="replace")) if m}
@@ -60,7 +66,7 @@ step = statistics.median(timed)
 # First matching rule wins; the patterns are matched against "dso symbol".
 RULES = [
     ("GEMM (oneDNN JIT kernels, sgemm/brgemm)", r"\[JIT\]|libdnnl|sgemm|jit_|brgemm"),
-    ("attention (scores, softmax, values; fwd + bwd)", r"cpu::attn::|attention"),
+    ("attention (scores, softmax, values; fwd + bwd)", r"cpu::attn::|attention|backward_group|forward_task"),
     ("AdamW", r"adamw"),
     ("gradient norm (sum of squares)", r"sum_squares"),
     ("GeLU / SwiGLU", r"gelu|glu|swiglu"),
@@ -95,6 +101,15 @@ lines += [f"| {name} | {pct:.1f}% | {pct / 100 * step:,.1f} |" for name, pct in 
 top = sorted(other_syms.items(), key=lambda kv: -kv[1])[:8]
 if top:
     lines += ["", "largest symbols in 'other': " + "; ".join(f"{s} {p:.1f}%" for s, p in top)]
+# Busy ms per step per thread: one sample per ms of CPU time (the window is the timed iterations plus the
+# process's exit, a few ms).
+busy = sorted((int(m.group(1)) / int(steps) for m in
+               (re.match(r"\s*[0-9.]+%\s+(\d+)\s", l) for l in open(threads_file)) if m), reverse=True)
+if busy:
+    t = int(threads)
+    idle = max(0.0, t * step - sum(busy[:t])) / t
+    lines += ["", "busy ms per step by thread (from sample counts): " + ", ".join(f"{b:,.0f}" for b in busy[:t]) +
+              f"; unused thread time = {idle:,.0f} ms per step per thread (serial sections, barriers)"]
 text = "\n".join(lines)
 print(text)
 os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)

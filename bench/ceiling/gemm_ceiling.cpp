@@ -6,7 +6,7 @@
 // the step's fraction of it.
 //
 //   loom_bench_ceiling --dtype bf16 --batch 8 --seq 256 --hidden 768 --ffn 3072 --layers 12 --heads 12
-//       --vocab 50304 [--kv-heads N] [--glu] [--reps 3]
+//       --vocab 50304 [--kv-heads N] [--glu] [--reps 3] [--all-variants]
 //
 // Variants timed per product (the fastest is the ceiling):
 //   f32:  dnnl_sgemm on all threads; the matmul primitive with plain (strided) operands
@@ -46,13 +46,15 @@ struct Args {
   std::string dtype = "f32";
   int64_t B = 8, T = 256, C = 768, F = 0, L = 12, NH = 12, KV = 0, V = 50304;
   bool glu = false;
+  bool all = false;  // --all-variants: print every variant's time, not just the best
   int reps = 3;
 };
 
 [[noreturn]] void usage(const char* msg) {
   std::fprintf(stderr,
                "loom_bench_ceiling: %s\nusage: loom_bench_ceiling --dtype f32|bf16 --batch B --seq T --hidden C "
-               "[--ffn F (4C)] --layers L --heads NH [--kv-heads KV (NH)] --vocab Vpadded [--glu] [--reps N (3)]\n",
+               "[--ffn F (4C)] --layers L --heads NH [--kv-heads KV (NH)] --vocab Vpadded [--glu] [--reps N (3)] "
+               "[--all-variants]\n",
                msg);
   std::exit(2);
 }
@@ -61,8 +63,8 @@ Args parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
-    if (k == "--glu") {
-      a.glu = true;
+    if (k == "--glu" || k == "--all-variants") {
+      (k == "--glu" ? a.glu : a.all) = true;
       continue;
     }
     if (i + 1 >= argc) usage(("missing value for " + k).c_str());
@@ -132,15 +134,22 @@ double time_ms(int reps, F&& run) {
   return best;
 }
 
-std::vector<char> filled(size_t bytes) {
-  std::vector<char> v(bytes);
-  // Small finite values in either dtype (0x3c00: bf16 ~0.0078, f32 halves ~tiny normals): no NaN/denormal paths.
-  for (size_t i = 0; i + 1 < bytes; i += 2) {
-    v[i] = 0;
-    v[i + 1] = 0x3c;
+// 64-byte aligned buffers, as Loom's allocator gives (vector storage is only 16-byte aligned, which slows
+// oneDNN's kernels by 15-25% on some shapes).
+struct Buffer {
+  explicit Buffer(size_t bytes) : p(static_cast<char*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64))) {
+    if (!p) {
+      std::fprintf(stderr, "loom_bench_ceiling: out of memory (%zu bytes)\n", bytes);
+      std::exit(1);
+    }
+    // Small finite values in either dtype (bytes 00 3c: bf16 2^-7; f32 pairs ~0.0078): no NaN/denormal paths.
+    for (size_t i = 0; i + 1 < bytes; i += 2) p[i] = 0, p[i + 1] = 0x3c;
   }
-  return v;
-}
+  ~Buffer() { std::free(p); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  char* p;
+};
 
 memory::desc strided(int64_t batch, int64_t rows, int64_t cols, bool transposed, memory::data_type dt) {
   // Logical (rows, cols), stored row-major as (rows, cols) or, transposed, as (cols, rows).
@@ -167,9 +176,8 @@ struct Runner {
       attr.set_post_ops(po);
     }
     const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, eng);
-    std::vector<char> ab = filled(pd.src_desc().get_size()), bb = filled(pd.weights_desc().get_size()),
-                      cb(pd.dst_desc().get_size(), 0);
-    memory am(pd.src_desc(), eng, ab.data()), bm(pd.weights_desc(), eng, bb.data()), cm(pd.dst_desc(), eng, cb.data());
+    Buffer ab(pd.src_desc().get_size()), bb(pd.weights_desc().get_size()), cb(pd.dst_desc().get_size());
+    memory am(pd.src_desc(), eng, ab.p), bm(pd.weights_desc(), eng, bb.p), cm(pd.dst_desc(), eng, cb.p);
     const dnnl::matmul prim(pd);
     return time_ms(reps, [&] {
       prim.execute(strm, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
@@ -181,18 +189,21 @@ struct Runner {
 // f32 through dnnl_sgemm (row-major, all threads; batched products: one sgemm per batch entry).
 double sgemm(const Product& p, int reps) {
   const size_t a_n = size_t(p.M * p.K), b_n = size_t(p.K * p.N), c_n = size_t(p.M * p.N);
-  std::vector<float> A(a_n * size_t(p.batch), 0.01f), B(b_n * size_t(p.batch), 0.01f), C(c_n * size_t(p.batch), 0.f);
+  Buffer Ab(4 * a_n * size_t(p.batch)), Bb(4 * b_n * size_t(p.batch)), Cb(4 * c_n * size_t(p.batch));
+  const float* A = reinterpret_cast<const float*>(Ab.p);
+  const float* B = reinterpret_cast<const float*>(Bb.p);
+  float* C = reinterpret_cast<float*>(Cb.p);
   const int64_t lda = p.ta ? p.M : p.K, ldb = p.tb ? p.K : p.N;
   return time_ms(reps, [&] {
     if (p.batch == 1) {
-      dnnl_sgemm(p.ta ? 'T' : 'N', p.tb ? 'T' : 'N', p.M, p.N, p.K, 1.0f, A.data(), lda, B.data(), ldb,
-                 p.accumulate ? 1.0f : 0.0f, C.data(), p.N);
+      dnnl_sgemm(p.ta ? 'T' : 'N', p.tb ? 'T' : 'N', p.M, p.N, p.K, 1.0f, A, lda, B, ldb, p.accumulate ? 1.0f : 0.0f,
+                 C, p.N);
       return;
     }
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < p.batch; ++i)
-      dnnl_sgemm(p.ta ? 'T' : 'N', p.tb ? 'T' : 'N', p.M, p.N, p.K, 1.0f, A.data() + size_t(i) * a_n, lda,
-                 B.data() + size_t(i) * b_n, ldb, 0.0f, C.data() + size_t(i) * c_n, p.N);
+      dnnl_sgemm(p.ta ? 'T' : 'N', p.tb ? 'T' : 'N', p.M, p.N, p.K, 1.0f, A + size_t(i) * a_n, lda, B + size_t(i) * b_n,
+                 ldb, 0.0f, C + size_t(i) * c_n, p.N);
   });
 }
 
@@ -212,8 +223,12 @@ int main(int argc, char** argv) {
   for (const Product& p : step_products(a)) {
     double best = 1e300;
     std::string how;
+    std::string variants;
     auto consider = [&](double ms, const char* name) {
       if (ms < best) best = ms, how = name;
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%s%s %.3f", variants.empty() ? "" : ", ", name, ms);
+      variants += buf;
     };
     if (bf16) {
       const auto out = p.accumulate ? memory::data_type::f32 : memory::data_type::bf16;
@@ -227,7 +242,7 @@ int main(int argc, char** argv) {
     total_flop += flops(p) * p.count;
     std::fprintf(stderr, "%-13s %6lld %6lld %6lld %6lld %5.1f  %9.3f %9.1f  %s\n", p.name.c_str(),
                  (long long)p.batch, (long long)p.M, (long long)p.N, (long long)p.K, p.count, best,
-                 flops(p) / best / 1e6, how.c_str());
+                 flops(p) / best / 1e6, (a.all ? variants : how).c_str());
   }
   // A full training step runs each product's forward, input-gradient and weight-gradient GEMMs once.
   std::fprintf(stderr, "GEMMs of one step at the ceiling: %.1f ms for %.1f GFLOP = %.1f GFLOP/s\n", total_ms,

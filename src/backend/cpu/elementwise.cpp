@@ -141,6 +141,18 @@ void lowp_map(L, uint16_t* out, std::array<const uint16_t*, NIn> in, int64_t n, 
   }
 }
 
+// f32 elementwise ops in chunks of kLowpChunk elements (the bf16/f16 path's split): kernel(out + i, i, len)
+// for every chunk [i, i + len), chunks spread over threads when n > parallel_min.
+template <typename Kernel>
+void f32_map(float* out, int64_t n, int64_t parallel_min, Kernel&& kernel) {
+  const int64_t nchunks = (n + kLowpChunk - 1) / kLowpChunk;
+#pragma omp parallel for schedule(static) if (n > parallel_min)
+  for (int64_t ch = 0; ch < nchunks; ++ch) {
+    const int64_t i = ch * kLowpChunk;
+    kernel(out + i, i, std::min(kLowpChunk, n - i));
+  }
+}
+
 // dL/dx of GeLU (the value fast_gelu_and_grad also yields is unused and optimised away).
 inline float gelu_grad(float xi, float dy) {
   float a, da;
@@ -200,40 +212,38 @@ void CpuOps::do_residual_forward(TensorView out, TensorView a, TensorView b) con
 void CpuOps::do_gelu_forward(TensorView out, TensorView inp) const {
   const DType dt = out.dtype();
   const int64_t n = out.numel();
+  auto kernel = [](float* o, const float* x, int64_t len) {
+    LOOM_SIMD_ACTIVATION
+    for (int64_t i = 0; i < len; ++i) o[i] = fast_gelu(x[i]);
+  };
   if (dt == DType::kF32) {
-    float* o = out.data<float>();
-    const float* x = inp.data<float>();
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin / 8)
-    for (int64_t i = 0; i < n; ++i) o[i] = fast_gelu(x[i]);
+    f32_map(out.data<float>(), n, kParallelMin / 8, [&](float* o, int64_t i, int64_t len) {
+      kernel(o, inp.data<float>() + i, len);
+    });
     return;
   }
   with_lowp(dt, [&](auto L) {
-    lowp_map(L, static_cast<uint16_t*>(out.raw()), std::array<const uint16_t*, 1>{u16(inp)},
-             n, kParallelMin / 8, [](float* o, const float* x, int64_t len) {
-#pragma omp simd
-               for (int64_t i = 0; i < len; ++i) o[i] = fast_gelu(x[i]);
-             });
+    lowp_map(L, static_cast<uint16_t*>(out.raw()), std::array<const uint16_t*, 1>{u16(inp)}, n, kParallelMin / 8,
+             kernel);
   });
 }
 
 void CpuOps::do_gelu_backward(TensorView dinp, TensorView inp, TensorView dout) const {
   const DType dt = dinp.dtype();
   const int64_t n = dinp.numel();
+  auto kernel = [](float* dx, const float* x, const float* dy, int64_t len) {
+    LOOM_SIMD_ACTIVATION
+    for (int64_t i = 0; i < len; ++i) dx[i] = gelu_grad(x[i], dy[i]);
+  };
   if (dt == DType::kF32) {
-    float* dx = dinp.data<float>();
-    const float* x = inp.data<float>();
-    const float* dy = dout.data<float>();
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin / 8)
-    for (int64_t i = 0; i < n; ++i) dx[i] = gelu_grad(x[i], dy[i]);
+    f32_map(dinp.data<float>(), n, kParallelMin / 8, [&](float* dx, int64_t i, int64_t len) {
+      kernel(dx, inp.data<float>() + i, dout.data<float>() + i, len);
+    });
     return;
   }
   with_lowp(dt, [&](auto L) {
-    lowp_map(L, static_cast<uint16_t*>(dinp.raw()),
-             std::array<const uint16_t*, 2>{u16(inp), u16(dout)},
-             n, kParallelMin / 8, [](float* dx, const float* x, const float* dy, int64_t len) {
-#pragma omp simd
-               for (int64_t i = 0; i < len; ++i) dx[i] = gelu_grad(x[i], dy[i]);
-             });
+    lowp_map(L, static_cast<uint16_t*>(dinp.raw()), std::array<const uint16_t*, 2>{u16(inp), u16(dout)}, n,
+             kParallelMin / 8, kernel);
   });
 }
 

@@ -10,6 +10,15 @@
 #include <immintrin.h>
 #endif
 
+// `omp simd` for loops of the transcendental activations (GeLU, SiLU and their gradients: ~30 flops per
+// element). GCC's -march=native on AVX-512 CPUs prefers 256-bit vectors; these compute-bound loops run
+// about twice as fast on full 512-bit ones. Per-element results do not depend on the vector width.
+#if defined(__AVX512F__)
+#define LOOM_SIMD_ACTIVATION _Pragma("omp simd simdlen(16)")
+#else
+#define LOOM_SIMD_ACTIVATION _Pragma("omp simd")
+#endif
+
 namespace loom::cpu {
 
 // exp(x) for f32, error < 1 ulp over the normal range (0.89 ulp max measured on 23M inputs).

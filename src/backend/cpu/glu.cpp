@@ -51,14 +51,14 @@ inline void act_and_grad(float g, float& a, float& da) {
 
 template <GluKind K>
 void forward_chunk(float* out, const float* gate, const float* up, int64_t n) {
-#pragma omp simd
+  LOOM_SIMD_ACTIVATION
   for (int64_t i = 0; i < n; ++i) out[i] = act<K>(gate[i]) * up[i];
 }
 
 // dgate/dup may alias gate/up element for element.
 template <GluKind K>
 void backward_chunk(float* dgate, float* dup, const float* gate, const float* up, const float* dy, int64_t n) {
-#pragma omp simd
+  LOOM_SIMD_ACTIVATION
   for (int64_t i = 0; i < n; ++i) {
     const float g = gate[i], u = up[i], d = dy[i];
     float a, da;
