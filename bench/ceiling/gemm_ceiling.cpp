@@ -134,8 +134,8 @@ double time_ms(int reps, F&& run) {
   return best;
 }
 
-// 64-byte aligned buffers, as Loom's allocator gives (vector storage is only 16-byte aligned, which slows
-// oneDNN's kernels by 15-25% on some shapes).
+// 64-byte aligned buffers, as Loom's allocator gives (vector storage is only 16-byte aligned, which made
+// the bf16 LM-head products 9-36% slower).
 struct Buffer {
   explicit Buffer(size_t bytes) : p(static_cast<char*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64))) {
     if (!p) {
