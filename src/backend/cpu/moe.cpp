@@ -11,13 +11,13 @@
 //   - the grouped GEMM runs each group as matmul_forward / matmul_backward would. Where those build and cache
 //     a oneDNN primitive per product shape (bf16), the expert group sizes, which change every step, would
 //     build new primitives on most calls (and keep them all), so every product runs on the group's rows
-//     rounded up to kGroupRowQuantum times a 7-smooth number (padded_rows), a few shapes that repeat. The row-independent products
-//     (out, dinp) run in place on the extra rows too when they exist: those rows belong to later groups,
-//     which are computed afterwards and overwrite them; otherwise (the end of the buffer) and for dweight
-//     (a reduction over the rows) the group's rows are copied into per-thread scratch followed by zero
-//     rows. (Cutting a group into a head of whole multiples and a small tail instead costs as much as the
-//     pad: a tail product re-reads and re-packs the whole expert weight for a few rows.) The rounding
-//     depends on the group size only: the same bits for every thread count;
+//     rounded up to kGroupRowQuantum times a 7-smooth number (padded_rows), a few shapes that repeat. The
+//     row-independent products (out, dinp) run in place on the extra rows too when they exist: those rows
+//     belong to later groups, which are computed afterwards and overwrite them; otherwise (the end of the
+//     buffer) and for dweight (a reduction over the rows) the group's rows are copied into per-thread
+//     scratch followed by zero rows. (Cutting a group into a head of whole multiples and a small tail
+//     instead costs as much as the pad: a tail product re-reads and re-packs the whole expert weight for a
+//     few rows.) The rounding depends on the group size only: the same bits for every thread count;
 //   - f32 grouped GEMMs run every group's product as pieces of at least kF32PieceMin output rows or columns
 //     (cut along the larger output dimension, fixed by the shape), all groups' pieces in one parallel
 //     region, each one serial sgemm over the whole reduction: no barrier per group, and wide pieces
@@ -155,18 +155,19 @@ namespace {
 
 constexpr int64_t kGroupRowQuantum = 16;  // see the header
 
-// True when q has no prime factor above 7.
+// True when q (>= 1) has no prime factor above 7.
 bool seven_smooth(int64_t q) {
   for (int64_t p : {2, 3, 5, 7})
     while (q % p == 0) q /= p;
   return q == 1;
 }
 
-// m rounded up to kGroupRowQuantum x a 7-smooth multiplier. oneDNN 2.6's bf16 (AMX) matmul runs 2-8x slower
-// when M / 16 is 29, 31, 53 or 59 (and other larger primes; 37-47 were fine), on every product shape of a
-// Mixtral expert (bench/RESULTS.md); 7-smooth multipliers never hit it, cost ~4% of padding on average,
-// and give fewer distinct shapes to cache.
+// m (>= 0) rounded up to kGroupRowQuantum x a 7-smooth multiplier. oneDNN 2.6's bf16 (AMX) matmul runs 2-8x
+// slower when M / 16 is 29, 31, 53, 58, 59, 61 or 62 (37, 41, 43 and 47 were fine), on every product shape of
+// a Mixtral expert (bench/RESULTS.md); no 7-smooth multiplier was, they cost ~4% of padding on average, and
+// they give fewer distinct shapes to cache.
 int64_t padded_rows(int64_t m) {
+  if (m <= 0) return 0;
   int64_t q = (m + kGroupRowQuantum - 1) / kGroupRowQuantum;
   while (!seven_smooth(q)) ++q;
   return q * kGroupRowQuantum;

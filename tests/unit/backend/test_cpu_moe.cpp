@@ -2,7 +2,7 @@
 // backwards as the adjoints (<permute(x), g> = <x, permute_backward(g)>; unpermute's dprobs by central
 // differences), bf16 rows against the f32 op on the widened inputs, row_id_map validation, and the grouped
 // GEMM against one matmul per group (an empty group, accumulating dweight), against f64 in f32 with groups
-// cut into pieces and in bf16 with groups padded to multiples of 16 rows. Odd sizes: N = 1, 5, 217.
+// cut into pieces and in bf16 with groups padded to 16 x a 7-smooth row count. Odd sizes: N = 1, 5, 217.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -181,15 +181,17 @@ TEST(CpuMoe, GroupedMatmulF32PiecesMatchF64AndThreadCounts) {
   test::expect_close(dw, ref_dw, 1e-3, 1e-5, "grouped f32 dweight (accumulate)");
 }
 
-// bf16 runs on cached per-shape oneDNN primitives, so the op rounds every group's rows up to a multiple of 16:
-// in place over the next groups' rows (out, dinp), through zero-padded scratch at the end of the buffer
-// (the last group, 33 rows) and for dweight. Groups of 1, 3, 16, 33, 37 rows and an empty one, against an
-// f64 reference on the same bf16 values (f32 outputs: only f32 accumulation error), and the same bits with
-// 1 and 2 threads.
+// bf16 runs on cached per-shape oneDNN primitives, so the op rounds every group's rows up to 16 x a 7-smooth
+// count: in place over the next groups' rows (out, dinp), through zero-padded scratch at the end of the
+// buffer (the last group, 33 rows) and for dweight. Groups of 1, 3, 5, 16, 20, 33, 37, 449 rows and an empty
+// one, against an f64 reference on the same bf16 values (f32 outputs: only f32 accumulation error), and the
+// same bits with 1 and 2 threads.
 TEST(CpuMoe, GroupedMatmulBf16PadsGroups) {
   const OpTable& ops = test::ops();
-  const std::vector<int64_t> sizes = {3, 0, 37, 16, 1, 33};
-  const int64_t M = 90, K = 40, N = 24, G = 6;
+  // 449 rows pad to 480 (16 x 30: 16 x 29 is one of oneDNN's slow row counts), 31 rows running over the next
+  // two groups (5 and 20 rows) into the last one, which are computed afterwards.
+  const std::vector<int64_t> sizes = {3, 0, 37, 16, 1, 449, 5, 20, 33};
+  const int64_t M = 564, K = 40, N = 24, G = 9;
   const Tensor inp = test::lowp_uniform({M, K}, DType::kBF16, 1), w = test::lowp_uniform({G, N, K}, DType::kBF16, 2);
   const Tensor dout = test::lowp_uniform({M, N}, DType::kBF16, 3), dw0 = test::uniform_tensor({G, N, K}, 4);
   const Tensor inp32 = test::widened(inp), w32 = test::widened(w), dout32 = test::widened(dout);
