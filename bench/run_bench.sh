@@ -17,6 +17,9 @@
 # reference BLAS or OpenBLAS's generic kernels, since the ratios would then flatter Loom.
 # ms/step is the median over the timed iterations (the first WARMUP iterations are dropped); tokens/s
 # and GFLOP/s are derived from it with one FLOP formula shared by both sides (see bench/README.md).
+# Before each shape, $CEILING_BIN (build/bench/loom_bench_ceiling) times the step's GEMMs through oneDNN
+# alone at the model's shapes (the GEMM ceiling, same FLOP count); the report gives each side's step as a
+# fraction of it, with the target >= 85% for GPT-2 124M at 8x256. Without the binary it warns and skips.
 #
 # Environment overrides (defaults in brackets):
 #   LOOM_BIN [$BUILD_DIR/loom, BUILD_DIR defaults to build]   PYTHON [/usr/bin/python3]   BENCH_THREADS [2]
@@ -28,6 +31,7 @@
 #   BENCH_LAYERS [12] BENCH_HIDDEN [768] BENCH_HEADS [12] BENCH_VOCAB [50257]  (model; 124M by default)
 #   BENCH_OUT [out/bench_latest.md; out/bench_latest_bf16.md with bf16]
 #   BENCH_TORCH_CORETYPE [auto]   OPENBLAS_CORETYPE for the PyTorch side: auto = fastest of unset/SkylakeX/Haswell
+#   CEILING_BIN [$BUILD_DIR/bench/loom_bench_ceiling]
 # Exit status: 0 when every run finished (PASS or MISS alike), 1 when a run failed or Loom is missing.
 #
 # Helper modes (used internally and by tests):
