@@ -18,6 +18,7 @@
 #include "loom/data/indexed_dataset.h"
 #include "loom/data/preprocess.h"
 #include "loom/data/tokenizer.h"
+#include "fuzz_preprocess.h"
 #include "fuzz_util.h"
 
 namespace fs = std::filesystem;
@@ -41,19 +42,6 @@ std::string slurp(const fs::path& p) {
   return ss.str();
 }
 
-// Runs preprocess; returns false on UserError (after checking that nothing was left behind).
-bool run(const loom::PreprocessConfig& cfg, loom::PreprocessStats& stats) {
-  std::ostringstream log;
-  try {
-    stats = loom::run_preprocess(cfg, log);
-    return true;
-  } catch (const loom::UserError&) {
-    for (const auto& e : fs::directory_iterator(dir()))
-      require(e.path().filename() == "in.jsonl", "files left behind by a failed run");
-    return false;
-  }
-}
-
 }  // namespace
 
 // run_preprocess hands every input to worker threads: one CPU for all of them (fuzz_util.h).
@@ -66,10 +54,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   const uint8_t opt = data[0];
   const ScratchDir scratch;
-  fuzz_util::write_file(dir() / "in.jsonl", data + 1, size - 1);
-  loom::PreprocessConfig cfg;
-  cfg.input = (dir() / "in.jsonl").string();
-  cfg.output_prefix = (dir() / "out").string();
+  loom::PreprocessConfig cfg = fuzz_util::jsonl_input(dir(), data + 1, size - 1);
   cfg.tokenizer.type = "NullTokenizer";
   cfg.tokenizer.vocab_size = (opt & 16) ? 70000 : 1000;
   cfg.skip_bad_lines = opt & 1;
@@ -79,7 +64,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   cfg.log_interval = 7;
 
   loom::PreprocessStats stats;
-  if (!run(cfg, stats)) return 0;
+  if (!fuzz_util::run_preprocess_checked(cfg, dir(), stats)) return 0;
   require(stats.outputs.size() == cfg.json_keys.size(), "one output per key");
   const auto tok = loom::make_tokenizer(cfg.tokenizer);
   const int32_t eod = tok->eod();
@@ -108,7 +93,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (opt & 32) {  // determinism across worker counts
     cfg.workers = cfg.workers == 1 ? 3 : 1;
     loom::PreprocessStats again;
-    require(run(cfg, again), "second run failed");
+    require(fuzz_util::run_preprocess_checked(cfg, dir(), again), "second run failed");
     for (size_t k = 0; k < again.outputs.size(); ++k)
       require(bytes[k] == slurp(again.outputs[k] + ".bin") + slurp(again.outputs[k] + ".idx"),
               "output depends on --workers");

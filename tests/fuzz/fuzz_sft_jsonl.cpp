@@ -14,10 +14,10 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "fuzz_preprocess.h"
 #include "fuzz_util.h"
 #include "loom/core/check.h"
 #include "loom/data/indexed_dataset.h"
@@ -98,11 +98,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   const uint8_t opt = data[0];
   const ScratchDir scratch;
-  fuzz_util::write_file(dir() / "in.jsonl", data + 1, size - 1);
   static const char* kTemplates[] = {"", "llama2", "llama3", "chatml"};
-  loom::PreprocessConfig cfg;
-  cfg.input = (dir() / "in.jsonl").string();
-  cfg.output_prefix = (dir() / "out").string();
+  loom::PreprocessConfig cfg = fuzz_util::jsonl_input(dir(), data + 1, size - 1);
   cfg.tokenizer.type = "Llama2Tokenizer";
   cfg.tokenizer.tokenizer_model = LOOM_SOURCE_DIR "/tests/fuzz/fixtures/sft_chat.model";
   cfg.sft = true;
@@ -117,15 +114,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const bool packing = !(opt & 64);
   const loom::SftOverlong overlong = (opt & 128) ? loom::SftOverlong::kSkip : loom::SftOverlong::kTruncate;
 
-  std::ostringstream log;
   loom::PreprocessStats stats;
-  try {
-    stats = loom::run_preprocess(cfg, log);
-  } catch (const loom::UserError&) {
-    for (const auto& e : fs::directory_iterator(dir()))
-      require(e.path().filename() == "in.jsonl", "files left behind by a failed run");
-    return 0;
-  }
+  if (!fuzz_util::run_preprocess_checked(cfg, dir(), stats)) return 0;
   check_dataset(stats, cfg, packing, overlong);
   return 0;
 }
