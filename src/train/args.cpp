@@ -334,8 +334,8 @@ const std::vector<Flag>& flags() {
        [](C& c, S v) {
          c.parallel.expert_model_parallel_size = int(parse_positive_flag("--expert-model-parallel-size", v, std::numeric_limits<int>::max()));
        }},
-      {"--expert-tensor-parallel-size", "N", "default: the tensor-model-parallel size; split each expert over N "
-       "ranks: 1 or the tensor-model-parallel size (needs --num-experts)",
+      {"--expert-tensor-parallel-size", "N", "default: the tensor-model-parallel size; split each expert's FFN over N "
+       "ranks (the world must divide by N x EP x PP; needs --num-experts)",
        [](C& c, S v) {
          c.parallel.expert_tensor_parallel_size = int(parse_positive_flag("--expert-tensor-parallel-size", v, std::numeric_limits<int>::max()));
          if (c.parallel.expert_tensor_parallel_size < 1)

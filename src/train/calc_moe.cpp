@@ -51,9 +51,6 @@ void validate_moe_calc(CalcInput& in, const TrainConfig& cfg) {
     user_error("--moe-shared-expert-intermediate-size (", m.moe.shared_expert_intermediate_size,
                ") must be divisible by --tensor-model-parallel-size (", t, ")");
   // What Megatron runs but `loom train` does not yet: noted, the figures are Megatron's layout.
-  if (etp != 1 && etp != t)
-    in.notes.push_back("--expert-tensor-parallel-size " + std::to_string(etp) +
-                       ": `loom train` splits experts over 1 rank or the TP group only; figures for Megatron's layout");
   if (t > 1 && !in.sequence_parallel && !(etp == t && ep == 1))
     in.notes.push_back("expert parallelism with TP > 1 needs --sequence-parallel in `loom train` (as in Megatron)");
   if (cfg.lora.enabled())

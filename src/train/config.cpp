@@ -38,9 +38,6 @@ void validate_moe_layout(const TrainConfig& c, int world_size) {
     user_error("world size ", world_size, " is not divisible by --expert-tensor-parallel-size (", ETP,
                ") x --expert-model-parallel-size (", EP, ") x --pipeline-model-parallel-size (", PP, ") = ",
                ETP * EP * PP, " (the expert-parallel grid)");
-  if (ETP != 1 && ETP != TP)
-    user_error("--expert-tensor-parallel-size ", ETP, ": Loom splits experts over 1 rank or over the tensor-parallel "
-               "group (--tensor-model-parallel-size ", TP, "); use 1 or ", TP);
   if (TP > 1 && !c.dist.sequence_parallel && !(ETP == TP && EP == 1))
     user_error("mixture of experts with --tensor-model-parallel-size ", TP, " and --expert-model-parallel-size ", EP,
                " / --expert-tensor-parallel-size ", ETP, " needs --sequence-parallel (each rank must route its own "

@@ -87,8 +87,9 @@ void build_model_chunks(TrainingRun& run, const ModelOptions& base, std::ostream
       ep.ep = &run.ps->ep();
       ep.etp = &run.ps->etp();
       ep.etp_ep = &run.ps->etp_ep();
-      // Tokens replicated over the expert-tensor-parallel (= TP) ranks: tensor parallelism without SP.
-      ep.etp_replicated = run.ps->etp().size() > 1 && !cfg.dist.sequence_parallel;
+      // Tokens replicated over the expert-tensor-parallel ranks: ETP = TP (the same ranks) without SP. Any
+      // other ETP group holds different tokens on each rank (SP shards, or other data-parallel batches).
+      ep.etp_replicated = run.ps->etp().size() > 1 && run.ps->etp().size() == TP && !cfg.dist.sequence_parallel;
       mo.parallel.moe_shared_expert_overlap = cfg.moe.shared_expert_overlap;
     }
     mo.parallel.first_layer = sl.first_layer;

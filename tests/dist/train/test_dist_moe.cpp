@@ -1,9 +1,10 @@
 // Mixture of experts under mpirun against the single process (issue 18): every layout — expert parallelism
-// with both dispatchers, expert tensor parallelism (split tokens under SP, replicated without), TP x EP,
+// with both dispatchers, expert tensor parallelism (split tokens under SP, replicated without, ETP other than
+// TP), TP x EP,
 // PP, CP (the micro-batch's tokens routed together over the CP and SP ranks), ZeRO over the expert-data-
 // parallel group — gives the single-process losses within 1e-5 in FP32, with and without token dropping
 // (capacity decisions see the whole micro-batch, so the same tokens are dropped), and checkpoints reshard
-// across EP sizes (4 -> 2 -> 1 -> 4).
+// across EP sizes (4 -> 2 -> 1 -> 4 -> 2 x ETP 2).
 #include <gtest/gtest.h>
 
 #include <sstream>
@@ -51,6 +52,16 @@ TEST(DistMoe, LayoutsMatchSingleProcess) {
       {4, "--tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 2 "
           "--expert-tensor-parallel-size 1 --moe-token-dispatcher-type alltoall --moe-shared-expert-overlap"},
       {4, "--tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 2"},  // ETP2 x EP2 allgather
+      // ETP other than TP: experts split over data-parallel ranks (TP 1), over more ranks than TP, with EP.
+      {2, "--expert-tensor-parallel-size 2"},
+      {2, "--expert-tensor-parallel-size 2 --moe-token-dispatcher-type alltoall"},
+      {4, "--tensor-model-parallel-size 2 --sequence-parallel --expert-tensor-parallel-size 4 "
+          "--moe-token-dispatcher-type alltoall"},
+      {4, "--expert-tensor-parallel-size 2 --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall "
+          "--use-distributed-optimizer"},
+      {4, "--pipeline-model-parallel-size 2 --expert-tensor-parallel-size 2"},
+      {4, "--context-parallel-size 2 --expert-tensor-parallel-size 2 --expert-model-parallel-size 2 "
+          "--moe-token-dispatcher-type alltoall"},
       {4, "--pipeline-model-parallel-size 2 --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall"},
       {2, "--context-parallel-size 2 --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall"},
       {4, "--context-parallel-size 2 --tensor-model-parallel-size 2 --sequence-parallel"},  // routing over tp x cp
@@ -84,17 +95,18 @@ TEST(DistMoe, DroppingAndBalancingMatchSingleProcess) {
                 "sinkhorn");
 }
 
-// Saved at EP 4, resumed at EP 2, then 1, then 4 again: each continues the uninterrupted single-process run.
+// Saved at EP 4, resumed at EP 2, then 1, then 4 again, then EP 2 x ETP 2: each continues the uninterrupted
+// single-process run.
 TEST(DistMoe, CheckpointsReshardAcrossExpertParallelSizes) {
   const std::string model = std::string(kMoe) + "--moe-router-score-function sigmoid --moe-router-enable-expert-bias ";
-  const std::vector<double> ref = train_losses(model, "", 1, 16);
-  ASSERT_EQ(ref.size(), 16u);
+  const std::vector<double> ref = train_losses(model, "", 1, 20);
+  ASSERT_EQ(ref.size(), 20u);
   TempDir ck("ckpt");
   const std::string dir = (ck / "c");
   auto leg = [&](int np, const std::string& layout, int until) {
     return train_losses(model, layout + " --save " + dir + " --load " + dir + " --save-interval 4 --exit-interval " +
                                    std::to_string(until),
-                        np, 16);
+                        np, 20);
   };
   const std::vector<double> a = leg(4, "--expert-model-parallel-size 4 --moe-token-dispatcher-type alltoall", 4);
   expect_close({ref.begin(), ref.begin() + 4}, a, 1e-5, "EP4");
@@ -103,7 +115,9 @@ TEST(DistMoe, CheckpointsReshardAcrossExpertParallelSizes) {
   const std::vector<double> c = leg(1, "", 12);
   expect_close({ref.begin() + 8, ref.begin() + 12}, c, 1e-5, "EP2 -> one process");
   const std::vector<double> d = leg(4, "--expert-model-parallel-size 4", 16);
-  expect_close({ref.begin() + 12, ref.end()}, d, 1e-5, "one process -> EP4");
+  expect_close({ref.begin() + 12, ref.begin() + 16}, d, 1e-5, "one process -> EP4");
+  const std::vector<double> e = leg(4, "--expert-model-parallel-size 2 --expert-tensor-parallel-size 2", 20);
+  expect_close({ref.begin() + 16, ref.end()}, e, 1e-5, "EP4 -> EP2 x ETP2");
 }
 
 // The alltoall dispatcher's traffic equals the analytic figure. Per MoE layer and micro-batch a rank sends

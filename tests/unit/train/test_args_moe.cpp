@@ -127,8 +127,15 @@ TEST(ArgsMoe, ImpossibleExpertLayoutsAreClearErrors) {
                                                           "--expert-model-parallel-size (3)", 3);
   // EP x ETP x PP must divide the world (the expert grid).
   expect_error(moe({"--expert-model-parallel-size", "4"}), "world size 2 is not divisible by --expert-tensor-parallel-size (1) x --expert-model-parallel-size (4)", 2);
-  expect_error(moe({"--tensor-model-parallel-size", "2", "--sequence-parallel", "--expert-tensor-parallel-size", "4"}),
-               "use 1 or 2", 4);
+  // Any ETP the expert grid divides: more or fewer ranks than TP, also without TP.
+  EXPECT_EQ(error_of(moe({"--tensor-model-parallel-size", "2", "--sequence-parallel", "--expert-tensor-parallel-size",
+                          "4"}), 4), "");
+  EXPECT_EQ(error_of(moe({"--expert-tensor-parallel-size", "2"}), 2), "");
+  expect_error(moe({"--expert-tensor-parallel-size", "2", "--expert-model-parallel-size", "2"}),
+               "world size 2 is not divisible by --expert-tensor-parallel-size (2) x --expert-model-parallel-size (2)", 2);
+  // Without SP the TP ranks share their tokens, which only an ETP group equal to the TP group may.
+  expect_error(moe({"--tensor-model-parallel-size", "2", "--expert-tensor-parallel-size", "4"}),
+               "needs --sequence-parallel", 4);
   expect_error(moe({"--tensor-model-parallel-size", "2", "--expert-model-parallel-size", "2"}),
                "needs --sequence-parallel", 4);
   EXPECT_EQ(error_of(moe({"--tensor-model-parallel-size", "2"}), 2), "");  // ETP = TP, EP 1: replicated tokens
