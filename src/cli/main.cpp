@@ -20,7 +20,8 @@
 
 namespace {
 
-// GOMP_SPINCOUNT Loom runs with (bench/RESULTS.md, "OpenMP waiting under contention").
+// GOMP_SPINCOUNT Loom runs with (bench/RESULTS.md, "OpenMP waiting under contention"); the tests run with
+// the same (tests/CMakeLists.txt: LOOM_TEST_GOMP_SPINCOUNT).
 constexpr const char* kLoomSpinCount = "10000";
 
 const char* kUsage =
