@@ -1,10 +1,9 @@
 // Mixture of experts under mpirun against the single process (issue 18): every layout — expert parallelism
-// with both dispatchers, expert tensor parallelism (split tokens under SP, replicated without, ETP other than
-// TP), TP x EP,
-// PP, CP (the micro-batch's tokens routed together over the CP and SP ranks), ZeRO over the expert-data-
-// parallel group — gives the single-process losses within 1e-5 in FP32, with and without token dropping
-// (capacity decisions see the whole micro-batch, so the same tokens are dropped), and checkpoints reshard
-// across EP sizes (4 -> 2 -> 1 -> 4 -> 2 x ETP 2).
+// with both dispatchers, expert tensor parallelism (split tokens under SP, replicated without, ETP other
+// than TP), TP x EP, PP, CP (the micro-batch's tokens routed together over the CP and SP ranks), ZeRO over
+// the expert-data-parallel group — gives the single-process losses within 1e-5 in FP32, with and without
+// token dropping (capacity decisions see the whole micro-batch, so the same tokens are dropped), and
+// checkpoints reshard across EP sizes (4 -> 2 -> 1 -> 4 -> 2 x ETP 2).
 #include <gtest/gtest.h>
 
 #include <sstream>
