@@ -513,7 +513,8 @@ void apply_deepspeed_file(TrainConfig& cfg, const std::set<std::string>& given) 
   refuse_section(r, root, "pipeline", "DeepSpeed's pipeline engine; use --pipeline-model-parallel-size");
   refuse_section(r, root, "checkpoint", "DeepSpeed's checkpoint engine options; Loom writes its own format (--save)");
   refuse_section(r, root, "nebula", "Nebula checkpointing");
-  refuse_section(r, root, "moe", "mixture-of-experts layers are not built in this version of Loom");
+  refuse_section(r, root, "moe", "a DeepSpeed MoE section; Loom builds mixture-of-experts layers from Megatron's "
+                                 "flags (--num-experts, --moe-router-topk, --expert-model-parallel-size; docs/models.md)");
   for (const char* k : {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"})
     if (root.contains(k)) {
       const int64_t v = r.get_int(root.at(k), k);

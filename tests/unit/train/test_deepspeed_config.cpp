@@ -318,6 +318,12 @@ std::vector<Refused> refused_cases() {
   return v;
 }
 
+// The MoE section points at the flags Loom builds mixture-of-experts layers from.
+TEST(DeepSpeedConfig, MoeSectionNamesTheMegatronFlags) {
+  DsConfigFile f(R"({"moe": {"enabled": true}})");
+  expect_has(ds_error(f), {"\"moe\"", "not supported", "--num-experts", "--expert-model-parallel-size"});
+}
+
 class DeepSpeedRefusedKey : public ::testing::TestWithParam<Refused> {};
 
 TEST_P(DeepSpeedRefusedKey, NamesKeyAndFile) {
