@@ -165,7 +165,7 @@ TEST(CalcCli, LoraModelStatesAreTheTrainers) {
     ASSERT_NE(at, std::string::npos) << log;
     const int64_t states = std::stoll(log.substr(at + 14));
     std::string with_commas = std::to_string(states);
-    for (int i = int(with_commas.size()) - 3; i > 0; i -= 3) with_commas.insert(size_t(i), ",");
+    for (int i = int(with_commas.size()) - 3; i > 0; i -= 3) with_commas.insert(with_commas.begin() + i, ',');
     EXPECT_NE(line(r.out, "model states:").find(" " + with_commas + " B"), std::string::npos)
         << "trainer: " << states << "\n" << r.out;
     EXPECT_NE(log.find("3072 trainable adapter parameters on this rank"), std::string::npos) << log;

@@ -140,7 +140,6 @@ TEST(CudaOptimizer, AdamWIsDeterministicAndChecksArguments) {
 
 TEST(CudaOptimizer, SgdMatchesCpuBitForBit) {
   REQUIRE_GPU();
-  auto& ctx = cuda_ctx();
   for (int64_t n : kSizes)
     for (float momentum : {0.0f, 0.9f})
       for (float wd : {0.0f, 0.1f}) {

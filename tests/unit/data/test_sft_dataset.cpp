@@ -138,7 +138,9 @@ TEST(SftDataset, PaddedModeAndOverlongPolicies) {
   std::vector<int32_t> tok(9);
   for (int64_t i = 0; i < 3; ++i) {  // find sample 1's sequence: truncated to its first 9 tokens
     padded.sample(i, tok.data());
-    if (tok[0] == 2000) EXPECT_EQ(tok.back(), 2008);
+    if (tok[0] == 2000) {
+      EXPECT_EQ(tok.back(), 2008);
+    }
   }
   const SftDataset skipped(f.tokens(), f.mask(), 0, 3, std::nullopt, config(8, true, SftOverlong::kSkip), "train");
   EXPECT_EQ(skipped.stats().skipped, 1);

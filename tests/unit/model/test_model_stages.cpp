@@ -59,10 +59,18 @@ double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
 class RecordingHooks : public ParamHooks {
  public:
   std::vector<std::string> log;
-  void before_forward(int u) override { log.push_back("F" + std::to_string(u)); }
-  void after_forward(int u) override { log.push_back("f" + std::to_string(u)); }
-  void before_backward(int u) override { log.push_back("B" + std::to_string(u)); }
-  void after_backward(int u) override { log.push_back("b" + std::to_string(u)); }
+  void before_forward(int u) override { log.push_back(tag('F', u)); }
+  void after_forward(int u) override { log.push_back(tag('f', u)); }
+  void before_backward(int u) override { log.push_back(tag('B', u)); }
+  void after_backward(int u) override { log.push_back(tag('b', u)); }
+
+ private:
+  // Built by appending: GCC 12 warns (-Wrestrict, a false positive) on "x" + std::to_string(u).
+  static std::string tag(char c, int u) {
+    std::string s(1, c);
+    s += std::to_string(u);
+    return s;
+  }
 };
 
 class GPTStages : public ::testing::TestWithParam<bool> {};

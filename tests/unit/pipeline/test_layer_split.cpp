@@ -13,8 +13,12 @@ std::string describe(const std::vector<std::vector<StageLayers>>& split) {
   std::string s;
   for (const auto& stage : split) {
     if (!s.empty()) s += " | ";
-    for (size_t v = 0; v < stage.size(); ++v)
-      s += (v ? " " : "") + std::to_string(stage[v].first_layer) + "+" + std::to_string(stage[v].num_layers);
+    for (size_t v = 0; v < stage.size(); ++v) {
+      if (v) s += ' ';
+      s += std::to_string(stage[v].first_layer);
+      s += '+';
+      s += std::to_string(stage[v].num_layers);
+    }
   }
   return s;
 }

@@ -15,6 +15,17 @@
 namespace loom {
 namespace {
 
+// A step's outcome with the fields the log lines read (the rest at their defaults: no zero count, no MoE).
+StepOutcome outcome(double loss, double grad_norm, double loss_scale, double lr, bool skipped) {
+  StepOutcome o;
+  o.loss = loss;
+  o.grad_norm = grad_norm;
+  o.loss_scale = loss_scale;
+  o.lr = lr;
+  o.skipped = skipped;
+  return o;
+}
+
 using parts_test::build_tiny_run;
 
 std::vector<nlohmann::json> jsonl(const std::string& path) {
@@ -34,7 +45,8 @@ TEST(TrainingLog, IntervalLineAndMetrics) {
   TrainingLog tlog(run, out);
   tlog.open_writers();
   const double lr = run.sched->lr();
-  StepOutcome a{4.5, 1.25, 1.0, lr, false}, nan_step{NAN, NAN, 1.0, lr, true}, b{4.0, 0.75, 1.0, lr, false};
+  const StepOutcome a = outcome(4.5, 1.25, 1.0, lr, false), nan_step = outcome(NAN, NAN, 1.0, lr, true),
+                    b = outcome(4.0, 0.75, 1.0, lr, false);
   const StepOutcome steps[] = {a, nan_step, b};
   for (int i = 0; i < 3; ++i) {
     tlog.timers().start("forward-backward", 1);
@@ -84,7 +96,7 @@ TEST(TrainingLog, AllSkippedIntervalHasNoLoss) {
   TrainingLog tlog(run, out);
   tlog.open_writers();
   run.progress.iteration = 1;
-  tlog.iteration(StepOutcome{5.0, NAN, 65536.0, 1e-3, true}, 1.0);
+  tlog.iteration(outcome(5.0, NAN, 65536.0, 1e-3, true), 1.0);
   EXPECT_EQ(out.str().find("lm loss:"), std::string::npos) << out.str();
   EXPECT_EQ(out.str().find("grad norm:"), std::string::npos) << out.str();
   const std::vector<nlohmann::json> lines = jsonl(dir + "/m.jsonl");
