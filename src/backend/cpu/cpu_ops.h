@@ -101,6 +101,9 @@ class CpuOps final : public OpTable {
 // product shape (bf16 on CPUs with oneDNN's bf16 kernels); f32 (sgemm) and f16 (widened) keep no per-shape
 // state. The grouped GEMM uses it to keep the shapes it asks for few (moe.cpp).
 bool matmul_caches_shapes(DType dt);
+// How many of those primitives are cached now, and the most that are kept (least recently used dropped).
+size_t matmul_cached_primitives();
+size_t matmul_max_cached_primitives();
 
 // C (M, N) = op(A) · op(B) (+ C when accumulate), f32, row-major with leading dimensions, op = transpose
 // when trans_*: one oneDNN sgemm on the calling thread (serial inside or outside a parallel region), for

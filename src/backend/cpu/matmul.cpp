@@ -27,6 +27,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <list>
 #include <map>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -112,9 +113,16 @@ struct Gemm {
 
 class DnnlRuntime {
  public:
+  static constexpr size_t kMaxPrimitives = 1024;
+
   static DnnlRuntime& get() {
     static DnnlRuntime rt;
     return rt;
+  }
+
+  size_t cached_primitives() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return cache_.size();
   }
 
   // C (M, N) [+]= A (M, K) · B (K, N) [+ bias (1, N)], A and B described by strides, C row-major.
@@ -128,9 +136,7 @@ class DnnlRuntime {
       return;
     }
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = cache_.find(key);
-    if (it == cache_.end()) it = cache_.emplace(key, build(key)).first;
-    Gemm& g = it->second;
+    Gemm& g = find(key);
     memory am(g.a, engine_, const_cast<void*>(a));
     memory bm(g.b, engine_, const_cast<void*>(b));
     memory cm(g.c, engine_, c);
@@ -142,6 +148,22 @@ class DnnlRuntime {
 
  private:
   DnnlRuntime() : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {}
+
+  // The primitive for `key` (built on first use), marked most recently used; the caller holds mu_.
+  Gemm& find(const GemmKey& key) {
+    auto it = cache_.find(key);
+    if (it != cache_.end()) {
+      lru_.splice(lru_.begin(), lru_, it->second.lru);
+      return it->second.gemm;
+    }
+    Gemm g = build(key);
+    if (cache_.size() >= kMaxPrimitives) {
+      cache_.erase(lru_.back());
+      lru_.pop_back();
+    }
+    lru_.push_front(key);
+    return cache_.emplace(key, Entry{std::move(g), lru_.begin()}).first->second.gemm;
+  }
 
   Gemm build(const GemmKey& k) {
     Gemm g;
@@ -169,7 +191,16 @@ class DnnlRuntime {
   dnnl::engine engine_;
   dnnl::stream stream_;
   std::mutex mu_;
-  std::map<GemmKey, Gemm> cache_;
+  // The cached primitives, most recently used first in lru_. A training step asks for a fixed set of
+  // shapes, but inference (every prompt length is a new M) would otherwise add primitives, each with its
+  // JIT-compiled kernels, without end; beyond kMaxPrimitives the least recently used one is dropped
+  // (oneDNN's own primitive cache holds 1024 as well).
+  struct Entry {
+    Gemm gemm;
+    std::list<GemmKey>::iterator lru;
+  };
+  std::map<GemmKey, Entry> cache_;
+  std::list<GemmKey> lru_;
 };
 
 // oneDNN's matmul primitive takes bf16 (AMX / AVX512-BF16); f16 needs AVX512-FP16 + AMX-FP16 kernels this
@@ -261,6 +292,10 @@ void gemm_widened(const GemmKey& k, const void* a, const void* b, void* c, const
 }  // namespace
 
 bool matmul_caches_shapes(DType dt) { return primitive_takes(dt); }
+
+size_t matmul_cached_primitives() { return DnnlRuntime::get().cached_primitives(); }
+
+size_t matmul_max_cached_primitives() { return DnnlRuntime::kMaxPrimitives; }
 
 void sgemm_serial(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
                   const float* B, int64_t ldb, bool accumulate, float* C, int64_t ldc) {

@@ -5,9 +5,11 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "loom/backend/device_context.h"
+#include "backend/cpu/cpu_ops.h"
 #include "loom/core/rng.h"
 
 using namespace loom;
@@ -142,4 +144,27 @@ TEST(CpuMatmul, F32BitsDoNotDependOnTheThreadCount) {
     EXPECT_TRUE(outs[0] == outs[1]) << "M=" << c.M << " K=" << c.K << " N=" << c.N;
   }
   omp_set_num_threads(2);
+}
+
+// The bf16 primitives are cached per product shape, at most matmul_max_cached_primitives() of them: a run
+// of ever new row counts (inference's prompt lengths) drops the least recently used, and a shape asked for
+// again after its primitive was dropped gets a new one with the same bits.
+TEST(CpuMatmul, Bf16PrimitiveCacheIsBounded) {
+  auto ctx = make_cpu_context();
+  if (!cpu::matmul_caches_shapes(DType::kBF16)) GTEST_SKIP() << "bf16 runs without cached primitives on this CPU";
+  const int64_t K = 16, N = 8, max = int64_t(cpu::matmul_max_cached_primitives());
+  const Tensor w = to_bf16(randn({N, K}, 1)), x = to_bf16(randn({max + 40, K}, 2));
+  auto product = [&](int64_t M) {
+    Tensor out = Tensor::empty({M, N}, DType::kF32);
+    ctx->ops().matmul_forward(out, x.view().slice_flat(0, {M, K}), w, TensorView());
+    return out;
+  };
+  const Tensor first = product(1);
+  for (int64_t M = 2; M <= max + 40; ++M) {
+    product(M);
+    ASSERT_LE(cpu::matmul_cached_primitives(), size_t(max)) << "after M = " << M;
+  }
+  EXPECT_EQ(cpu::matmul_cached_primitives(), size_t(max));
+  const Tensor again = product(1);  // M = 1's primitive was the least recently used: dropped, built again
+  EXPECT_EQ(std::memcmp(first.raw(), again.raw(), size_t(first.nbytes())), 0);
 }
