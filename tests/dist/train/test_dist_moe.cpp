@@ -55,7 +55,7 @@ TEST(DistMoe, LayoutsMatchSingleProcess) {
       {2, "--expert-tensor-parallel-size 2"},
       {2, "--expert-tensor-parallel-size 2 --moe-token-dispatcher-type alltoall"},
       {4, "--tensor-model-parallel-size 2 --sequence-parallel --expert-tensor-parallel-size 4 "
-          "--moe-token-dispatcher-type alltoall"},
+          "--moe-token-dispatcher-type alltoall --moe-shared-expert-overlap"},
       {4, "--expert-tensor-parallel-size 2 --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall "
           "--use-distributed-optimizer"},
       {4, "--pipeline-model-parallel-size 2 --expert-tensor-parallel-size 2"},
