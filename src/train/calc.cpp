@@ -116,7 +116,8 @@ CalcInput make_calc_input(const TrainConfig& cfg, const CalcOptions& opts) {
   in.ddp_bucket_size = cfg.dist.ddp_bucket_size;
   if (in.sharding != ShardingStrategy::kNone && in.zero_group_size() == 1)
     in.notes.push_back("ZeRO shards over 1 rank: no saving (DP x CP = 1; --num-gpus sets DP)");
-  in.sequence_parallel = opts.sequence_parallel;
+  // Calc's own --sequence-parallel, or the training configuration's (a --config file's sequence_parallel).
+  in.sequence_parallel = opts.sequence_parallel || cfg.dist.sequence_parallel;
   if (in.sequence_parallel && t == 1)
     in.notes.push_back("--sequence-parallel has no effect with --tensor-model-parallel-size 1");
 

@@ -50,9 +50,10 @@ void validate_moe_calc(CalcInput& in, const TrainConfig& cfg) {
   if (m.moe.shared_expert_intermediate_size % t != 0)
     user_error("--moe-shared-expert-intermediate-size (", m.moe.shared_expert_intermediate_size,
                ") must be divisible by --tensor-model-parallel-size (", t, ")");
-  // What Megatron runs but `loom train` does not yet: noted, the figures are Megatron's layout.
+  // A layout `loom train` refuses (config.cpp) is a note here, not an error: the figures are still given.
   if (t > 1 && !in.sequence_parallel && !(etp == t && ep == 1))
-    in.notes.push_back("expert parallelism with TP > 1 needs --sequence-parallel in `loom train` (as in Megatron)");
+    in.notes.push_back("--tensor-model-parallel-size > 1 with expert parallelism or an --expert-tensor-parallel-size "
+                       "other than TP needs --sequence-parallel in `loom train` (each rank routes its own tokens)");
   if (cfg.lora.enabled())
     user_error("--lora-rank with --num-experts: LoRA adapters on experts are not built (as `loom train`); "
                "fine-tune MoE models in full");

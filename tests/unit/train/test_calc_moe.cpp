@@ -221,6 +221,15 @@ TEST(CalcMoe, ExpertLayoutErrorsNameTheFlag) {
                                    o);
   for (const std::string& n : r.input.notes) EXPECT_EQ(n.find("expert-tensor-parallel"), std::string::npos) << n;
   EXPECT_EQ(r.moe->layer_experts_per_rank, 2 * kExpert / 2);  // 2 experts, each's FFN over ETP 2
+  // Without --sequence-parallel `loom train` refuses that layout; calc gives its figures with a note.
+  const CalcReport no_sp = calc_preset("mixtral-8x7b",
+                                       {"--tensor-model-parallel-size", "4", "--expert-tensor-parallel-size", "2",
+                                        "--expert-model-parallel-size", "4", "--bf16"},
+                                       o);
+  bool noted = false;
+  for (const std::string& n : no_sp.input.notes) noted |= n.find("needs --sequence-parallel") != std::string::npos;
+  EXPECT_TRUE(noted);
+  EXPECT_EQ(no_sp.moe->layer_experts_per_rank, r.moe->layer_experts_per_rank);
 }
 
 namespace {
