@@ -13,6 +13,7 @@
 #include "cli/generate_args.h"
 #include "cli/preprocess_args.h"
 #include "loom/data/preprocess.h"
+#include "loom/dist/communicator.h"
 #include "loom/train/args.h"
 #include "loom/train/calc.h"
 #include "loom/train/config_file.h"
@@ -126,10 +127,10 @@ int main(int argc, char** argv) {
     std::cerr << "loom: error: unknown command '" << cmd << "'\n" << kUsage;
     return 2;
   } catch (const loom::UserError& e) {
-    std::cerr << "loom " << cmd << ": error: " << e.what() << "\n";
-    return 2;
+    std::cout.flush();  // the log so far, before a multi-rank job is ended (end_after_error)
+    return loom::end_after_error("loom " + cmd + ": error: " + e.what(), 2);
   } catch (const std::exception& e) {
-    std::cerr << "loom " << cmd << ": internal error: " << e.what() << "\n";
-    return 1;
+    std::cout.flush();
+    return loom::end_after_error("loom " + cmd + ": internal error: " + e.what(), 1);
   }
 }

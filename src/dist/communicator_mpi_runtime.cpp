@@ -213,6 +213,15 @@ std::unique_ptr<Communicator> init_world(std::chrono::milliseconds timeout) {
   return make_mpi_communicator(make_group(MPI_COMM_WORLD, false, "world", timeout));
 }
 
+int end_after_error(const std::string& message, int exit_code) {
+  int size = 1;
+  if (mpi_active()) MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size > 1) abort_job(message, exit_code);
+  std::fprintf(stderr, "%s\n", message.c_str());
+  std::fflush(stderr);
+  return exit_code;
+}
+
 void abort_job(const std::string& message, int exit_code) {
   const bool active = mpi_active();
   int rank = dist::launcher_world_rank();

@@ -122,6 +122,12 @@ std::unique_ptr<Communicator> init_world(std::chrono::milliseconds timeout);
 // Ends every rank of the job with `exit_code` after printing `message` on this rank (MPI_Abort); a plain
 // exit without MPI.
 [[noreturn]] void abort_job(const std::string& message, int exit_code = 1);
+// The last step of a process whose command failed with an error (main's catch): in a job of several ranks
+// with MPI running, ends every rank at once through abort_job(message, exit_code), because the other ranks
+// would otherwise wait in their next collective until --distributed-timeout-minutes passed (an error that
+// only one rank sees: a damaged shard of its own, a bad token id in its own samples); otherwise prints
+// `message` on stderr and returns exit_code for main to return.
+int end_after_error(const std::string& message, int exit_code);
 
 // The NCCL communicator over the same ranks as `group` (device tensors; bootstrapped through `group`).
 // Throws UserError naming the reason when NCCL or CUDA is not compiled in.

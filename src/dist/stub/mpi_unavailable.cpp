@@ -26,6 +26,12 @@ std::unique_ptr<Communicator> init_world(std::chrono::milliseconds timeout) {
   return make_self_communicator("world");
 }
 
+int end_after_error(const std::string& message, int exit_code) {
+  std::fprintf(stderr, "%s\n", message.c_str());
+  std::fflush(stderr);
+  return exit_code;
+}
+
 void abort_job(const std::string& message, int exit_code) {
   std::fprintf(stderr, "[loom] rank %d: %s\n", dist::launcher_world_rank(), message.c_str());
   std::fflush(stderr);

@@ -4,6 +4,7 @@
 // earlier iteration, which --ckpt-step then resumes exactly.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -37,13 +38,21 @@ TEST(DistCkptChecksums, DamagedShardOfOneRankFailsEveryLoad) {
   for (size_t i = 0; i < garbage.size(); ++i) garbage[i] = char(i * 37 + 11);
   ckpt_test::overwrite_tensor_bytes(shard, tensor, 4096, garbage);
 
-  const std::string load = " --train-iters 10 --load " + root + " --distributed-timeout-minutes 0.5";
+  // Only rank 1 reads the damaged shard under TP 2, and rank 0 goes on to train iterations 11-12. Rank 1's
+  // error ends the whole job at once (exit status 2, a user error) instead of rank 0 waiting in its first
+  // collective until the 1-minute timeout.
+  const std::string load = " --train-iters 12 --override-opt_param-scheduler --load " + root +
+                           " --distributed-timeout-minutes 1";
   for (const std::string& cmd : {mpirun(2) + loom_bin() + " train " + kModel + " " + tp2 + load,
                                  "OMP_NUM_THREADS=1 " + loom_bin() + " train " + kModel + load}) {
     SCOPED_TRACE(cmd);
     TempDir tmp("run");
+    const auto start = std::chrono::steady_clock::now();
     const CliResult r = run_shell(cmd, tmp);
-    EXPECT_NE(r.code, 0) << r.out << r.err;
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_EQ(r.code, 2) << r.out << r.err;
+    EXPECT_LT(seconds, 30.0) << r.out << r.err;
+    EXPECT_EQ(r.err.find("did not complete within"), std::string::npos) << r.err;
     for (const std::string& p : {"checkpoint " + root + "/iter_0000010 is damaged", shard, "tensor '" + tensor + "'",
                                  std::string("checksum mismatch"), "other checkpoints in " + root + ": iteration 5",
                                  std::string("--ckpt-step")})
