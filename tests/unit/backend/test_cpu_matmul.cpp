@@ -146,6 +146,38 @@ TEST(CpuMatmul, F32BitsDoNotDependOnTheThreadCount) {
   omp_set_num_threads(2);
 }
 
+// bf16 input gradients dout · W whose reduction is long against their width (the LM head's, an expert
+// fc1's) run in oneDNN's gemm-based kernel through one primitive with a runtime row count: right for any
+// row count (against the double reference of the bf16-rounded inputs), one cached primitive for all of
+// them, and the same bits for any thread count, also above M/64 + K/64 threads, where that kernel would
+// cut the reduction between threads if Loom did not hold it to fewer.
+TEST(CpuMatmul, Bf16LongReductionInputGradients) {
+  auto ctx = make_cpu_context();
+  if (!cpu::matmul_caches_shapes(DType::kBF16)) GTEST_SKIP() << "bf16 runs without cached primitives on this CPU";
+  const int64_t N = 2048, K = 64;  // weight (N, K); the product's reduction runs over N, 32x its width K
+  const Tensor wf = randn({N, K}, 21), w = to_bf16(wf), wr = bf16_rounded(wf);
+  const size_t cached_before = cpu::matmul_cached_primitives();
+  for (int64_t M : {256, 300, 1000}) {
+    const Tensor df = randn({M, N}, 22), dout = to_bf16(df), dr = bf16_rounded(df);
+    std::vector<double> ref(size_t(M * K), 0.0);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t k = 0; k < K; ++k)
+          ref[size_t(m * K + k)] += double(dr.data<float>()[m * N + n]) * wr.data<float>()[n * K + k];
+    std::vector<std::vector<float>> outs;
+    for (int threads : {1, 2, 8}) {  // 8 > 256/64 + 64/64 = 5
+      omp_set_num_threads(threads);
+      Tensor dinp = Tensor::empty({M, K}, DType::kF32);
+      ctx->ops().matmul_backward(dinp, TensorView(), TensorView(), dout, TensorView(), w);
+      EXPECT_LT(max_rel(dinp.data<float>(), ref), 1e-6) << "M=" << M << " threads=" << threads;
+      outs.emplace_back(dinp.data<float>(), dinp.data<float>() + dinp.numel());
+    }
+    omp_set_num_threads(2);
+    EXPECT_TRUE(outs[0] == outs[1] && outs[0] == outs[2]) << "M=" << M << ": bits depend on the thread count";
+  }
+  EXPECT_EQ(cpu::matmul_cached_primitives(), cached_before + 1) << "one runtime-row primitive for every M";
+}
+
 // The bf16 primitives are cached per product shape, at most matmul_max_cached_primitives() of them: a run
 // of ever new row counts (inference's prompt lengths) drops the least recently used, and a shape asked for
 // again after its primitive was dropped gets a new one with the same bits.
