@@ -12,8 +12,9 @@
 //   f32:  dnnl_sgemm on all threads; the matmul primitive with plain (strided) operands
 //   bf16: the matmul primitive with plain operands, and with the weight operand in the layout oneDNN
 //         prefers (format_tag::any; the one-off reorder is not timed), f32 output for weight gradients
-//         (accumulated with a sum post-op, as Loom accumulates its f32 main grads), bf16 otherwise; for
-//         products with a row-major A that overwrite C, also with a runtime row count (gemm:jit)
+//         (accumulated with a sum post-op, as Loom accumulates its f32 main grads), bf16 otherwise; with a
+//         runtime row count for products with a row-major A that overwrite C, and with a runtime
+//         reduction for weight gradients (both run oneDNN's gemm:jit instead of brgemm)
 // Attention products are timed as batched matmuls over B x heads with the full T x T score matrix; the
 // causal half of that time is what the ceiling charges (the bench's FLOP formula counts causal work).
 // Prints a table on stderr and one JSON line on stdout: {"dtype", "threads", "ceiling_ms", "flop", "ceiling_gflops"}.
@@ -165,18 +166,28 @@ struct Runner {
   dnnl::stream strm{eng};
 
   // The matmul primitive; weights_any: B in oneDNN's preferred layout (reordered once, untimed);
-  // runtime_rows: A and C described with a runtime row count (oneDNN 2.6 then runs its gemm-based kernel,
-  // gemm:jit, instead of brgemm; Loom does so for long-reduction input gradients), executed with the real M.
+  // runtime: 'M' or 'K' described as a runtime dimension (oneDNN 2.6 then runs its gemm-based kernel,
+  // gemm:jit, instead of brgemm; Loom does so for long-reduction input gradients and large weight
+  // gradients), executed with the real size; batch 1 only.
   double primitive(const Product& p, memory::data_type in, memory::data_type out, bool weights_any, int reps,
-                   bool runtime_rows = false) {
+                   char runtime = 0) {
     const memory::desc a = strided(p.batch, p.M, p.K, p.ta, in);
     const memory::desc b_plain = strided(p.batch, p.K, p.N, p.tb, in);
     const memory::desc b = weights_any ? memory::desc(b_plain.dims(), in, memory::format_tag::any) : b_plain;
     const memory::desc c = strided(p.batch, p.M, p.N, false, out);
-    if (runtime_rows) {  // plain row-major A and C, batch 1
-      const memory::desc ra({DNNL_RUNTIME_DIM_VAL, p.K}, in, memory::dims{p.K, 1});
-      const memory::desc rc({DNNL_RUNTIME_DIM_VAL, p.N}, out, memory::dims{p.N, 1});
-      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(ra, b_plain, rc), eng);
+    if (runtime) {
+      const memory::dim rm = runtime == 'M' ? DNNL_RUNTIME_DIM_VAL : p.M;
+      const memory::dim rk = runtime == 'K' ? DNNL_RUNTIME_DIM_VAL : p.K;
+      const memory::desc ra({rm, rk}, in, p.ta ? memory::dims{1, p.M} : memory::dims{p.K, 1});
+      const memory::desc rb({rk, p.N}, in, p.tb ? memory::dims{1, p.K} : memory::dims{p.N, 1});
+      const memory::desc rc({rm, p.N}, out, memory::dims{p.N, 1});
+      dnnl::primitive_attr attr;
+      if (p.accumulate) {
+        dnnl::post_ops po;
+        po.append_sum(1.0f);
+        attr.set_post_ops(po);
+      }
+      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(ra, rb, rc), attr, eng);
       Buffer ab(a.get_size()), bb(b_plain.get_size()), cb(c.get_size());
       memory am(a, eng, ab.p), bm(b_plain, eng, bb.p), cm(c, eng, cb.p);
       const dnnl::matmul prim(pd);
@@ -251,7 +262,9 @@ int main(int argc, char** argv) {
       consider(r.primitive(p, memory::data_type::bf16, out, false, a.reps), "matmul plain");
       if (p.weight_b) consider(r.primitive(p, memory::data_type::bf16, out, true, a.reps), "matmul blocked B");
       if (p.batch == 1 && !p.ta && !p.accumulate)
-        consider(r.primitive(p, memory::data_type::bf16, out, false, a.reps, true), "matmul runtime M");
+        consider(r.primitive(p, memory::data_type::bf16, out, false, a.reps, 'M'), "matmul runtime M");
+      if (p.batch == 1 && p.accumulate)
+        consider(r.primitive(p, memory::data_type::bf16, out, false, a.reps, 'K'), "matmul runtime K");
     } else {
       consider(sgemm(p, a.reps), "sgemm");
       consider(r.primitive(p, memory::data_type::f32, memory::data_type::f32, false, a.reps), "matmul plain");

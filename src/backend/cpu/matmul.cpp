@@ -108,24 +108,36 @@ void sgemm_fixed_split(char ta, char tb, int64_t M, int64_t N, int64_t K, const 
 
 struct Gemm {
   memory::desc a, b, c, bias;
-  dnnl::matmul prim;  // a and c have a runtime row count (DNNL_RUNTIME_DIM_VAL) when runtime_rows(key)
+  dnnl::matmul prim;  // with a runtime M or K (DNNL_RUNTIME_DIM_VAL) where runtime_dim(key) says so
 };
 
-// bf16 products whose reduction is at least 5x their output width, with plain operands and at least 256
-// rows: the input gradients dout · W of the LM head (K = vocabulary), of a GLU fc1 (K = 2 x ffn: Llama,
-// a Mixtral expert). For them oneDNN 2.6's gemm-based kernel (gemm:jit) runs 1.2-1.8x faster than the AMX
-// brgemm kernel it picks for a fixed row count, and asking for a runtime row count is how to get it (one
-// primitive then serves every M). At 3-4x (GPT-2's qkv and fc1 input gradients) brgemm is ~13% faster,
-// below 256 rows they are even (measured on an AMX machine, bench/RESULTS.md).
-bool runtime_rows(const GemmKey& k) {
-  return k.ta == DType::kBF16 && k.tb == DType::kBF16 && !k.trans_a && !k.trans_b && !k.bias && !k.accumulate &&
-         k.M >= 256 && k.K >= 5 * k.N;
+// bf16 products that run faster in oneDNN 2.6's gemm-based kernel (gemm:jit) than in the AMX brgemm kernel
+// its matmul primitive picks for fixed shapes. A primitive with a runtime dimension is how to get it (brgemm
+// takes none), and one primitive then serves every size of that dimension. Measured on an AMX machine
+// (bench/RESULTS.md):
+// - kRows: input gradients dout · W (plain operands, no bias, no accumulation) whose reduction is at least
+//   5x their width, on at least 256 rows: the LM head's (K = vocabulary), a GLU fc1's (K = 2 x ffn: Llama,
+//   a Mixtral expert); 1.2-1.8x faster. At 3-4x (GPT-2's qkv and fc1) brgemm is ~13% faster, below 256
+//   rows they are even. M is the runtime dimension.
+// - kReduction: weight gradients dW += dout^T · x into f32 over at least 1024 tokens with at least 2^20
+//   outputs: GPT-2's qkv/fc1/fc2 and LM head, Llama's; 1.15-1.7x faster. Over 256-512 tokens (MoE expert
+//   groups, short steps) or on 768 x 768 brgemm is as fast or up to 2x faster. K is the runtime dimension.
+enum class RuntimeDim { kNone, kRows, kReduction };
+
+RuntimeDim runtime_dim(const GemmKey& k) {
+  if (k.ta != DType::kBF16 || k.tb != DType::kBF16 || k.bias || k.trans_b) return RuntimeDim::kNone;
+  if (!k.trans_a && !k.accumulate && k.M >= 256 && k.K >= 5 * k.N) return RuntimeDim::kRows;
+  if (k.trans_a && k.accumulate && k.tc == DType::kF32 && k.K >= 1024 && k.M * k.N >= (int64_t(1) << 20))
+    return RuntimeDim::kReduction;
+  return RuntimeDim::kNone;
 }
 
-// gemm:jit cuts the reduction between threads when M/64 + N/64 is below the thread count, which would make
-// the sums depend on it; at most that many threads keeps every thread count's bits the same.
-int runtime_rows_threads(const GemmKey& k) {
-  return int(std::min<int64_t>(omp_get_max_threads(), k.M / 64 + k.N / 64));
+// oneDNN 2.6's bf16 gemm cuts the reduction between threads when both output dimensions are <= 768, K >= 2048
+// and M/64 + N/64 is below the thread count (gemm_driver.cpp), which would make the sums depend on it: the
+// LM head's input gradient at 256 rows does so from 17 threads on. At most that many threads keeps every
+// thread count's bits the same (kReduction products, with >= 2^20 outputs, never meet the first condition).
+int gemm_jit_threads(const GemmKey& k) {
+  return int(std::min<int64_t>(omp_get_max_threads(), std::max<int64_t>(1, k.M / 64 + k.N / 64)));
 }
 
 class DnnlRuntime {
@@ -153,18 +165,20 @@ class DnnlRuntime {
       return;
     }
     std::lock_guard<std::mutex> lock(mu_);
-    const bool rt = runtime_rows(key);
+    const RuntimeDim rd = runtime_dim(key);
     GemmKey cache_key = key;
-    if (rt) cache_key.M = DNNL_RUNTIME_DIM_VAL;
+    if (rd == RuntimeDim::kRows) cache_key.M = DNNL_RUNTIME_DIM_VAL;
+    if (rd == RuntimeDim::kReduction) cache_key.K = DNNL_RUNTIME_DIM_VAL;
     Gemm& g = find(cache_key);
-    // A runtime-rows primitive runs on descriptors with this call's M (A and C are plain row-major there).
-    memory am(rt ? memory::desc({key.M, key.K}, to_dnnl(key.ta), memory::dims{key.lda, 1}) : g.a, engine_,
-              const_cast<void*>(a));
-    memory bm(g.b, engine_, const_cast<void*>(b));
-    memory cm(rt ? memory::desc({key.M, key.N}, to_dnnl(key.tc), memory::dims{key.N, 1}) : g.c, engine_, c);
+    // A primitive with a runtime dimension runs on descriptors with this call's sizes.
+    const bool rt = rd != RuntimeDim::kNone;
+    const Gemm concrete = rt ? descriptors(key) : Gemm{};
+    memory am(rt ? concrete.a : g.a, engine_, const_cast<void*>(a));
+    memory bm(rt ? concrete.b : g.b, engine_, const_cast<void*>(b));
+    memory cm(rt ? concrete.c : g.c, engine_, c);
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
     if (key.bias) args.emplace(DNNL_ARG_BIAS, memory(g.bias, engine_, const_cast<void*>(bias)));
-    const int threads = omp_get_max_threads(), use = rt ? runtime_rows_threads(key) : threads;
+    const int threads = omp_get_max_threads(), use = rt ? gemm_jit_threads(key) : threads;
     if (use != threads) omp_set_num_threads(use);
     g.prim.execute(stream_, args);
     stream_.wait();
@@ -190,11 +204,17 @@ class DnnlRuntime {
     return cache_.emplace(key, Entry{std::move(g), lru_.begin()}).first->second.gemm;
   }
 
-  Gemm build(const GemmKey& k) {
+  // The operand descriptors of `k` (its M or K may be DNNL_RUNTIME_DIM_VAL; the strides never are).
+  static Gemm descriptors(const GemmKey& k) {
     Gemm g;
     g.a = memory::desc({k.M, k.K}, to_dnnl(k.ta), k.trans_a ? memory::dims{1, k.lda} : memory::dims{k.lda, 1});
     g.b = memory::desc({k.K, k.N}, to_dnnl(k.tb), k.trans_b ? memory::dims{1, k.ldb} : memory::dims{k.ldb, 1});
     g.c = memory::desc({k.M, k.N}, to_dnnl(k.tc), memory::dims{k.N, 1});
+    return g;
+  }
+
+  Gemm build(const GemmKey& k) {
+    Gemm g = descriptors(k);
     dnnl::primitive_attr attr;
     if (k.accumulate) {
       dnnl::post_ops po;

@@ -178,6 +178,44 @@ TEST(CpuMatmul, Bf16LongReductionInputGradients) {
   EXPECT_EQ(cpu::matmul_cached_primitives(), cached_before + 1) << "one runtime-row primitive for every M";
 }
 
+// bf16 weight gradients dW += dout^T · x over many tokens with a large output (GPT-2's and Llama's linears)
+// also run in the gemm-based kernel, through one primitive with a runtime token count: they accumulate onto
+// the f32 gradient already there, match the double reference of the bf16 inputs, and give the same bits
+// for 1, 2 and 40 threads (more than 1024/64 + 1024/64, the count from which oneDNN's gemm may start
+// cutting a reduction between threads; at this output size it does not).
+TEST(CpuMatmul, Bf16LargeWeightGradients) {
+  auto ctx = make_cpu_context();
+  if (!cpu::matmul_caches_shapes(DType::kBF16)) GTEST_SKIP() << "bf16 runs without cached primitives on this CPU";
+  const int64_t N = 1024, K = 1024;  // weight (N, K): 2^20 outputs
+  const Tensor w = to_bf16(randn({N, K}, 30));  // gives the shape; the weight gradient does not read it
+  const size_t cached_before = cpu::matmul_cached_primitives();
+  for (int64_t M : {1024, 1100}) {  // tokens
+    const Tensor df = randn({M, N}, 31), xf = randn({M, K}, 32), dw0 = randn({N, K}, 33);
+    const Tensor dout = to_bf16(df), x = to_bf16(xf), dr = bf16_rounded(df), xr = bf16_rounded(xf);
+    std::vector<std::vector<float>> outs;
+    for (int threads : {1, 2, 40}) {
+      omp_set_num_threads(threads);
+      Tensor dw = Tensor::empty({N, K}, DType::kF32);
+      std::memcpy(dw.raw(), dw0.raw(), size_t(dw.nbytes()));
+      ctx->ops().matmul_backward(TensorView(), dw, TensorView(), dout, x, w);
+      outs.emplace_back(dw.data<float>(), dw.data<float>() + dw.numel());
+    }
+    omp_set_num_threads(2);
+    EXPECT_TRUE(outs[0] == outs[1] && outs[0] == outs[2]) << "M=" << M << ": bits depend on the thread count";
+    // Every 37th row of dW against the reference (all of it would take seconds).
+    double worst = 0, scale = 1e-30;
+    for (int64_t n = 0; n < N; n += 37)
+      for (int64_t k = 0; k < K; ++k) {
+        double ref = dw0.data<float>()[n * K + k];
+        for (int64_t m = 0; m < M; ++m) ref += double(dr.data<float>()[m * N + n]) * xr.data<float>()[m * K + k];
+        worst = std::max(worst, std::fabs(ref - double(outs[0][size_t(n * K + k)])));
+        scale = std::max(scale, std::fabs(ref));
+      }
+    EXPECT_LT(worst / scale, 1e-6) << "M=" << M;
+  }
+  EXPECT_EQ(cpu::matmul_cached_primitives(), cached_before + 1) << "one runtime-reduction primitive for every M";
+}
+
 // The bf16 primitives are cached per product shape, at most matmul_max_cached_primitives() of them: a run
 // of ever new row counts (inference's prompt lengths) drops the least recently used, and a shape asked for
 // again after its primitive was dropped gets a new one with the same bits.
