@@ -175,36 +175,26 @@ struct Runner {
     const memory::desc b_plain = strided(p.batch, p.K, p.N, p.tb, in);
     const memory::desc b = weights_any ? memory::desc(b_plain.dims(), in, memory::format_tag::any) : b_plain;
     const memory::desc c = strided(p.batch, p.M, p.N, false, out);
-    if (runtime) {
-      const memory::dim rm = runtime == 'M' ? DNNL_RUNTIME_DIM_VAL : p.M;
-      const memory::dim rk = runtime == 'K' ? DNNL_RUNTIME_DIM_VAL : p.K;
-      const memory::desc ra({rm, rk}, in, p.ta ? memory::dims{1, p.M} : memory::dims{p.K, 1});
-      const memory::desc rb({rk, p.N}, in, p.tb ? memory::dims{1, p.K} : memory::dims{p.N, 1});
-      const memory::desc rc({rm, p.N}, out, memory::dims{p.N, 1});
-      dnnl::primitive_attr attr;
-      if (p.accumulate) {
-        dnnl::post_ops po;
-        po.append_sum(1.0f);
-        attr.set_post_ops(po);
-      }
-      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(ra, rb, rc), attr, eng);
-      Buffer ab(a.get_size()), bb(b_plain.get_size()), cb(c.get_size());
-      memory am(a, eng, ab.p), bm(b_plain, eng, bb.p), cm(c, eng, cb.p);
-      const dnnl::matmul prim(pd);
-      return time_ms(reps, [&] {
-        prim.execute(strm, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
-        strm.wait();
-      });
-    }
+    // The primitive's descriptors: a runtime dimension where asked (plain strides), else a, b, c.
+    const memory::dim rm = runtime == 'M' ? DNNL_RUNTIME_DIM_VAL : p.M;
+    const memory::dim rk = runtime == 'K' ? DNNL_RUNTIME_DIM_VAL : p.K;
+    const memory::dims sa = p.ta ? memory::dims{1, p.M} : memory::dims{p.K, 1};
+    const memory::dims sb = p.tb ? memory::dims{1, p.K} : memory::dims{p.N, 1};
+    const memory::desc pa = runtime ? memory::desc({rm, rk}, in, sa) : a;
+    const memory::desc pb = runtime ? memory::desc({rk, p.N}, in, sb) : b;
+    const memory::desc pc = runtime ? memory::desc({rm, p.N}, out, memory::dims{p.N, 1}) : c;
     dnnl::primitive_attr attr;
     if (p.accumulate) {
       dnnl::post_ops po;
       po.append_sum(1.0f);
       attr.set_post_ops(po);
     }
-    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, eng);
-    Buffer ab(pd.src_desc().get_size()), bb(pd.weights_desc().get_size()), cb(pd.dst_desc().get_size());
-    memory am(pd.src_desc(), eng, ab.p), bm(pd.weights_desc(), eng, bb.p), cm(pd.dst_desc(), eng, cb.p);
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(pa, pb, pc), attr, eng);
+    // Executed on concrete descriptors: the real sizes, and B in the layout the primitive chose.
+    const memory::desc ea = runtime ? a : pd.src_desc(), eb = runtime ? b_plain : pd.weights_desc();
+    const memory::desc ec = runtime ? c : pd.dst_desc();
+    Buffer ab(ea.get_size()), bb(eb.get_size()), cb(ec.get_size());
+    memory am(ea, eng, ab.p), bm(eb, eng, bb.p), cm(ec, eng, cb.p);
     const dnnl::matmul prim(pd);
     return time_ms(reps, [&] {
       prim.execute(strm, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
