@@ -156,5 +156,34 @@ TEST(TrainReliability, SkippingEveryStepIsAnError) {
                      "was trained. No final checkpoint was written"), std::string::npos) << err << log;
 }
 
+// Losses and gradient norms do not depend on the thread count, in fp32 and in bf16. The bf16 run takes every
+// kind of bf16 product: weight gradients over 1,024 tokens (oneDNN's brgemm picked its reduction blocking
+// by the thread count it was made for: these differed between 1, 2 and 3 threads from iteration 1 on),
+// the output layer's long-reduction input gradient, and brgemm's forward and input-gradient products.
+TEST(TrainReliability, LossesDoNotDependOnTheThreadCount) {
+  const std::string model =
+      " train --mock-data --vocab-size 8192 --num-layers 2 --hidden-size 256 --num-attention-heads 4 --seq-length 256"
+      " --max-position-embeddings 256 --micro-batch-size 4 --global-batch-size 4 --train-iters 3 --lr 1e-3"
+      " --log-interval 1 --eval-iters 0";
+  for (const std::string precision : {"", " --bf16"}) {
+    std::vector<std::string> runs;
+    for (int threads : {1, 3}) {
+      const TempDir io("threads");
+      const std::string cmd = "OMP_NUM_THREADS=" + std::to_string(threads) + " " + std::string(LOOM_BINARY) + model +
+                              precision + " --metrics-jsonl " + (io / "m.jsonl") + " >" + (io / "out") + " 2>&1";
+      ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd << "\n" << read_file(io / "out");
+      std::string losses;  // "lm loss" and "grad norm" of every iteration, as written (full precision)
+      for (const std::string& line : lines_of(read_file(io / "m.jsonl"))) {
+        const size_t l = line.find("\"lm loss\""), g = line.find("\"grad norm\"");
+        if (l == std::string::npos || g == std::string::npos) continue;
+        losses += line.substr(l, line.find(',', l) - l) + " " + line.substr(g, line.find(',', g) - g) + "\n";
+      }
+      ASSERT_EQ(count_of(losses, "lm loss"), 3u) << read_file(io / "m.jsonl");
+      runs.push_back(losses);
+    }
+    EXPECT_EQ(runs[0], runs[1]) << "precision:" << (precision.empty() ? " fp32" : precision);
+  }
+}
+
 }  // namespace
 }  // namespace loom::e2e

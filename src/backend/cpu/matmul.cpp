@@ -119,23 +119,25 @@ struct Gemm {
 //   5x their width, on at least 256 rows: the LM head's (K = vocabulary), a GLU fc1's (K = 2 x ffn: Llama,
 //   a Mixtral expert); 1.2-1.8x faster. At 3-4x (GPT-2's qkv and fc1) brgemm is ~13% faster, below 256
 //   rows they are even. M is the runtime dimension.
-// - kReduction: weight gradients dW += dout^T · x into f32 over at least 1024 tokens with at least 2^20
-//   outputs: GPT-2's qkv/fc1/fc2 and LM head, Llama's; 1.15-1.7x faster. Over 256-512 tokens (MoE expert
-//   groups, short steps) or on 768 x 768 brgemm is as fast or up to 2x faster. K is the runtime dimension.
+// - kReduction: weight gradients dW += dout^T · x into f32 over more than 512 tokens. From 1024 tokens on
+//   gemm:jit is as fast or 1.15-1.7x faster (GPT-2's qkv/fc1/fc2 and LM head, Llama's); and brgemm's sums
+//   over 768 or more tokens depend on the thread count the primitive was made for (its K blocking follows
+//   its thread split; 768 x 768 over 1000 tokens differs between 1 and 2 threads), while up to 640 tokens
+//   they did not in any shape tried. Over 256-512 tokens (MoE expert groups, short steps) brgemm is as
+//   fast or up to 2x faster and stays. K is the runtime dimension.
 enum class RuntimeDim { kNone, kRows, kReduction };
 
 RuntimeDim runtime_dim(const GemmKey& k) {
   if (k.ta != DType::kBF16 || k.tb != DType::kBF16 || k.bias || k.trans_b) return RuntimeDim::kNone;
   if (!k.trans_a && !k.accumulate && k.M >= 256 && k.K >= 5 * k.N) return RuntimeDim::kRows;
-  if (k.trans_a && k.accumulate && k.tc == DType::kF32 && k.K >= 1024 && k.M * k.N >= (int64_t(1) << 20))
-    return RuntimeDim::kReduction;
+  if (k.trans_a && k.accumulate && k.tc == DType::kF32 && k.K > 512) return RuntimeDim::kReduction;
   return RuntimeDim::kNone;
 }
 
 // oneDNN 2.6's bf16 gemm cuts the reduction between threads when both output dimensions are <= 768, K >= 2048
 // and M/64 + N/64 is below the thread count (gemm_driver.cpp), which would make the sums depend on it: the
 // LM head's input gradient at 256 rows does so from 17 threads on. At most that many threads keeps every
-// thread count's bits the same (kReduction products, with >= 2^20 outputs, never meet the first condition).
+// thread count's bits the same.
 int gemm_jit_threads(const GemmKey& k) {
   return int(std::min<int64_t>(omp_get_max_threads(), std::max<int64_t>(1, k.M / 64 + k.N / 64)));
 }

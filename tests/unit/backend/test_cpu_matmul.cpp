@@ -178,8 +178,8 @@ TEST(CpuMatmul, Bf16LongReductionInputGradients) {
   EXPECT_EQ(cpu::matmul_cached_primitives(), cached_before + 1) << "one runtime-row primitive for every M";
 }
 
-// bf16 weight gradients dW += dout^T · x over many tokens with a large output (GPT-2's and Llama's linears)
-// also run in the gemm-based kernel, through one primitive with a runtime token count: they accumulate onto
+// bf16 weight gradients dW += dout^T · x over more than 512 tokens (GPT-2's and Llama's linears) also run
+// in the gemm-based kernel, through one primitive with a runtime token count: they accumulate onto
 // the f32 gradient already there, match the double reference of the bf16 inputs, and give the same bits
 // for 1, 2 and 40 threads (more than 1024/64 + 1024/64, the count from which oneDNN's gemm may start
 // cutting a reduction between threads; at this output size it does not).
