@@ -66,6 +66,23 @@ struct GemmKey {
   bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
 };
 
+// Caps the calling thread's OpenMP team size (what oneDNN threads a call with) for a scope, and restores
+// it on exit, exceptions included. No-op when `threads` is already the maximum.
+class ThreadLimit {
+ public:
+  explicit ThreadLimit(int threads) : saved_(omp_get_max_threads()) {
+    if (threads != saved_) omp_set_num_threads(threads);
+  }
+  ~ThreadLimit() {
+    if (omp_get_max_threads() != saved_) omp_set_num_threads(saved_);
+  }
+  ThreadLimit(const ThreadLimit&) = delete;
+  ThreadLimit& operator=(const ThreadLimit&) = delete;
+
+ private:
+  int saved_;
+};
+
 // dnnl_sgemm with a work split that does not depend on the thread count. oneDNN's own threading may cut
 // the K reduction between threads (it does on AVX2 machines for N <= 48-ish and for large K), which makes
 // the result depend on OMP_NUM_THREADS; here the output is cut along its larger dimension into at most 16
@@ -83,12 +100,7 @@ void sgemm_fixed_split(char ta, char tb, int64_t M, int64_t N, int64_t K, const 
     // One piece: run it on this thread alone. Outside a parallel region oneDNN would thread it itself
     // (splitting K on some shapes: thread-count-dependent sums) and, for the small products of LoRA's
     // rank-r GEMMs, spend more on waking and joining threads than on the product.
-    const int threads = omp_get_max_threads();
-    omp_set_num_threads(1);
-    const dnnl_status_t st = dnnl_sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
-    omp_set_num_threads(threads);
-    LOOM_CHECK(st == dnnl_success, "[matmul] dnnl_sgemm failed with status ", int(st), " for M=", M, " N=", N,
-               " K=", K);
+    sgemm_serial(ta == 'T', tb == 'T', M, N, K, A, lda, B, ldb, beta != 0.0f, C, ldc);
     return;
   }
 #pragma omp parallel for schedule(static) reduction(max : status)
@@ -180,11 +192,9 @@ class DnnlRuntime {
     memory cm(rt ? concrete.c : g.c, engine_, c);
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
     if (key.bias) args.emplace(DNNL_ARG_BIAS, memory(g.bias, engine_, const_cast<void*>(bias)));
-    const int threads = omp_get_max_threads(), use = rt ? gemm_jit_threads(key) : threads;
-    if (use != threads) omp_set_num_threads(use);
+    const ThreadLimit limit(rt ? gemm_jit_threads(key) : omp_get_max_threads());
     g.prim.execute(stream_, args);
     stream_.wait();
-    if (use != threads) omp_set_num_threads(threads);
   }
 
  private:
@@ -347,12 +357,9 @@ size_t matmul_max_cached_primitives() { return DnnlRuntime::kMaxPrimitives; }
 void sgemm_serial(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
                   const float* B, int64_t ldb, bool accumulate, float* C, int64_t ldc) {
   // Inside an active parallel region oneDNN runs serially; outside one it would thread the product itself.
-  const bool outside = !omp_in_parallel();
-  const int threads = omp_get_max_threads();
-  if (outside) omp_set_num_threads(1);
+  const ThreadLimit limit(omp_in_parallel() ? omp_get_max_threads() : 1);
   const dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, 1.0f, A, lda, B, ldb,
                                       accumulate ? 1.0f : 0.0f, C, ldc);
-  if (outside) omp_set_num_threads(threads);
   LOOM_CHECK(st == dnnl_success, "[matmul] dnnl_sgemm failed with status ", int(st), " for M=", M, " N=", N,
              " K=", K);
 }
