@@ -66,8 +66,8 @@ struct GemmKey {
   bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
 };
 
-// Caps the calling thread's OpenMP team size (what oneDNN threads a call with) for a scope, and restores
-// it on exit, exceptions included. No-op when `threads` is already the maximum.
+// Sets the calling thread's OpenMP team size (what oneDNN threads a call with, or makes a primitive for) for
+// a scope, and restores it on exit, exceptions included. No-op when `threads` is already the maximum.
 class ThreadLimit {
  public:
   explicit ThreadLimit(int threads) : saved_(omp_get_max_threads()) {
@@ -131,12 +131,10 @@ struct Gemm {
 //   5x their width, on at least 256 rows: the LM head's (K = vocabulary), a GLU fc1's (K = 2 x ffn: Llama,
 //   a Mixtral expert); 1.2-1.8x faster. At 3-4x (GPT-2's qkv and fc1) brgemm is ~13% faster, below 256
 //   rows they are even. M is the runtime dimension.
-// - kReduction: weight gradients dW += dout^T · x into f32 over more than 512 tokens. From 1024 tokens on
-//   gemm:jit is as fast or 1.15-1.7x faster (GPT-2's qkv/fc1/fc2 and LM head, Llama's); and brgemm's sums
-//   over 768 or more tokens depend on the thread count the primitive was made for (its K blocking follows
-//   its thread split; 768 x 768 over 1000 tokens differs between 1 and 2 threads), while up to 640 tokens
-//   they did not in any shape tried. Over 256-512 tokens (MoE expert groups, short steps) brgemm is as
-//   fast or up to 2x faster and stays. K is the runtime dimension.
+// - kReduction: weight gradients dW += dout^T · x into f32 over more than 512 tokens: gemm:jit is 1.1-1.75x
+//   faster in every shape tried from 768 tokens on (GPT-2's qkv/proj/fc1/fc2 and LM head, Llama's, small
+//   256-1200-wide ones). Over 256-512 tokens (MoE expert groups, short steps) brgemm is as fast or up to 2x
+//   faster and stays. K is the runtime dimension.
 enum class RuntimeDim { kNone, kRows, kReduction };
 
 RuntimeDim runtime_dim(const GemmKey& k) {
@@ -153,6 +151,16 @@ RuntimeDim runtime_dim(const GemmKey& k) {
 int gemm_jit_threads(const GemmKey& k) {
   return int(std::min<int64_t>(omp_get_max_threads(), std::max<int64_t>(1, k.M / 64 + k.N / 64)));
 }
+
+// oneDNN 2.6's brgemm matmul chooses its blocking from the thread count it is made under, and the K blocking
+// sets how AMX groups the sums (AMX's dot products do not round like a chain of f32 FMAs): made under 1, 2
+// or 3 threads, 70 of 280 forward and input-gradient shapes gave different bits (256 x 256 over K 1,200
+// at 1 vs 2; 1024 x 256 over K 1,200 at 1 vs 3). It runs on min(that count, the current one) threads, so
+// every fixed-shape primitive is made under one count, whatever Loom runs with: all 280 then give the same
+// bits on 1, 2, 3, 4 and 8 threads, at the same speed on 2 (bench/RESULTS.md). The count is 15, not more:
+// from 16 on, AMX brgemm may also cut K between up to nthr/8 thread groups, and falls back to one group
+// (other sums) when fewer threads run. So a fixed-shape bf16 product uses at most 15 threads.
+constexpr int kBrgemmThreads = 15;
 
 class DnnlRuntime {
  public:
@@ -240,6 +248,10 @@ class DnnlRuntime {
     } else {
       d = std::make_unique<dnnl::matmul::desc>(g.a, g.b, g.c);
     }
+    // A fixed-shape primitive (brgemm) is made under kBrgemmThreads whatever the thread count; one with a
+    // runtime dimension (gemm:jit) under the current one, which it threads its epilogue with.
+    const bool runtime = k.M == DNNL_RUNTIME_DIM_VAL || k.K == DNNL_RUNTIME_DIM_VAL;
+    const ThreadLimit team(runtime ? omp_get_max_threads() : kBrgemmThreads);
     dnnl::matmul::primitive_desc pd(*d, attr, engine_);
     g.prim = dnnl::matmul(pd);
     return g;
