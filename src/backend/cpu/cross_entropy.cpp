@@ -7,9 +7,9 @@
 // the fixed-order lane_sum, blocks added in f64: loss accuracy ~1e-7 relative, order fixed by V alone.
 // loss_mask scales the gradient only; losses are reported for every row. A row with loss_mask == 0 may
 // carry an out-of-range target (e.g. -1 padding): its loss and gradient are then 0.
-// bf16/f16 logits: each row is widened into per-thread f32 scratch, goes through the same f32 row code
-// and (when the gradient is wanted) is narrowed back in place (RNE): losses equal the f32 op's on the
-// widened logits exactly, dlogits are its dlogits rounded once.
+// bf16/f16 logits: each row is widened into per-thread f32 scratch (its max taken in the same pass), goes
+// through the same f32 row code and (when the gradient is wanted) is scaled and narrowed back in place (RNE)
+// in one pass: losses equal the f32 op's on the widened logits exactly, dlogits are its dlogits rounded once.
 #include <algorithm>
 #include <cmath>
 
@@ -30,7 +30,7 @@ double sum_exp(float* x, int64_t V, float mx) {
   for (int64_t j0 = 0; j0 < V; j0 += kSumBlock) {
     float* xb = x + j0;
     const int64_t n = std::min(kSumBlock, V - j0);
-    total += double(lane_sum<float>(n, [&](int64_t j) {
+    total += double(lane_sum<float, true>(n, [&](int64_t j) {
       const float e = fast_exp(xb[j] - mx);
       if constexpr (Store) xb[j] = e;
       return e;
@@ -39,23 +39,84 @@ double sum_exp(float* x, int64_t V, float mx) {
   return total;
 }
 
-// One row: returns the loss; with backward, x[0..Vp) becomes the row's dlogits (coef = scale * mask).
-inline float ce_row(float* x, int64_t V, int64_t Vp, int32_t t, bool valid, bool backward, float coef) {
-  const float mx = lane_max(x, V);
+// Steps (2) and the loss of one row whose max over [0, V) is mx; with backward, e_j overwrites x[j].
+struct RowSum {
+  float loss;
+  double sum;
+};
+inline RowSum ce_loss(float* x, int64_t V, float mx, int32_t t, bool valid, bool backward) {
   const float x_t = valid ? x[t] : 0.0f;  // read before the row is overwritten
   const double sum = backward ? sum_exp<true>(x, V, mx) : sum_exp<false>(x, V, mx);
-  const float loss = valid ? float(double(mx) + std::log(sum) - double(x_t)) : 0.0f;
-  if (!backward) return loss;
+  return {valid ? float(double(mx) + std::log(sum) - double(x_t)) : 0.0f, sum};
+}
+
+// Step (3) on an f32 row: x[0..Vp) becomes the row's dlogits (coef = scale * mask).
+inline void ce_grad(float* x, int64_t V, int64_t Vp, int32_t t, float coef, double sum) {
   if (coef == 0.0f) {
     std::fill(x, x + Vp, 0.0f);
-    return loss;
+    return;
   }
   const float inv = float(double(coef) / sum);
 #pragma omp simd
   for (int64_t j = 0; j < V; ++j) x[j] *= inv;
   x[t] -= coef;
   std::fill(x + V, x + Vp, 0.0f);
-  return loss;
+}
+
+// The 16-bit rows are widened into f32 scratch with their max taken in the same pass, and their dlogits are
+// scaled and rounded back in one pass: the same arithmetic as widen + lane_max and ce_grad + narrow (max
+// in lane_max's lanes and order, so even the sign of a zero max is the same), two passes over the row fewer.
+template <typename Lp>
+float widen_max(float* x, const uint16_t* src, int64_t n) {
+#if defined(LOOM_LOWP_AVX512)
+  auto load = [](const uint16_t* p) { return Lp::kBF16 ? bf16x16_load(p) : f16x16_load(p); };
+  __m512 m = _mm512_set1_ps(Lp::dec(src[0]));
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = load(src + i);
+    _mm512_storeu_ps(x + i, v);
+    // v > m ? v : m, as lane_max (the masked form: GCC 12 warns about _mm512_max_ps's undefined pass-through)
+    m = _mm512_mask_max_ps(m, 0xFFFF, v, m);
+  }
+  if (i < n) {
+    const int r = int(n - i);
+    const __m512 v = Lp::kBF16 ? bf16x16_load_n(src + i, r) : f16x16_load_n(src + i, r);
+    _mm512_mask_storeu_ps(x + i, lane_mask(r), v);
+    m = _mm512_mask_max_ps(m, lane_mask(r), v, m);
+  }
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, m);
+  float mx = lanes[0];
+  for (int l = 1; l < 16; ++l) mx = lanes[l] > mx ? lanes[l] : mx;
+  return mx;
+#else
+  Lp::widen(x, src, n);
+  return lane_max(x, n);
+#endif
+}
+
+template <typename Lp>
+void grad_narrow(uint16_t* dst, const float* x, int64_t V, int64_t Vp, int32_t t, float coef, double sum) {
+  if (coef == 0.0f) {
+    std::fill(dst, dst + Vp, Lp::enc(0.0f));
+    return;
+  }
+  const float inv = float(double(coef) / sum);
+  int64_t i = 0;
+#if defined(LOOM_LOWP_AVX512)
+  const __m512 vinv = _mm512_set1_ps(inv);
+  for (; i + 16 <= V; i += 16) {
+    const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + i), vinv);
+    if constexpr (Lp::kBF16) bf16x16_store(dst + i, v);
+    else f16x16_store(dst + i, v);
+  }
+#endif
+  for (; i < V; ++i) dst[i] = Lp::enc(x[i] * inv);
+  // ce_grad's two roundings, x[t] * inv and then - coef; the volatile keeps GCC (which contracts in C++
+  // even with -std=c++20) from fusing them into one fms.
+  const volatile float scaled = x[t] * inv;
+  dst[t] = Lp::enc(scaled - coef);
+  std::fill(dst + V, dst + Vp, Lp::enc(0.0f));
 }
 
 }  // namespace
@@ -85,7 +146,10 @@ void CpuOps::do_cross_entropy_forward_backward(TensorView losses, TensorView log
     for (int64_t n = 0; n < N; ++n) {
       const int32_t t = tgt[n];
       const bool valid = t >= 0 && t < V;
-      loss[n] = ce_row(x_all + n * Vp, V, Vp, t, valid, backward, coef_of(n, valid));
+      float* x = x_all + n * Vp;
+      const RowSum r = ce_loss(x, V, lane_max(x, V), t, valid, backward);
+      loss[n] = r.loss;
+      if (backward) ce_grad(x, V, Vp, t, coef_of(n, valid), r.sum);
     }
     return;
   }
@@ -96,10 +160,11 @@ void CpuOps::do_cross_entropy_forward_backward(TensorView losses, TensorView log
     for (int64_t n = 0; n < N; ++n) {
       const int32_t t = tgt[n];
       const bool valid = t >= 0 && t < V;
-      float* x = thread_scratch(0, size_t(Vp));
-      Lp::widen(x, x_all + n * Vp, backward ? Vp : V);
-      loss[n] = ce_row(x, V, Vp, t, valid, backward, coef_of(n, valid));
-      if (backward) Lp::narrow(x_all + n * Vp, x, Vp);
+      float* x = thread_scratch(0, size_t(V));
+      uint16_t* row = x_all + n * Vp;
+      const RowSum r = ce_loss(x, V, widen_max<Lp>(x, row, V), t, valid, backward);
+      loss[n] = r.loss;
+      if (backward) grad_narrow<Lp>(row, x, V, Vp, t, coef_of(n, valid), r.sum);
     }
   });
 }
