@@ -84,6 +84,14 @@ void expect_optimizer_f32(Device dev, TensorView t, const char* op, const char* 
   expect_numel(t, n, op, name);
 }
 
+// The optional 16-bit compute copy an optimizer update also writes.
+void expect_compute_copy(Device dev, TensorView compute, const char* op, int64_t n) {
+  if (!compute.defined()) return;
+  LOOM_CHECK((compute.dtype() == DType::kBF16 || compute.dtype() == DType::kF16) && compute.numel() == n, "[", op,
+             "] expected a bf16 or f16 compute copy with ", n, " elements, got ", compute.desc());
+  on_device(dev, compute, op, "compute");
+}
+
 // x, given and on dev, in one of the float dtypes (compute dtypes and fp8).
 void expect_float_buffer(Device dev, TensorView x, const char* op) {
   require(dev, x, op, "x");
@@ -210,8 +218,8 @@ void OpTable::cross_entropy_forward_backward(TensorView losses, TensorView logit
   do_cross_entropy_forward_backward(losses, logits, targets, vocab_size, loss_mask, dlogits_scale);
 }
 
-void OpTable::adamw_update(TensorView param, TensorView grad, TensorView m, TensorView v,
-                           const AdamWParams& p) const {
+void OpTable::adamw_update(TensorView param, TensorView grad, TensorView m, TensorView v, const AdamWParams& p,
+                           TensorView compute) const {
   const int64_t n = param.numel();
   expect_optimizer_f32(device(), param, "adamw_update", "param", "state", n);
   expect_optimizer_f32(device(), grad, "adamw_update", "grad", "state", n);
@@ -219,10 +227,12 @@ void OpTable::adamw_update(TensorView param, TensorView grad, TensorView m, Tens
   expect_optimizer_f32(device(), v, "adamw_update", "exp_avg_sq", "state", n);
   // Step 0 would divide by a zero bias correction.
   LOOM_CHECK(p.step >= 1, "[adamw_update] step is 1-based, got ", p.step);
-  do_adamw_update(param, grad, m, v, p);
+  expect_compute_copy(device(), compute, "adamw_update", n);
+  do_adamw_update(param, grad, m, v, p, compute);
 }
 
-void OpTable::sgd_update(TensorView param, TensorView grad, TensorView momentum_buf, const SgdParams& p) const {
+void OpTable::sgd_update(TensorView param, TensorView grad, TensorView momentum_buf, const SgdParams& p,
+                         TensorView compute) const {
   const int64_t n = param.numel();
   auto expect_f32 = [&](TensorView t, const char* name) {
     expect_optimizer_f32(device(), t, "sgd_update", name, "momentum", n);
@@ -234,7 +244,8 @@ void OpTable::sgd_update(TensorView param, TensorView grad, TensorView momentum_
     expect_f32(momentum_buf, "momentum_buf");
   else
     LOOM_CHECK(!momentum_buf.defined(), "[sgd_update] momentum 0 takes no momentum buffer, got ", momentum_buf.desc());
-  do_sgd_update(param, grad, momentum_buf, p);
+  expect_compute_copy(device(), compute, "sgd_update", n);
+  do_sgd_update(param, grad, momentum_buf, p, compute);
 }
 
 AbsStats OpTable::abs_stats(TensorView x) const {

@@ -220,7 +220,9 @@ void DistributedOptimizer::Impl::after_backward(int c, int unit) {
 
 // ---- parameter sync after the step ----
 
-void DistributedOptimizer::sync_params_from_masters() {
+void DistributedOptimizer::sync_params_from_masters() { sync_params(false); }
+
+void DistributedOptimizer::sync_params(bool unsharded_compute_written) {
   Impl& im = *impl_;
   finish_param_sync();
   for (Chunk& ch : im.chunks) {
@@ -230,7 +232,7 @@ void DistributedOptimizer::sync_params_from_masters() {
       continue;
     }
     if (!im.sharded()) {
-      ch.set->sync_compute(im.ctx);
+      if (!unsharded_compute_written) ch.set->sync_compute(im.ctx);
       continue;
     }
     // Every rank's slice of every bucket -> the full parameters on every rank (f32 values, or the 16-bit

@@ -129,6 +129,10 @@ struct DistributedOptimizer::Impl {
   TensorView bucket_grads(Chunk& ch, Bucket& b) const;
   TensorView piece_grad(Chunk& ch, const Piece& p) const;
   TensorView piece_master(Chunk& ch, const Piece& p) const;
+  // Without sharding, the piece's slice of its set's 16-bit compute copy, which the optimizer update then
+  // refreshes in the same pass (no cast after it); undefined where the compute copy is the f32 values or
+  // comes from a gather or the shard.
+  TensorView piece_compute(Chunk& ch, const Piece& p) const;
   // Sum over the model of f(view(chunk, piece)) for the pieces counted in norms, replicas once, summed
   // over the ranks that hold distinct pieces. Defined (and only used) in distributed_optimizer_reduce.cpp.
   template <typename View, typename F>

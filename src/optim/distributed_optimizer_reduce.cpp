@@ -40,6 +40,13 @@ TensorView DistributedOptimizer::Impl::piece_master(Chunk& ch, const Piece& p) c
   return ch.set->values().view().slice_flat(p.flat_begin, s);
 }
 
+TensorView DistributedOptimizer::Impl::piece_compute(Chunk& ch, const Piece& p) const {
+  if (sharded()) return {};
+  const Tensor& compute = ch.set->compute_values();
+  if (!compute.defined() || compute.raw() == ch.set->values().raw()) return {};
+  return compute.view().slice_flat(p.flat_begin, Shape{p.flat_end - p.flat_begin});
+}
+
 // Per-rank partials -> the world's figure. ZeRO shards are disjoint across dp_cp (dense) and expert_dp
 // (expert), so the whole world holds each counted element once: one sum over the world. Without sharding
 // every replica has all of it: dense partials are summed over mp (TP x PP: one model), expert partials over
@@ -318,15 +325,15 @@ void DistributedOptimizer::step(float lr, float weight_decay, float grad_scale) 
       if (adam)
         im.ctx.ops().adamw_update(im.piece_master(ch, run), im.piece_grad(ch, run),
                                   ch.exp_avg.view().slice_flat(run.shard_off, s),
-                                  ch.exp_avg_sq.view().slice_flat(run.shard_off, s), p);
+                                  ch.exp_avg_sq.view().slice_flat(run.shard_off, s), p, im.piece_compute(ch, run));
       else
         im.ctx.ops().sgd_update(im.piece_master(ch, run), im.piece_grad(ch, run),
                                 ch.momentum.defined() ? ch.momentum.view().slice_flat(run.shard_off, s) : TensorView{},
-                                sgd);
+                                sgd, im.piece_compute(ch, run));
       i = j;
     }
   im.grads_dirty = false;
-  sync_params_from_masters();
+  sync_params(/*unsharded_compute_written=*/true);
 }
 
 }  // namespace loom

@@ -268,13 +268,17 @@ class OpTable {
 
   // ---- optimizer and buffer utilities -------------------------------------------------------------
   // PyTorch/apex AdamW (decoupled weight decay) on f32 param, grad, exp_avg m, exp_avg_sq v (f32 only).
-  void adamw_update(TensorView param, TensorView grad, TensorView m, TensorView v, const AdamWParams& p) const;
+  // compute (optional, bf16 or f16, param's numel): also receives the updated param rounded (RNE) to its
+  // dtype, as cast(compute, param) after the update would give, in the same pass over param.
+  void adamw_update(TensorView param, TensorView grad, TensorView m, TensorView v, const AdamWParams& p,
+                    TensorView compute = {}) const;
   // torch.optim.SGD (dampening 0, no Nesterov) on f32 param and grad, with the f32 momentum buffer when
   // p.momentum != 0 (undefined otherwise). Per element, rounding as PyTorch's CPU kernels do:
   //   g = grad * grad_scale;  d = fma(p, wd, g) (wd != 0);  buf = buf * momentum + d;  d = buf;
   //   p = fma(d, -lr, p)
-  // A zero buffer reproduces PyTorch's first step (buf = clone(d)) exactly.
-  void sgd_update(TensorView param, TensorView grad, TensorView momentum_buf, const SgdParams& p) const;
+  // A zero buffer reproduces PyTorch's first step (buf = clone(d)) exactly. compute: as for adamw_update.
+  void sgd_update(TensorView param, TensorView grad, TensorView momentum_buf, const SgdParams& p,
+                  TensorView compute = {}) const;
   // Sum of squares in f64 (for the global gradient norm); deterministic for a given numel. Any float dtype
   // (as are has_inf_or_nan, scale_ and fill_).
   double sum_squares(TensorView x) const;
@@ -384,9 +388,10 @@ class OpTable {
   virtual void do_cross_entropy_forward_backward(TensorView losses, TensorView logits, TensorView targets,
                                                  int64_t vocab_size, TensorView loss_mask,
                                                  float dlogits_scale) const = 0;
-  virtual void do_adamw_update(TensorView param, TensorView grad, TensorView m, TensorView v,
-                               const AdamWParams& p) const = 0;
-  virtual void do_sgd_update(TensorView param, TensorView grad, TensorView momentum_buf, const SgdParams& p) const = 0;
+  virtual void do_adamw_update(TensorView param, TensorView grad, TensorView m, TensorView v, const AdamWParams& p,
+                               TensorView compute) const = 0;
+  virtual void do_sgd_update(TensorView param, TensorView grad, TensorView momentum_buf, const SgdParams& p,
+                             TensorView compute) const = 0;
   virtual double do_sum_squares(TensorView x) const = 0;
   virtual int64_t do_count_zeros(TensorView x) const = 0;
   virtual AbsStats do_abs_stats(TensorView x) const = 0;

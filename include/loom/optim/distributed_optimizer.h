@@ -186,6 +186,9 @@ class DistributedOptimizer {
   ParamHooks* hooks(int chunk);
 
  private:
+  // sync_params_from_masters(); with unsharded_compute_written, the unsharded sets' compute copies are
+  // already the masters rounded (step() wrote them during the update) and are not cast again.
+  void sync_params(bool unsharded_compute_written);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -1,6 +1,7 @@
 // AdamW update and the f64 sum of squares for the global gradient norm.
 // adamw_update is one fused pass over (param, grad, m, v) in chunks of kChunk elements (memory-bound:
-// ~28 bytes per parameter moved once). It follows torch.optim.AdamW (PyTorch 1.13 single-tensor path)
+// ~28 bytes per parameter moved once; with a compute copy to refresh, each chunk is rounded into it while
+// still in L1, instead of a separate cast pass re-reading the f32 params). It follows torch.optim.AdamW (PyTorch 1.13 single-tensor path)
 // operation by operation, rounding where PyTorch's kernels round:
 //   p  = p * f32(1 - lr*wd)
 //   m  = fma(f32(1-beta1), g, m * beta1)              (mul_, then add_(alpha): ATen uses fmadd)
@@ -105,8 +106,8 @@ AdamWCoefs adamw_coefs(const AdamWParams& p) {
   return c;
 }
 
-void CpuOps::do_adamw_update(TensorView param, TensorView grad, TensorView m, TensorView v,
-                             const AdamWParams& p) const {
+void CpuOps::do_adamw_update(TensorView param, TensorView grad, TensorView m, TensorView v, const AdamWParams& p,
+                             TensorView compute) const {
   const int64_t n = param.numel();
   const AdamWCoefs k = adamw_coefs(p);
   float* pp = param.data<float>();
@@ -118,7 +119,9 @@ void CpuOps::do_adamw_update(TensorView param, TensorView grad, TensorView m, Te
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
   for (int64_t c = 0; c < nchunks; ++c) {
     const int64_t off = c * kChunk;
-    adamw_chunk(pp + off, pg + off, pm + off, pv + off, std::min(kChunk, n - off), k, zero_grad);
+    const int64_t len = std::min(kChunk, n - off);
+    adamw_chunk(pp + off, pg + off, pm + off, pv + off, len, k, zero_grad);
+    if (compute.defined()) narrow(elem_ptr(compute.raw(), compute.dtype(), off), compute.dtype(), pp + off, len);
   }
 }
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/lowp.h"
 
 namespace loom::cpu {
 
@@ -55,7 +56,8 @@ int64_t count_zero_bits(const U* x, int64_t n, U magnitude_mask) {
 
 }  // namespace
 
-void CpuOps::do_sgd_update(TensorView param, TensorView grad, TensorView momentum_buf, const SgdParams& p) const {
+void CpuOps::do_sgd_update(TensorView param, TensorView grad, TensorView momentum_buf, const SgdParams& p,
+                           TensorView compute) const {
   const int64_t n = param.numel();
   float* pp = param.data<float>();
   float* pg = grad.data<float>();
@@ -71,6 +73,7 @@ void CpuOps::do_sgd_update(TensorView param, TensorView grad, TensorView momentu
     else if (decay) sgd_chunk<true, false>(pp + off, pg + off, b, len, p, neg_lr);
     else if (momentum) sgd_chunk<false, true>(pp + off, pg + off, b, len, p, neg_lr);
     else sgd_chunk<false, false>(pp + off, pg + off, b, len, p, neg_lr);
+    if (compute.defined()) narrow(elem_ptr(compute.raw(), compute.dtype(), off), compute.dtype(), pp + off, len);
   }
 }
 

@@ -135,12 +135,16 @@ void CudaOps::do_cross_entropy_forward_backward(TensorView losses, TensorView lo
                                                 int64_t vocab_size, TensorView loss_mask, float dlogits_scale) const {
   cuda::cross_entropy_forward_backward(ctx_, losses, logits, targets, vocab_size, loss_mask, dlogits_scale);
 }
-void CudaOps::do_adamw_update(TensorView param, TensorView grad, TensorView m, TensorView v,
-                              const AdamWParams& p) const {
+// The compute copy is written by a cast after the update (a second pass over param, on the device).
+void CudaOps::do_adamw_update(TensorView param, TensorView grad, TensorView m, TensorView v, const AdamWParams& p,
+                              TensorView compute) const {
   cuda::adamw_update(ctx_, param, grad, m, v, p);
+  if (compute.defined()) cuda::cast(ctx_, compute, param);
 }
-void CudaOps::do_sgd_update(TensorView param, TensorView grad, TensorView momentum_buf, const SgdParams& p) const {
+void CudaOps::do_sgd_update(TensorView param, TensorView grad, TensorView momentum_buf, const SgdParams& p,
+                            TensorView compute) const {
   cuda::sgd_update(ctx_, param, grad, momentum_buf, p);
+  if (compute.defined()) cuda::cast(ctx_, compute, param);
 }
 double CudaOps::do_sum_squares(TensorView x) const { return cuda::sum_squares(ctx_, x); }
 int64_t CudaOps::do_count_zeros(TensorView x) const { return cuda::count_zeros(ctx_, x); }

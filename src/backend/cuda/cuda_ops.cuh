@@ -74,9 +74,10 @@ class CudaOps final : public OpTable {
                                   TensorView weight, const std::vector<int64_t>& group_sizes) const override;
   void do_cross_entropy_forward_backward(TensorView losses, TensorView logits, TensorView targets, int64_t vocab_size,
                                          TensorView loss_mask, float dlogits_scale) const override;
-  void do_adamw_update(TensorView param, TensorView grad, TensorView m, TensorView v,
-                       const AdamWParams& p) const override;
-  void do_sgd_update(TensorView param, TensorView grad, TensorView momentum_buf, const SgdParams& p) const override;
+  void do_adamw_update(TensorView param, TensorView grad, TensorView m, TensorView v, const AdamWParams& p,
+                       TensorView compute) const override;
+  void do_sgd_update(TensorView param, TensorView grad, TensorView momentum_buf, const SgdParams& p,
+                     TensorView compute) const override;
   double do_sum_squares(TensorView x) const override;
   int64_t do_count_zeros(TensorView x) const override;
   AbsStats do_abs_stats(TensorView x) const override;

@@ -2,6 +2,8 @@
 // steps (decoupled decay, bias corrections, grad_scale, zero_grad) and bit for bit against values
 // produced by PyTorch itself; sum_squares against an exact sum; bitwise thread-count independence.
 #include <bit>
+#include <limits>
+#include <string>
 
 #include "cpu_test_util.h"
 
@@ -133,6 +135,34 @@ TEST(CpuAdamW, IsThreadCountIndependent) {
   }
   EXPECT_TRUE(same_bits(ps[0], ps[1]));
   EXPECT_TRUE(same_bits(ps[0], ps[2]));
+}
+
+// With a 16-bit compute copy, the update also writes cast(compute, param) — bit for bit what the cast after
+// it would give — and param, m, v are what they are without it; at any thread count and chunk tail.
+TEST(CpuAdamW, RefreshesTheComputeCopyInTheSamePass) {
+  AdamWParams a;
+  a.lr = 3e-4f;
+  a.weight_decay = 0.1f;
+  a.step = 3;
+  a.zero_grad = true;
+  for (DType dt : {DType::kBF16, DType::kF16})
+    for (int64_t n : {int64_t(1), int64_t(5), int64_t(2049), int64_t(300007)})
+      for (int threads : {1, 3}) {
+        const std::string what = std::string(dtype_name(dt)) + " n " + std::to_string(n) + " threads " +
+                                 std::to_string(threads);
+        const Tensor p0 = uniform_tensor({n}, 40), g0 = uniform_tensor({n}, 41);
+        const Tensor m0 = uniform_tensor({n}, 42, -0.1f, 0.1f), v0 = uniform_tensor({n}, 43, 0.0f, 0.01f);
+        Tensor p = clone(p0), g = clone(g0), m = clone(m0), v = clone(v0);
+        Tensor want_p = clone(p0), want_g = clone(g0), want_m = clone(m0), want_v = clone(v0);
+        Tensor compute = Tensor::empty({n}, dt), want = Tensor::empty({n}, dt);
+        ops().fill_(compute, std::numeric_limits<float>::quiet_NaN());
+        with_threads(threads, [&] { ops().adamw_update(p, g, m, v, a, compute); });
+        ops().adamw_update(want_p, want_g, want_m, want_v, a);
+        ops().cast(want, want_p);
+        EXPECT_TRUE(same_bits(compute, want)) << what;
+        EXPECT_TRUE(same_bits(p, want_p) && same_bits(m, want_m) && same_bits(v, want_v) && same_bits(g, want_g))
+            << what;
+      }
 }
 
 TEST(CpuSumSquares, MatchesExactSumAndIsThreadCountIndependent) {

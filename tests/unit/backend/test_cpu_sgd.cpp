@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <string>
 
 #include "cpu_test_util.h"
@@ -147,6 +148,27 @@ TEST(CpuSgd, IsThreadCountIndependent) {
   }
   EXPECT_TRUE(same_bits(ps[0], ps[1]) && same_bits(ps[0], ps[2]));
   EXPECT_TRUE(same_bits(bs[0], bs[1]) && same_bits(bs[0], bs[2]));
+}
+
+// With a 16-bit compute copy the update also writes cast(compute, param), bit for bit, and changes nothing else.
+TEST(CpuSgd, RefreshesTheComputeCopyInTheSamePass) {
+  SgdParams s;
+  s.lr = 3e-2f;
+  s.momentum = 0.9f;
+  s.weight_decay = 0.1f;
+  for (DType dt : {DType::kBF16, DType::kF16})
+    for (int64_t n : {int64_t(3), int64_t(4097), int64_t(300007)}) {
+      const std::string what = std::string(dtype_name(dt)) + " n " + std::to_string(n);
+      const Tensor p0 = uniform_tensor({n}, 50), g = uniform_tensor({n}, 51), b0 = uniform_tensor({n}, 52, -0.1f, 0.1f);
+      Tensor p = clone(p0), b = clone(b0), want_p = clone(p0), want_b = clone(b0);
+      Tensor compute = Tensor::empty({n}, dt), want = Tensor::empty({n}, dt);
+      ops().fill_(compute, std::numeric_limits<float>::quiet_NaN());
+      with_threads(2, [&] { ops().sgd_update(p, g, b, s, compute); });
+      ops().sgd_update(want_p, g, want_b, s);
+      ops().cast(want, want_p);
+      EXPECT_TRUE(same_bits(compute, want)) << what;
+      EXPECT_TRUE(same_bits(p, want_p) && same_bits(b, want_b)) << what;
+    }
 }
 
 TEST(CpuSgd, RejectsBadArguments) {

@@ -136,6 +136,33 @@ TEST(CudaOptimizer, AdamWIsDeterministicAndChecksArguments) {
   EXPECT_NE(what_of([&] { cuda_ops().adamw_update(host_p, g, m, v, a); }), "no exception");
 }
 
+// The compute copy an update refreshes: the device's updated param cast to bf16/f16, bit for bit as the
+// device's own cast gives it (and the CPU op's cast of the CPU's param where the params agree bitwise).
+TEST(CudaOptimizer, UpdatesRefreshTheComputeCopy) {
+  REQUIRE_GPU();
+  auto& ctx = cuda_ctx();
+  const int64_t n = 4099;
+  const Tensor hp = random_host({n}, DType::kF32, 7), hg = random_host({n}, DType::kF32, 8);
+  const Tensor hz = Tensor::zeros({n}, DType::kF32);
+  AdamWParams a;
+  a.lr = 1e-3f;
+  a.weight_decay = 0.01f;
+  SgdParams sg;
+  sg.lr = 1e-2f;
+  for (DType dt : {DType::kBF16, DType::kF16})
+    for (bool adam : {true, false}) {
+      Tensor p = to_device(hp), g = to_device(hg), m = to_device(hz), v = to_device(hz);
+      Tensor compute = ctx.empty({n}, dt), want = ctx.empty({n}, dt);
+      if (adam)
+        cuda_ops().adamw_update(p, g, m, v, a, compute);
+      else
+        cuda_ops().sgd_update(p, g, TensorView{}, sg, compute);
+      cuda::cast(ctx, want, p);
+      expect_same_elements(to_host(compute), to_host(want),
+                           std::string(adam ? "adamw " : "sgd ") + dtype_name(dt) + " compute copy");
+    }
+}
+
 // ---- SGD and count_zeros (--optimizer sgd, --log-num-zeros-in-grad) ------------------------------------
 
 TEST(CudaOptimizer, SgdMatchesCpuBitForBit) {

@@ -76,9 +76,10 @@ class CountingOps final : public OpTable {
                                     const AttentionParams& p) const override { ++calls; }
   void do_cross_entropy_forward_backward(TensorView losses, TensorView logits, TensorView targets, int64_t vocab_size,
                                          TensorView loss_mask, float dlogits_scale) const override { ++calls; }
-  void do_adamw_update(TensorView param, TensorView grad, TensorView m, TensorView v,
-                       const AdamWParams& p) const override { ++calls; }
-  void do_sgd_update(TensorView param, TensorView grad, TensorView momentum_buf, const SgdParams& p) const override {
+  void do_adamw_update(TensorView param, TensorView grad, TensorView m, TensorView v, const AdamWParams& p,
+                       TensorView compute) const override { ++calls; }
+  void do_sgd_update(TensorView param, TensorView grad, TensorView momentum_buf, const SgdParams& p,
+                     TensorView compute) const override {
     ++calls;
   }
   double do_sum_squares(TensorView x) const override { ++calls; return 0; }
@@ -277,6 +278,10 @@ TEST_P(BackendChecks, OptimizerAndFp8) {
   const Tensor p = zeros({8}), m = zeros({8}), v = zeros({8});
   expect_rejected([&] { ops().adamw_update(p, zeros({8}, DType::kBF16), m, v, a); }, "adamw_update",
                   "f32 master weights, gradients and state only), got bf16");
+  expect_rejected([&] { ops().adamw_update(p, zeros({8}), m, v, a, zeros({8})); }, "adamw_update",
+                  "expected a bf16 or f16 compute copy with 8 elements, got f32");
+  expect_rejected([&] { ops().adamw_update(p, zeros({8}), m, v, a, zeros({7}, DType::kBF16)); }, "adamw_update",
+                  "expected a bf16 or f16 compute copy with 8 elements, got bf16(7)");
   a.step = 0;
   expect_rejected([&] { ops().adamw_update(p, zeros({8}), m, v, a); }, "adamw_update", "step is 1-based");
   SgdParams sg;
@@ -285,6 +290,8 @@ TEST_P(BackendChecks, OptimizerAndFp8) {
                   "momentum_buf");
   expect_rejected([&] { ops().sgd_update(p, zeros({8}, DType::kF16), m, sg); }, "sgd_update",
                   "f32 master weights, gradients and momentum only), got f16");
+  expect_rejected([&] { ops().sgd_update(p, zeros({8}), m, sg, zeros({8}, DType::kI32)); }, "sgd_update",
+                  "expected a bf16 or f16 compute copy with 8 elements");
   expect_rejected([&] { (void)ops().count_zeros(zeros({8}, DType::kI32)); }, "count_zeros", "expected a float dtype");
   const Tensor s = zeros({1}), a4 = zeros({4, 16}, DType::kF8E4M3), b4 = zeros({8, 16}, DType::kF8E4M3);
   expect_rejected(
