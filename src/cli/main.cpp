@@ -12,6 +12,7 @@
 #include "cli/data_args.h"
 #include "cli/generate_args.h"
 #include "cli/preprocess_args.h"
+#include "loom/core/exit_signals.h"
 #include "loom/data/preprocess.h"
 #include "loom/dist/communicator.h"
 #include "loom/train/args.h"
@@ -111,6 +112,8 @@ void tune_openmp_waiting(char** argv) {
 
 int main(int argc, char** argv) {
   tune_openmp_waiting(argv);
+  // Before any thread exists: SIGTERM/SIGINT go to one waiting thread, never into a computing one.
+  loom::route_exit_signals();
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     std::cout << kUsage;
     return argc < 2 ? 2 : 0;

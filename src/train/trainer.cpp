@@ -3,7 +3,6 @@
 // runner, the training log, periodic evaluation (and --target-eval-loss), and the exit conditions in
 // Megatron's order — signal, save interval, duration, exit interval — with the final save and evaluations
 // at the end. Global rank 0 writes the --mlperf-log events (loom/train/mlperf_log.h) around all of it.
-#include <atomic>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -11,9 +10,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <optional>
 #include <source_location>
 #include <string>
 
+#include "loom/core/exit_signals.h"
 #include "loom/data/npy_packed_dataset.h"
 #include "loom/train/mlperf_log.h"
 #include "loom/train/trainer.h"
@@ -46,35 +47,6 @@ void check_launcher(int mpi_world_size) {
              npernode, " loom train <the same flags>\nor, under SLURM,\n  srun", nodes, " --ntasks=", env_world,
              " loom train <the same flags>\n(--local-rank / --local_rank from the launcher may stay; docs/migrating.md)");
 }
-
-// --exit-signal-handler: the handler only records the signal; the loop checks it after each iteration.
-std::atomic<int> g_signal{0};
-extern "C" void on_exit_signal(int sig) { g_signal.store(sig); }
-
-class SignalGuard {
- public:
-  explicit SignalGuard(bool enable) : enabled_(enable) {
-    if (!enabled_) return;
-    g_signal.store(0);
-    struct sigaction sa {};
-    sa.sa_handler = on_exit_signal;
-    // SA_RESTART: a log write blocked on a full pipe must resume, not fail with EINTR (which would put
-    // std::cout into a failed state and silently drop the rest of the log).
-    sa.sa_flags = SA_RESTART;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, &old_term_);
-    sigaction(SIGINT, &sa, &old_int_);
-  }
-  ~SignalGuard() {
-    if (!enabled_) return;
-    sigaction(SIGTERM, &old_term_, nullptr);
-    sigaction(SIGINT, &old_int_, nullptr);
-  }
-
- private:
-  bool enabled_;
-  struct sigaction old_term_ {}, old_int_ {};
-};
 
 // A float flag as the decimal it was given as (0.9f would otherwise print as 0.8999999761581421).
 double as_decimal(float f) {
@@ -233,7 +205,10 @@ TrainResult Trainer::run() {
   if (progress.iteration < run_.last_iteration)
     train_loader = std::make_unique<Loader>(run_.train_ds, run_.loader_config(progress.consumed_train));
 
-  SignalGuard signals(cfg.exit.exit_signal_handler);
+  // --exit-signal-handler: SIGTERM/SIGINT are recorded (loom/core/exit_signals.h); the loop checks after each
+  // iteration.
+  std::optional<ExitSignalScope> signals;
+  if (cfg.exit.exit_signal_handler) signals.emplace();
   if (mlperf_) mlperf_->init_done(mlperf_run_info(run_), progress.consumed_train);
   log_ << "training ...\n" << std::flush;
   result_.exit_reason = run_.last_iteration < cfg.batch.train_iters ? "train-tokens" : "train-iters";
@@ -269,10 +244,10 @@ TrainResult Trainer::run() {
 
     // Megatron's order: signal, save interval, duration, exit interval.
     bool saved = false;
-    if (cfg.exit.exit_signal_handler && g_signal.load() != 0) {
+    if (cfg.exit.exit_signal_handler && exit_signal() != 0) {
       checkpoints.save();
       log_ << "[" << now_string() << "] exiting program after receiving "
-           << (g_signal.load() == SIGINT ? "SIGINT" : "SIGTERM") << ".\n";
+           << (exit_signal() == SIGINT ? "SIGINT" : "SIGTERM") << ".\n";
       result_.exit_reason = "signal";
       exiting = true;
       break;
