@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cerrno>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -52,6 +51,7 @@ void wait_for_signals() {
 
 extern "C" void record_exit_signal(int sig) { g_recorded.store(sig); }
 
+// The dispositions the fallback handler replaced (one fallback scope at a time: a process runs one trainer).
 struct sigaction g_old_term {}, g_old_int {};
 
 }  // namespace
