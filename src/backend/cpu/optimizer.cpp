@@ -1,8 +1,8 @@
 // AdamW update and the f64 sum of squares for the global gradient norm.
 // adamw_update is one fused pass over (param, grad, m, v) in chunks of kChunk elements (memory-bound:
 // ~28 bytes per parameter moved once; with a compute copy to refresh, each chunk is rounded into it while
-// still in L1, instead of a separate cast pass re-reading the f32 params). It follows torch.optim.AdamW (PyTorch 1.13 single-tensor path)
-// operation by operation, rounding where PyTorch's kernels round:
+// still in L1, instead of a separate cast pass re-reading the f32 params). It follows torch.optim.AdamW
+// (PyTorch 1.13 single-tensor path) operation by operation, rounding where PyTorch's kernels round:
 //   p  = p * f32(1 - lr*wd)
 //   m  = fma(f32(1-beta1), g, m * beta1)              (mul_, then add_(alpha): ATen uses fmadd)
 //   v  = fma(f32(1-beta2) * g, g, v * beta2)          (mul_, then addcmul_: contracted to an FMA)
