@@ -26,6 +26,8 @@ std::unique_ptr<Communicator> init_world(std::chrono::milliseconds timeout) {
   return make_self_communicator("world");
 }
 
+// Without MPI the job is this one process (init_world refuses a multi-rank launch): there are no other
+// ranks to end, so main prints the error and returns the code, as communicator.h says.
 int end_after_error(const std::string& message, int exit_code) {
   std::fprintf(stderr, "%s\n", message.c_str());
   std::fflush(stderr);
