@@ -8,6 +8,7 @@
 #include <string>
 #include <utility>
 
+#include "backend/cpu/attention_bf16.h"
 #include "loom/backend/device_context.h"
 #include "loom/core/rng.h"
 
@@ -169,6 +170,34 @@ void BM_Attention(benchmark::State& st) {
                                               benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_Attention)->Args({4, 64})->Args({8, 256})->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// bf16 attention forward + backward, args (B, T, NH, NKV, path): path 1 = the default (VDPBF16PS products where
+// the CPU has AVX512-BF16), 0 = the f32 tile path on the widened rows. GPT-2 124M's layer (12 heads) and a
+// Llama-3.2-1B-shaped one (32 query heads, 8 kv heads), head size 64.
+void BM_AttentionLowp(benchmark::State& st) {
+  const int64_t B = st.range(0), T = st.range(1), NH = st.range(2), NKV = st.range(3), HS = 64;
+  const bool saved = cpu::attn::bf16_attention_enabled();
+  cpu::attn::set_bf16_attention(st.range(4) != 0);
+  Tensor qkv = randn_as({B, T, NKV * (NH / NKV + 2) * HS}, DType::kBF16, 1.0f);
+  Tensor out = randn_as({B, T, NH * HS}, DType::kBF16), dout = randn_as({B, T, NH * HS}, DType::kBF16);
+  Tensor dqkv = randn_as({B, T, NKV * (NH / NKV + 2) * HS}, DType::kBF16), lse = randn({B, NH, T});
+  const AttentionParams p{NH, NKV, HS, 0.125f, true, -1};
+  for (auto _ : st) {
+    ctx().ops().attention_forward(out, lse, qkv, p);
+    ctx().ops().attention_backward(dqkv, dout, qkv, out, lse, p);
+  }
+  st.SetLabel(cpu::attn::bf16_attention_enabled() ? "bf16 products" : "f32 products");
+  cpu::attn::set_bf16_attention(saved);
+  st.counters["GFLOP/s"] = benchmark::Counter(3.5 * 2.0 * double(B * NH * T * T * HS) * double(st.iterations()) / 1e9,
+                                              benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_AttentionLowp)
+    ->Args({8, 256, 12, 12, 0})
+    ->Args({8, 256, 12, 12, 1})
+    ->Args({4, 512, 32, 8, 0})
+    ->Args({4, 512, 32, 8, 1})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 void BM_CrossEntropy(benchmark::State& st) {
   const int64_t N = st.range(0), V = 50257, Vp = 50304;

@@ -16,20 +16,22 @@
 
 namespace loom::cpu::attn {
 
-// 64-byte aligned float scratch, zero-initialised.
-struct Scratch {
+// 64-byte aligned scratch of n elements of E, zero-initialised.
+template <typename E>
+struct ScratchOf {
   struct Free {
-    void operator()(float* p) const { std::free(p); }
+    void operator()(E* p) const { std::free(p); }
   };
-  std::unique_ptr<float[], Free> mem;
-  explicit Scratch(int64_t n) {
-    const size_t bytes = (size_t(std::max<int64_t>(n, 1)) * sizeof(float) + 63) / 64 * 64;
-    mem.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+  std::unique_ptr<E[], Free> mem;
+  explicit ScratchOf(int64_t n) {
+    const size_t bytes = (size_t(std::max<int64_t>(n, 1)) * sizeof(E) + 63) / 64 * 64;
+    mem.reset(static_cast<E*>(std::aligned_alloc(64, bytes)));
     LOOM_CHECK(mem != nullptr, "[attention] could not allocate ", bytes, " bytes of scratch");
     std::memset(mem.get(), 0, bytes);
   }
-  float* get() const { return mem.get(); }
+  E* get() const { return mem.get(); }
 };
+using Scratch = ScratchOf<float>;
 
 // ---- problem geometry ----------------------------------------------------------------------------
 

@@ -102,25 +102,44 @@ void acc_cols(float* out, const float* c, int64_t cr, int64_t ck, const float* x
 
 // One butterfly stage of a 16 x 16 transpose: for rows i and i | 2^K, exchanges the elements whose row and
 // column differ in bit K. After stages 0..3 every element (i, j) has moved to (j, i).
-template <int K, size_t... J>
-inline Vec butterfly_lo(const Vec& a, const Vec& b, std::index_sequence<J...>) {
+template <int K, typename V, size_t... J>
+inline V butterfly_lo(const V& a, const V& b, std::index_sequence<J...>) {
   return __builtin_shufflevector(a, b, int(((J >> K) & 1) ? kW + (J ^ (1u << K)) : J)...);
 }
-template <int K, size_t... J>
-inline Vec butterfly_hi(const Vec& a, const Vec& b, std::index_sequence<J...>) {
+template <int K, typename V, size_t... J>
+inline V butterfly_hi(const V& a, const V& b, std::index_sequence<J...>) {
   return __builtin_shufflevector(a, b, int(((J >> K) & 1) ? kW + J : (J ^ (1u << K)))...);
 }
-template <int K>
-inline void butterfly(Vec (&r)[kW]) {
+template <int K, typename V>
+inline void butterfly(V (&r)[kW]) {
   for (int i = 0; i < kW; ++i) {
     if ((i >> K) & 1) continue;
     const int j = i | (1 << K);
-    const Vec lo = butterfly_lo<K>(r[i], r[j], std::make_index_sequence<kW>{});
-    const Vec hi = butterfly_hi<K>(r[i], r[j], std::make_index_sequence<kW>{});
+    const V lo = butterfly_lo<K>(r[i], r[j], std::make_index_sequence<kW>{});
+    const V hi = butterfly_hi<K>(r[i], r[j], std::make_index_sequence<kW>{});
     r[i] = lo;
     r[j] = hi;
   }
 }
+template <typename V>
+inline void transpose16(V (&r)[kW]) {  // r[i][j] -> r[j][i], bitwise (shuffles only)
+  butterfly<0>(r);
+  butterfly<1>(r);
+  butterfly<2>(r);
+  butterfly<3>(r);
+}
+
+using HVec = uint16_t __attribute__((vector_size(32)));  // kW bf16 values
+
+// kW floats rounded to bf16 (nearest even, NaN kept quiet): bf16_encode of lowp.h, lane by lane.
+inline HVec to_bf16(const Vec& x) {
+  UVec u;
+  std::memcpy(&u, &x, sizeof(u));
+  const UVec rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  const UVec quiet = (u >> 16) | 0x0040u;
+  return __builtin_convertvector((u & 0x7FFFFFFFu) > 0x7F800000u ? quiet : rounded, HVec);
+}
+inline void store_h(uint16_t* p, const HVec& v) { std::memcpy(p, &v, sizeof(HVec)); }
 
 }  // namespace
 
@@ -192,11 +211,48 @@ void transpose_block(float* dst, const float* src, int64_t hsp, float scale) {
     for (int64_t cb = 0; cb < hsp; cb += kW) {
       Vec r[kW];
       for (int i = 0; i < kW; ++i) r[i] = load(src + (rb + i) * hsp + cb) * scale;
-      butterfly<0>(r);
-      butterfly<1>(r);
-      butterfly<2>(r);
-      butterfly<3>(r);
+      transpose16(r);
       for (int i = 0; i < kW; ++i) store(dst + (cb + i) * kBlock + rb, r[i]);
+    }
+  }
+}
+
+// ---- staging for the bf16 products -----------------------------------------------------------------
+
+void transpose_u32(uint32_t* dst, const uint32_t* src, int64_t lds, int64_t w) {
+  for (int64_t rb = 0; rb < kBlock; rb += kW) {
+    for (int64_t cb = 0; cb < w; cb += kW) {
+      UVec r[kW];
+      for (int i = 0; i < kW; ++i) std::memcpy(&r[i], src + (rb + i) * lds + cb, sizeof(UVec));
+      transpose16(r);
+      for (int i = 0; i < kW; ++i) std::memcpy(dst + (cb + i) * kBlock + rb, &r[i], sizeof(UVec));
+    }
+  }
+}
+
+void interleave_pairs(uint32_t* dst, const uint16_t* src, int64_t ld, int64_t pairs) {
+  for (int64_t p = 0; p < pairs; ++p) {
+    const uint16_t* r0 = src + 2 * p * ld;
+    const uint16_t* r1 = r0 + ld;
+    uint32_t* d = dst + p * ld;
+#pragma omp simd
+    for (int64_t j = 0; j < ld; ++j) d[j] = uint32_t(r0[j]) | uint32_t(r1[j]) << 16;
+  }
+}
+
+void tile_to_bf16(uint16_t* dst, const float* src, int64_t valid) {
+  for (int64_t r = 0; r < kBlock; ++r)
+    for (int64_t v = 0; v < kBlockVecs; ++v)
+      store_h(dst + r * kBlock + v * kW, r < valid ? to_bf16(load(src + r * kBlock + v * kW)) : HVec{});
+}
+
+void tile_to_bf16_transposed(uint16_t* dst, const float* src, int64_t valid) {
+  for (int64_t rb = 0; rb < kBlock; rb += kW) {
+    for (int64_t cb = 0; cb < kBlock; cb += kW) {
+      Vec r[kW];
+      for (int i = 0; i < kW; ++i) r[i] = rb + i < valid ? load(src + (rb + i) * kBlock + cb) : Vec{};
+      transpose16(r);
+      for (int i = 0; i < kW; ++i) store_h(dst + (cb + i) * kBlock + rb, to_bf16(r[i]));
     }
   }
 }

@@ -9,16 +9,23 @@
 //     differently ordered f32 sum may move a result by a few f32 ulps, which can flip one rounding step.
 // Also: against the f64 reference on the rounded inputs (tolerances in check_lowp), with dropout, GQA, windows, segments and
 // non-causal; bit-identical across thread counts; and dtype checks.
+// On CPUs with AVX512-BF16, bf16 takes another path by default (attention_bf16.h: products on VDPBF16PS, P and
+// dS rounded to bf16 as on the GPU). The contract above is checked on the f32 path (switched on for it), and
+// the bf16 path against the f64 reference with the tolerance its two extra roundings need (check_bf16_dot),
+// against the staging and product kernels' definitions, and across thread counts.
 #include <gtest/gtest.h>
 #include <omp.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "attention_test_util.h"
+#include "backend/cpu/attention_bf16.h"
+#include "backend/cpu/attention_tiles.h"
 #include "backend/cpu/cpu_ops.h"
 #include "loom/core/dtype.h"
 
@@ -73,8 +80,16 @@ LowpOutputs run_lowp(DType dt, const Case& c, const std::vector<uint16_t>& qkv, 
   return r;
 }
 
+// Selects bf16 attention's path (attn::set_bf16_attention) for a scope.
+struct Bf16Path {
+  bool saved = attn::bf16_attention_enabled();
+  explicit Bf16Path(bool dot) { attn::set_bf16_attention(dot); }
+  ~Bf16Path() { attn::set_bf16_attention(saved); }
+};
+
 void check_lowp(DType dt, const Case& c, uint32_t seed, std::vector<int32_t> seg = {}) {
   SCOPED_TRACE(std::string(dtype_name(dt)) + "_" + c.name() + (seg.empty() ? "" : "_segments"));
+  const Bf16Path f32_path(false);
   const auto qkv16 = encode(dt, randn(c.B * c.T * c.qkv_cols(), seed));
   const auto dout16 = encode(dt, randn(c.B * c.T * c.NH * c.HS, seed + 1));
   const LowpOutputs got = run_lowp(dt, c, qkv16, dout16, seg);
@@ -114,6 +129,36 @@ void check_lowp(DType dt, const Case& c, uint32_t seed, std::vector<int32_t> seg
   EXPECT_LE(rel_error(decode(dt, got.dqkv), ref.dqkv), 4 * u);
 }
 
+// The VDPBF16PS path (when the CPU has it) against the f64 reference on the same rounded inputs. Besides
+// the output's own rounding (u), out carries the rounding of P (relative 2^-9 per probability) and dqkv that
+// of dS and P: bounds of 1.5u for out and the f32 path's 4u for dqkv (seen: 0.84u and 1.27u). lse comes from
+// f32 sums of exact bf16 products, as on the f32 path. The results differ from the f32 path's (else the
+// switch did nothing).
+void check_bf16_dot(const Case& c, uint32_t seed, std::vector<int32_t> seg = {}) {
+  if (!attn::bf16_dot_supported()) return;
+  SCOPED_TRACE("bf16_dot_" + c.name() + (seg.empty() ? "" : "_segments"));
+  const DType dt = DType::kBF16;
+  const auto qkv16 = encode(dt, randn(c.B * c.T * c.qkv_cols(), seed));
+  const auto dout16 = encode(dt, randn(c.B * c.T * c.NH * c.HS, seed + 1));
+  LowpOutputs dot, f32;
+  {
+    const Bf16Path path(true);
+    dot = run_lowp(dt, c, qkv16, dout16, seg);
+  }
+  {
+    const Bf16Path path(false);
+    f32 = run_lowp(dt, c, qkv16, dout16, seg);
+  }
+  const Reference ref = reference(c, decode(dt, qkv16), decode(dt, dout16), seg);
+  const double u = std::ldexp(1.0, -8);
+  const double e_out = rel_error(decode(dt, dot.out), ref.out), e_dx = rel_error(decode(dt, dot.dqkv), ref.dqkv);
+  EXPECT_LE(e_out, 1.5 * u);
+  EXPECT_LE(rel_error(dot.lse, ref.lse), 2e-5);
+  EXPECT_LE(e_dx, 4 * u);
+  std::printf("[bf16 dot] %s: out %.2fu dqkv %.2fu\n", c.name().c_str(), e_out / u, e_dx / u);
+  if (c.T > 64) EXPECT_NE(dot.dqkv, f32.dqkv);
+}
+
 class LowpSweep : public ::testing::TestWithParam<std::tuple<DType, int64_t, int64_t, int64_t, float>> {};
 
 TEST_P(LowpSweep, EqualsRoundedF32) {
@@ -123,6 +168,7 @@ TEST_P(LowpSweep, EqualsRoundedF32) {
   c.seed = 9;
   c.stream = 10;
   check_lowp(dt, c, uint32_t(T * 17 + HS));
+  if (dt == DType::kBF16) check_bf16_dot(c, uint32_t(T * 17 + HS));
 }
 
 std::string sweep_name(const ::testing::TestParamInfo<LowpSweep::ParamType>& info) {
@@ -154,12 +200,23 @@ TEST(CpuAttentionLowp, SegmentsNonCausalAndMqa) {
     c.seed = 1;
     check_lowp(dt, c, 33, seg);
   }
+  check_bf16_dot(Case{2, 140, 4, 1, 64, -1}, 31, seg);
+  check_bf16_dot(Case{1, 140, 3, 3, 24, -1}, 34, std::vector<int32_t>(seg.begin(), seg.begin() + 140));
+  check_bf16_dot(Case{2, 140, 4, 2, 16, -1, false}, 32, seg);
+  Case c{2, 140, 6, 3, 32, 20};
+  c.dropout_p = 0.3f;
+  c.seed = 1;
+  check_bf16_dot(c, 33, seg);
+  check_bf16_dot(Case{2, 300, 4, 2, 128, -1}, 35);  // head size 128, several key tiles per query block
+  check_bf16_dot(Case{1, 257, 2, 1, 80, 77}, 36);   // head size padded 80 -> 96, window at an odd offset
 }
 
-// Same inputs, 1, 2 and 3 threads: every output bit-identical.
+// Same inputs, 1, 2 and 3 threads: every output bit-identical (bf16 on both paths).
 TEST(CpuAttentionLowp, BitIdenticalAcrossThreadCounts) {
   const int saved = omp_get_max_threads();
-  for (DType dt : {DType::kBF16, DType::kF16}) {
+  for (int variant = 0; variant < 3; ++variant) {
+    const DType dt = variant == 2 ? DType::kF16 : DType::kBF16;
+    const Bf16Path path(variant == 0);
     Case c{2, 150, 6, 2, 64, -1};
     c.dropout_p = 0.1f;
     c.seed = 3;
