@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -143,8 +144,10 @@ TEST(LossFixture, EveryRunKeepsItsLossesBitForBit) {
 }
 
 // The single-file checkpoint of Loom 0.1.0 (tests/golden/fixtures/legacy_single_ckpt, written by the build
-// that recorded the losses above): today's trainer resumes it to the very losses that build resumed to,
-// and to those of an uninterrupted run.
+// that first recorded the losses above, on the CPU its expected.json names): today's trainer resumes it to the
+// very losses that build resumed to,
+// and to those of an uninterrupted run, on a CPU with the recording one's kernels; on others it resumes to
+// within 1e-5 of this CPU's uninterrupted run.
 TEST(LossFixture, SingleFileCheckpointOfTheFirstReleaseResumesBitForBit) {
   const std::string dir = LOOM_SOURCE_DIR "/tests/golden/fixtures/legacy_single_ckpt";
   std::ifstream f(dir + "/expected.json");
@@ -157,11 +160,16 @@ TEST(LossFixture, SingleFileCheckpointOfTheFirstReleaseResumesBitForBit) {
   const std::vector<nlohmann::json> full = run_losses({"legacy_full", 1, flags});
   ASSERT_EQ(resumed.size(), 4u);
   ASSERT_EQ(full.size(), 8u);
+  if (want["isa"].get<std::string>() != isa_signature()) {
+    // The checkpoint holds the weights the recording CPU's kernels reached after 4 iterations; this CPU's
+    // uninterrupted run reaches slightly different ones, so the two agree to rounding, not bit for bit.
+    for (size_t i = 0; i < 4; ++i)
+      EXPECT_NEAR(resumed[i].get<double>(), full[4 + i].get<double>(), 1e-5 * std::abs(full[4 + i].get<double>()))
+          << "iteration " << i + 5;
+    GTEST_SKIP() << "the first release's losses were recorded on another CPU's kernels: resumed within 1e-5 of "
+                    "the uninterrupted run, bit-exact checks skipped";
+  }
   for (size_t i = 0; i < 4; ++i) EXPECT_EQ(resumed[i], full[4 + i]) << "iteration " << i + 5;
-  std::ifstream fx(kFixture);
-  ASSERT_TRUE(fx.good()) << kFixture;
-  if (nlohmann::json::parse(fx)["isa"].get<std::string>() != isa_signature())
-    GTEST_SKIP() << "the first release's losses were recorded on another CPU's kernels";
   for (size_t i = 0; i < 4; ++i) EXPECT_EQ(resumed[i], want["resumed_losses"][i]) << "iteration " << i + 5;
 }
 
