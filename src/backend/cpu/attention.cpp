@@ -31,7 +31,9 @@
 //     block's rows and the output rows are software-prefetched while the current block computes.
 //   - Mixed precision: qkv, out, dout and dqkv may be bf16 or f16 (one dtype per call). Rows are converted
 //     to f32 (exactly) when copied into scratch and rounded when stored, and everything in between is the
-//     f32 code: results are the f32 op's on the widened inputs, rounded once to the output dtype.
+//     f32 code: results are the f32 op's on the widened inputs, rounded once to the output dtype. bf16 on
+//     CPUs with AVX512-BF16 takes the VDPBF16PS path instead ("bf16 on VDPBF16PS" below): bf16 products,
+//     with P and dS rounded to bf16 as on the GPU.
 //   - Attention dropout (p > 0): the mask is a pure function of the element index (dropout_tile), so the
 //     forward, the backward and a recomputed forward regenerate the same mask tile by tile. The softmax
 //     statistics (m, l, lse) use the undropped probabilities; O = (P * Z / (1 - p)) V. Backward (FA-2 with
@@ -490,11 +492,12 @@ void backward_group(Elem<D>* dqkv, const Elem<D>* dout, const Elem<D>* qkv, cons
 // v, k, q and dO rows by interleave_pairs). Head rows are padded with zeros to H2, a multiple of 32. Key
 // tiles start at even keys (the pair layout of k and v is by absolute pairs): a block's first key is
 // rounded down to even, which adds at most one key that no query of the block sees, masked like any other.
-// Every tile is computed whole (no band skipping inside a tile); rows a tile reads beyond the block's last
-// key are zeros, so they add exact zeros, and in backward a tile's dK/dV rows past its last key receive
-// those zero products (+0). One difference from the f32 path follows: a NaN or infinity in a query block's
-// dO or q reaches the dK/dV rows of the (at most 63) keys after the block's last key as NaN, where the f32
-// path skips those products.
+// Tiles are computed whole (no band skipping inside a tile): masked pairs and rows beyond the block's last
+// key take part as exact zeros (P = dS = 0, and rows past the loaded keys are zero), and a tile's dK/dV rows
+// past its last key receive +0. With finite inputs that changes nothing; a NaN or infinity in q, k, v or
+// dO spreads (0 x NaN) to the other rows and columns of the tiles it enters, masked pairs included, as in
+// an unfused masked softmax followed by a matmul (the f32 path skips most masked pairs, in groups of 4 rows
+// and 16 columns, so it spreads less there). A non-finite loss or gradient norm skips the step either way.
 
 // Rows of one kv head for the bf16 products: plain bf16 rows of k and v (H2 elements each), and k and/or v
 // pair-interleaved, filled as the query blocks need them (HeadRows' high-water mark), with the kBlock rows
