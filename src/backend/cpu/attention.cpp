@@ -492,16 +492,17 @@ void backward_group(Elem<D>* dqkv, const Elem<D>* dout, const Elem<D>* qkv, cons
 // v, k, q and dO rows by interleave_pairs). Head rows are padded with zeros to H2, a multiple of 32. Key
 // tiles start at even keys (the pair layout of k and v is by absolute pairs): a block's first key is
 // rounded down to even, which adds at most one key that no query of the block sees, masked like any other.
-// Tiles are computed whole (no band skipping inside a tile): masked pairs and rows beyond the block's last
-// key take part as exact zeros (P = dS = 0, and rows past the loaded keys are zero), and a tile's dK/dV rows
-// past its last key receive +0. With finite inputs that changes nothing; a NaN or infinity in q, k, v or
-// dO spreads (0 x NaN) to the other rows and columns of the tiles it enters, masked pairs included, as in
+// Tiles are computed whole (no band skipping inside a tile): masked pairs and keys past the block's last one
+// take part with zero coefficients (P = dS = 0; those key rows are zeros, or in backward, from a group's
+// second head on, the later keys' own rows), and a tile's dK/dV rows past its last key receive +0. With
+// finite inputs that changes nothing; a NaN or infinity in q, k, v or dO spreads (0 x NaN) to the other
+// rows and columns of the tiles it enters, masked pairs and those later keys included, as in
 // an unfused masked softmax followed by a matmul (the f32 path skips most masked pairs, in groups of 4 rows
 // and 16 columns, so it spreads less there). A non-finite loss or gradient norm skips the step either way.
 
 // Rows of one kv head for the bf16 products: plain bf16 rows of k and v (H2 elements each), and k and/or v
-// pair-interleaved, filled as the query blocks need them (HeadRows' high-water mark), with the kBlock rows
-// after the loaded ones kept at zero.
+// pair-interleaved, filled as the query blocks need them (HeadRows' high-water mark), with the kBlock + 1
+// rows after the loaded ones zeroed (the pairs interleaved from them never hold another task's rows).
 struct Bf16HeadRows {
   uint16_t* k;
   uint16_t* v;
@@ -513,7 +514,7 @@ struct Bf16HeadRows {
   void require(const uint16_t* x, const Geometry& g, int64_t grp, int64_t begin, int64_t end) {
     const int64_t lo = std::max(have, begin);
     if (end > lo) {
-      for (int64_t r = lo; r < end + kBlock; ++r) {
+      for (int64_t r = lo; r <= end + kBlock; ++r) {
         uint16_t* kr = k + r * h2;
         uint16_t* vr = v + r * h2;
         if (r < end) {
@@ -541,8 +542,9 @@ struct Bf16HeadRows {
 };
 
 int64_t bf16_width(const Geometry& g) { return (g.HS + 31) / 32 * 32; }
-// Rows of the per-head buffers: a tile may start one key before a block's first key and reads kBlock rows;
-// the kBlock rows after the last loaded one are zeroed. One extra row keeps the last pair whole.
+// Rows of the per-head buffers: loading up to key end zeroes rows [end, end + kBlock] (the last pair whole),
+// at most T + kBlock + 1 rows; tiles read at most kBlock rows from an even key below T, and dK/dV rows below
+// T + kBlock. Rounded up generously.
 int64_t bf16_rows(const Geometry& g) { return g.T + 2 * kBlock + 2; }
 
 // Rows [r0, r0 + n) of one head (columns [col, col + HS) of rows ld apart) into dst (kBlock x h2 bf16), zero

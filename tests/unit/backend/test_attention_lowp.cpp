@@ -129,13 +129,28 @@ void check_lowp(DType dt, const Case& c, uint32_t seed, std::vector<int32_t> seg
   EXPECT_LE(rel_error(decode(dt, got.dqkv), ref.dqkv), 4 * u);
 }
 
-// The VDPBF16PS path (when the CPU has it) against the f64 reference on the same rounded inputs. Besides
-// the output's own rounding (u), out carries the rounding of P (relative 2^-9 per probability) and dqkv that
-// of dS and P: bounds of 1.5u for out and the f32 path's 4u for dqkv (seen: 0.84u and 1.27u). lse comes from
-// f32 sums of exact bf16 products, as on the f32 path. The results differ from the f32 path's (else the
-// switch did nothing).
+// rel_error of the dq, dk or dv columns of dqkv alone (part 0, 1, 2), each against its own largest value: dq
+// and dk are about softmax_scale times smaller than dv, so one error measure over all of dqkv would hide them.
+double part_error(const Case& c, const std::vector<float>& got, const std::vector<double>& want, int part) {
+  const int64_t G = c.NH / c.NKV, group = (G + 2) * c.HS, cols = c.qkv_cols();
+  std::vector<float> g;
+  std::vector<double> w;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const int64_t head = (int64_t(i) % cols) % group / c.HS;
+    if ((head < G ? 0 : head == G ? 1 : 2) != part) continue;
+    g.push_back(got[i]);
+    w.push_back(want[i]);
+  }
+  return rel_error(g, w);
+}
+
+// The VDPBF16PS path against the f64 reference on the same rounded inputs (callers skip without AVX512-BF16).
+// Besides the output's own rounding (u), out carries the rounding of P (relative 2^-9 per probability) and
+// dq, dk, dv that of dS and P: bounds of 1.5u for out and the f32 path's 4u for dqkv, and with more than one
+// key tile also for each of dq, dk and dv relative to its own largest value (seen: 0.84u, 1.27u and 1.3u).
+// lse comes from f32 sums of exact bf16 products,
+// as on the f32 path. The results differ from the f32 path's (else the switch did nothing).
 void check_bf16_dot(const Case& c, uint32_t seed, std::vector<int32_t> seg = {}) {
-  if (!attn::bf16_dot_supported()) return;
   SCOPED_TRACE("bf16_dot_" + c.name() + (seg.empty() ? "" : "_segments"));
   const DType dt = DType::kBF16;
   const auto qkv16 = encode(dt, randn(c.B * c.T * c.qkv_cols(), seed));
@@ -151,12 +166,22 @@ void check_bf16_dot(const Case& c, uint32_t seed, std::vector<int32_t> seg = {})
   }
   const Reference ref = reference(c, decode(dt, qkv16), decode(dt, dout16), seg);
   const double u = std::ldexp(1.0, -8);
-  const double e_out = rel_error(decode(dt, dot.out), ref.out), e_dx = rel_error(decode(dt, dot.dqkv), ref.dqkv);
+  const double e_out = rel_error(decode(dt, dot.out), ref.out);
   EXPECT_LE(e_out, 1.5 * u);
   EXPECT_LE(rel_error(dot.lse, ref.lse), 2e-5);
+  const std::vector<float> dx = decode(dt, dot.dqkv);
+  const double e_dx = rel_error(dx, ref.dqkv);
   EXPECT_LE(e_dx, 4 * u);
-  std::printf("[bf16 dot] %s: out %.2fu dqkv %.2fu\n", c.name().c_str(), e_out / u, e_dx / u);
-  if (c.T > 64) EXPECT_NE(dot.dqkv, f32.dqkv);
+  double e_parts[3] = {0, 0, 0};
+  if (c.T > 64) {  // with a few keys, dq and dk nearly cancel (T = 1: exactly 0), so only the sum measures them
+    for (int part = 0; part < 3; ++part) {
+      e_parts[part] = part_error(c, dx, ref.dqkv, part);
+      EXPECT_LE(e_parts[part], 4 * u) << "part " << "qkv"[part];
+    }
+    EXPECT_NE(dot.dqkv, f32.dqkv);
+  }
+  std::printf("[bf16 dot] %s: out %.2fu dqkv %.2fu (dq %.2fu dk %.2fu dv %.2fu)\n", c.name().c_str(), e_out / u,
+              e_dx / u, e_parts[0] / u, e_parts[1] / u, e_parts[2] / u);
 }
 
 class LowpSweep : public ::testing::TestWithParam<std::tuple<DType, int64_t, int64_t, int64_t, float>> {};
@@ -168,7 +193,7 @@ TEST_P(LowpSweep, EqualsRoundedF32) {
   c.seed = 9;
   c.stream = 10;
   check_lowp(dt, c, uint32_t(T * 17 + HS));
-  if (dt == DType::kBF16) check_bf16_dot(c, uint32_t(T * 17 + HS));
+  if (dt == DType::kBF16 && attn::bf16_dot_supported()) check_bf16_dot(c, uint32_t(T * 17 + HS));
 }
 
 std::string sweep_name(const ::testing::TestParamInfo<LowpSweep::ParamType>& info) {
@@ -200,6 +225,18 @@ TEST(CpuAttentionLowp, SegmentsNonCausalAndMqa) {
     c.seed = 1;
     check_lowp(dt, c, 33, seg);
   }
+}
+
+// The bf16 VDPBF16PS path on the cases above and on ones that exercise its own edges: several key tiles per
+// query block (head size 128), a head size padded 80 -> 96, and a block whose first visible key is odd
+// (segment starting at 37, so the tile starts at key 36, which no query of the block sees).
+TEST(CpuAttentionLowp, Bf16DotPathAgainstReference) {
+  if (!attn::bf16_dot_supported()) GTEST_SKIP() << "no AVX512-BF16 on this CPU: bf16 attention takes the f32 path";
+  std::vector<int32_t> seg(size_t(2 * 140));
+  for (int64_t t = 0; t < 140; ++t) {
+    seg[size_t(t)] = int32_t(t / 50);
+    seg[size_t(140 + t)] = t < 3 ? 0 : t < 64 ? 1 : 2;
+  }
   check_bf16_dot(Case{2, 140, 4, 1, 64, -1}, 31, seg);
   check_bf16_dot(Case{1, 140, 3, 3, 24, -1}, 34, std::vector<int32_t>(seg.begin(), seg.begin() + 140));
   check_bf16_dot(Case{2, 140, 4, 2, 16, -1, false}, 32, seg);
@@ -207,19 +244,25 @@ TEST(CpuAttentionLowp, SegmentsNonCausalAndMqa) {
   c.dropout_p = 0.3f;
   c.seed = 1;
   check_bf16_dot(c, 33, seg);
-  check_bf16_dot(Case{2, 300, 4, 2, 128, -1}, 35);  // head size 128, several key tiles per query block
-  check_bf16_dot(Case{1, 257, 2, 1, 80, 77}, 36);   // head size padded 80 -> 96, window at an odd offset
+  check_bf16_dot(Case{2, 300, 4, 2, 128, -1}, 35);
+  std::vector<int32_t> odd(257);
+  for (int64_t t = 0; t < 257; ++t) odd[size_t(t)] = t < 37 ? 0 : t < 150 ? 1 : 2;
+  check_bf16_dot(Case{1, 257, 2, 1, 80, -1}, 36, odd);
+  check_bf16_dot(Case{1, 257, 4, 2, 80, 77}, 37);
 }
 
-// Same inputs, 1, 2 and 3 threads: every output bit-identical (bf16 on both paths).
+// Same inputs, 1, 2 and 3 threads: every output bit-identical (bf16 on both paths). The second case has one
+// batch row of two heads, so the forward cuts each head's query blocks into 2, 4 and 5 runs (tasks that start
+// past the first block) at 1, 2 and 3 threads.
 TEST(CpuAttentionLowp, BitIdenticalAcrossThreadCounts) {
   const int saved = omp_get_max_threads();
-  for (int variant = 0; variant < 3; ++variant) {
-    const DType dt = variant == 2 ? DType::kF16 : DType::kBF16;
-    const Bf16Path path(variant == 0);
-    Case c{2, 150, 6, 2, 64, -1};
+  for (int variant = 0; variant < 6; ++variant) {
+    const DType dt = variant % 3 == 2 ? DType::kF16 : DType::kBF16;
+    const Bf16Path path(variant % 3 == 0);
+    Case c = variant < 3 ? Case{2, 150, 6, 2, 64, -1} : Case{1, 300, 2, 1, 64, -1};
     c.dropout_p = 0.1f;
     c.seed = 3;
+    SCOPED_TRACE(c.name() + (variant % 3 == 0 ? " bf16 path" : " f32 path"));
     const auto qkv = encode(dt, randn(c.B * c.T * c.qkv_cols(), 4));
     const auto dout = encode(dt, randn(c.B * c.T * c.NH * c.HS, 5));
     omp_set_num_threads(1);
