@@ -66,7 +66,9 @@ step = statistics.median(timed)
 # First matching rule wins; the patterns are matched against "dso symbol".
 RULES = [
     ("GEMM (oneDNN JIT kernels, sgemm/brgemm)", r"\[JIT\]|libdnnl|sgemm|jit_|brgemm"),
-    ("attention (scores, softmax, values; fwd + bwd)", r"cpu::attn::|attention|backward_group|forward_task|grad_tile|block_stats|OnlineSoftmax|stage_block|scale_scores|HeadRows"),
+    ("attention (scores, softmax, values; fwd + bwd)",
+     r"cpu::attn::|attention|backward_group|forward_task|grad_tile|block_stats|OnlineSoftmax|stage_block|"
+     r"scale_scores|HeadRows"),
     ("AdamW", r"adamw"),
     ("gradient norm (sum of squares)", r"sum_squares"),
     ("GeLU / SwiGLU", r"gelu|glu|swiglu"),

@@ -727,7 +727,8 @@ void backward_group_bf16(uint16_t* dqkv, const uint16_t* dout, const uint16_t* q
         pf.step();
       }
       pf.drain();
-      for (int64_t i = 0; i < qn; ++i) narrow_row<DType::kBF16>(dx + (i0 + i) * g.qkv_row + g.q_col(h), dq + i * h2, g.HS);
+      for (int64_t i = 0; i < qn; ++i)
+        narrow_row<DType::kBF16>(dx + (i0 + i) * g.qkv_row + g.q_col(h), dq + i * h2, g.HS);
     }
   }
   for (int64_t t = 0; t < g.T; ++t) {

@@ -110,7 +110,8 @@ void reference(const std::vector<uint16_t>& a, int64_t lda, const std::vector<ui
     for (int64_t j = 0; j < n; ++j) {
       double s = accumulate ? double(c0[size_t(i * n + j)]) : 0.0, mag = std::abs(s);
       for (int64_t p = 0; p < k; ++p) {
-        const double prod = double(bf16_decode(a[size_t(i * lda + p)])) * double(bf16_decode(bplain[size_t(p * n + j)]));
+        const double prod =
+            double(bf16_decode(a[size_t(i * lda + p)])) * double(bf16_decode(bplain[size_t(p * n + j)]));
         s += prod;
         mag += std::abs(prod);
       }
