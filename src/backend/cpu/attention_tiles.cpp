@@ -3,9 +3,11 @@
 // operand and one broadcast, fit the 32 AVX-512 registers without spills (checked in the generated code).
 #include "backend/cpu/attention_tiles.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
+#include "backend/cpu/lowp.h"
 #include "backend/cpu/philox_simd.h"
 
 // The 64-byte vector type never crosses this file (internal linkage), so GCC's note that passing it by
@@ -129,17 +131,6 @@ inline void transpose16(V (&r)[kW]) {  // r[i][j] -> r[j][i], bitwise (shuffles 
   butterfly<3>(r);
 }
 
-using HVec = uint16_t __attribute__((vector_size(32)));  // kW bf16 values
-
-// kW floats rounded to bf16 (nearest even, NaN kept quiet): bf16_encode of lowp.h, lane by lane.
-inline HVec to_bf16(const Vec& x) {
-  UVec u;
-  std::memcpy(&u, &x, sizeof(u));
-  const UVec rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-  const UVec quiet = (u >> 16) | 0x0040u;
-  return __builtin_convertvector((u & 0x7FFFFFFFu) > 0x7F800000u ? quiet : rounded, HVec);
-}
-inline void store_h(uint16_t* p, const HVec& v) { std::memcpy(p, &v, sizeof(HVec)); }
 
 }  // namespace
 
@@ -241,19 +232,22 @@ void interleave_pairs(uint32_t* dst, const uint16_t* src, int64_t ld, int64_t pa
 }
 
 void tile_to_bf16(uint16_t* dst, const float* src, int64_t valid) {
-  for (int64_t r = 0; r < kBlock; ++r)
-    for (int64_t v = 0; v < kBlockVecs; ++v)
-      store_h(dst + r * kBlock + v * kW, r < valid ? to_bf16(load(src + r * kBlock + v * kW)) : HVec{});
+  const int64_t rows = std::clamp<int64_t>(valid, 0, kBlock);
+  Lowp<DType::kBF16>::narrow(dst, src, rows * kBlock);
+  std::fill(dst + rows * kBlock, dst + kBlock * kBlock, uint16_t(0));
 }
 
+// 16 x 16 register transposes into a 16-row f32 strip, each strip rounded by Lowp's bf16 narrowing.
 void tile_to_bf16_transposed(uint16_t* dst, const float* src, int64_t valid) {
-  for (int64_t rb = 0; rb < kBlock; rb += kW) {
-    for (int64_t cb = 0; cb < kBlock; cb += kW) {
+  alignas(64) float strip[kW * kBlock];  // dst rows cb .. cb + kW, in f32
+  for (int64_t cb = 0; cb < kBlock; cb += kW) {
+    for (int64_t rb = 0; rb < kBlock; rb += kW) {
       Vec r[kW];
       for (int i = 0; i < kW; ++i) r[i] = rb + i < valid ? load(src + (rb + i) * kBlock + cb) : Vec{};
       transpose16(r);
-      for (int i = 0; i < kW; ++i) store_h(dst + (cb + i) * kBlock + rb, to_bf16(r[i]));
+      for (int i = 0; i < kW; ++i) store(strip + i * kBlock + rb, r[i]);
     }
+    Lowp<DType::kBF16>::narrow(dst + cb * kBlock, strip, kW * kBlock);
   }
 }
 

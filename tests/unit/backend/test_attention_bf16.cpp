@@ -15,9 +15,9 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <random>
 #include <vector>
 
+#include "attention_test_util.h"
 #include "backend/cpu/attention_bf16.h"
 #include "backend/cpu/attention_tiles.h"
 #include "backend/cpu/lowp.h"
@@ -35,14 +35,6 @@ struct Aligned {
     p = reinterpret_cast<E*>(addr);
   }
 };
-
-std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> r(n);
-  for (auto& x : r) x = d(rng);
-  return r;
-}
 
 uint16_t bits16(uint32_t seed_index) { return uint16_t((seed_index * 2654435761u) >> 7); }
 
@@ -72,7 +64,7 @@ TEST(AttentionBf16Staging, InterleavePairs) {
 // A tile whose values exercise every rounding case: ties (even and odd), NaN (quiet and signalling),
 // infinities, overflow, subnormals, zeros of both signs, and ordinary values.
 std::vector<float> rounding_tile() {
-  std::vector<float> t = random_floats(size_t(kBlock * kBlock), 7);
+  std::vector<float> t = attn_test::randn(kBlock * kBlock, 7);
   const float specials[] = {std::bit_cast<float>(0x3F808000u),  // tie, even stays
                             std::bit_cast<float>(0x3F818000u),  // tie, odd rounds up
                             std::bit_cast<float>(0x7FC00001u),  std::bit_cast<float>(0x7F800001u),
@@ -127,12 +119,13 @@ TEST(AttentionBf16Gemm, MatchesExactProductsWithinF32Accumulation) {
     for (bool accumulate : {false, true}) {
       const int64_t m = 64, k = 96, lda = k + 32;
       std::vector<uint16_t> a(size_t(m * lda)), bplain(size_t(k * n));
-      const auto af = random_floats(a.size(), uint32_t(n), 2.0f), bf = random_floats(bplain.size(), uint32_t(n + 1));
+      const auto af = attn_test::randn(int64_t(a.size()), uint32_t(n));
+      const auto bf = attn_test::randn(int64_t(bplain.size()), uint32_t(n + 1));
       for (size_t i = 0; i < a.size(); ++i) a[i] = bf16_encode(af[i]);
       for (size_t i = 0; i < bplain.size(); ++i) bplain[i] = bf16_encode(bf[i]);
       std::vector<uint32_t> b(size_t(k / 2 * n));
       interleave_pairs(b.data(), bplain.data(), n, k / 2);
-      const std::vector<float> c0 = random_floats(size_t(m * n), 99);
+      const std::vector<float> c0 = attn_test::randn(m * n, 99);
       std::vector<float> c = c0;
       bf16_gemm(c.data(), n, a.data(), lda, b.data(), n, m, n, k, accumulate);
       std::vector<double> want, bound;
@@ -148,7 +141,7 @@ TEST(AttentionBf16Gemm, ResultDependsOnlyOnTheArguments) {
   const int64_t m = 64, n = 64, k = 64;
   std::vector<uint16_t> a0(size_t(m * k));
   std::vector<uint32_t> b0(size_t(k / 2 * n));
-  const auto af = random_floats(a0.size(), 5), bf = random_floats(2 * b0.size(), 6);
+  const auto af = attn_test::randn(int64_t(a0.size()), 5), bf = attn_test::randn(int64_t(2 * b0.size()), 6);
   for (size_t i = 0; i < a0.size(); ++i) a0[i] = bf16_encode(af[i]);
   for (size_t i = 0; i < b0.size(); ++i)
     b0[i] = uint32_t(bf16_encode(bf[2 * i])) | uint32_t(bf16_encode(bf[2 * i + 1])) << 16;
