@@ -105,6 +105,9 @@ bool matmul_caches_shapes(DType dt);
 // How many of those primitives are cached now, and the most that are kept (least recently used dropped).
 size_t matmul_cached_primitives();
 size_t matmul_max_cached_primitives();
+// Whether oneDNN runs bf16 products on AMX here (its effective ISA, which DNNL_MAX_CPU_ISA can lower): some
+// of matmul.cpp's kernel choices differ by it. Fixed for the process.
+bool matmul_uses_amx();
 
 // C (M, N) = op(A) · op(B) (+ C when accumulate), f32, row-major with leading dimensions, op = transpose
 // when trans_*: one oneDNN sgemm on the calling thread (serial inside or outside a parallel region), for

@@ -141,20 +141,12 @@ struct Gemm {
 //   stays ~5-9% ahead. So there a weight gradient of at least 2^21 elements takes it from 128 tokens on.
 enum class RuntimeDim { kNone, kRows, kReduction };
 
-// Whether oneDNN's bf16 kernels on this CPU are AMX ones (dnnl_get_effective_cpu_isa also honours
-// DNNL_MAX_CPU_ISA); fixed for the process, so every choice made from it is too.
-bool onednn_uses_amx() {
-  static const bool amx = (unsigned(dnnl_get_effective_cpu_isa()) & unsigned(dnnl_cpu_isa_avx512_core_amx)) ==
-                          unsigned(dnnl_cpu_isa_avx512_core_amx);
-  return amx;
-}
-
 RuntimeDim runtime_dim(const GemmKey& k) {
   if (k.ta != DType::kBF16 || k.tb != DType::kBF16 || k.bias || k.trans_b) return RuntimeDim::kNone;
   if (!k.trans_a && !k.accumulate && k.M >= 256 && k.K >= 5 * k.N) return RuntimeDim::kRows;
   if (k.trans_a && k.accumulate && k.tc == DType::kF32) {
     if (k.K > 512) return RuntimeDim::kReduction;
-    if (!onednn_uses_amx() && k.K >= 128 && k.M * k.N >= (int64_t(1) << 21)) return RuntimeDim::kReduction;
+    if (!matmul_uses_amx() && k.K >= 128 && k.M * k.N >= (int64_t(1) << 21)) return RuntimeDim::kReduction;
   }
   return RuntimeDim::kNone;
 }
@@ -378,6 +370,12 @@ void gemm_widened(const GemmKey& k, const void* a, const void* b, void* c, const
 bool matmul_caches_shapes(DType dt) { return primitive_takes(dt); }
 
 size_t matmul_cached_primitives() { return DnnlRuntime::get().cached_primitives(); }
+
+bool matmul_uses_amx() {
+  static const bool amx = (unsigned(dnnl_get_effective_cpu_isa()) & unsigned(dnnl_cpu_isa_avx512_core_amx)) ==
+                          unsigned(dnnl_cpu_isa_avx512_core_amx);
+  return amx;
+}
 
 size_t matmul_max_cached_primitives() { return DnnlRuntime::kMaxPrimitives; }
 

@@ -183,70 +183,53 @@ TEST(CpuMatmul, Bf16LongReductionInputGradients) {
 // the f32 gradient already there, match the double reference of the bf16 inputs, and give the same bits
 // for 1, 2 and 40 threads (more than 1024/64 + 1024/64, the count from which oneDNN's gemm may start
 // cutting a reduction between threads; at this output size it does not).
+// dW (N, K) += dout^T · x over M tokens in bf16 onto a random f32 gradient, on 1, 2 and 40 threads: the same
+// bits on all three, and every `row_step`-th row of dW within 1e-6 of the double sum of the bf16-rounded
+// inputs. Seeds seed .. seed + 4.
+void check_bf16_weight_gradient(DeviceContext& ctx, int64_t N, int64_t K, int64_t M, uint64_t seed,
+                                int64_t row_step) {
+  const Tensor w = to_bf16(randn({N, K}, seed));  // gives the shape; the weight gradient does not read it
+  const Tensor df = randn({M, N}, seed + 1), xf = randn({M, K}, seed + 2), dw0 = randn({N, K}, seed + 3);
+  const Tensor dout = to_bf16(df), x = to_bf16(xf), dr = bf16_rounded(df), xr = bf16_rounded(xf);
+  std::vector<std::vector<float>> outs;
+  for (int threads : {1, 2, 40}) {
+    omp_set_num_threads(threads);
+    Tensor dw = Tensor::empty({N, K}, DType::kF32);
+    std::memcpy(dw.raw(), dw0.raw(), size_t(dw.nbytes()));
+    ctx.ops().matmul_backward(TensorView(), dw, TensorView(), dout, x, w);
+    outs.emplace_back(dw.data<float>(), dw.data<float>() + dw.numel());
+  }
+  omp_set_num_threads(2);
+  EXPECT_TRUE(outs[0] == outs[1] && outs[0] == outs[2]) << "M=" << M << ": bits depend on the thread count";
+  double worst = 0, scale = 1e-30;
+  for (int64_t n = 0; n < N; n += row_step)
+    for (int64_t k = 0; k < K; ++k) {
+      double ref = dw0.data<float>()[n * K + k];
+      for (int64_t m = 0; m < M; ++m) ref += double(dr.data<float>()[m * N + n]) * xr.data<float>()[m * K + k];
+      worst = std::max(worst, std::fabs(ref - double(outs[0][size_t(n * K + k)])));
+      scale = std::max(scale, std::fabs(ref));
+    }
+  EXPECT_LT(worst / scale, 1e-6) << "M=" << M;
+}
+
 TEST(CpuMatmul, Bf16LargeWeightGradients) {
   auto ctx = make_cpu_context();
   if (!cpu::matmul_caches_shapes(DType::kBF16)) GTEST_SKIP() << "bf16 runs without cached primitives on this CPU";
-  const int64_t N = 1024, K = 1024;  // weight (N, K): 2^20 outputs
-  const Tensor w = to_bf16(randn({N, K}, 30));  // gives the shape; the weight gradient does not read it
   const size_t cached_before = cpu::matmul_cached_primitives();
-  for (int64_t M : {1024, 1100}) {  // tokens
-    const Tensor df = randn({M, N}, 31), xf = randn({M, K}, 32), dw0 = randn({N, K}, 33);
-    const Tensor dout = to_bf16(df), x = to_bf16(xf), dr = bf16_rounded(df), xr = bf16_rounded(xf);
-    std::vector<std::vector<float>> outs;
-    for (int threads : {1, 2, 40}) {
-      omp_set_num_threads(threads);
-      Tensor dw = Tensor::empty({N, K}, DType::kF32);
-      std::memcpy(dw.raw(), dw0.raw(), size_t(dw.nbytes()));
-      ctx->ops().matmul_backward(TensorView(), dw, TensorView(), dout, x, w);
-      outs.emplace_back(dw.data<float>(), dw.data<float>() + dw.numel());
-    }
-    omp_set_num_threads(2);
-    EXPECT_TRUE(outs[0] == outs[1] && outs[0] == outs[2]) << "M=" << M << ": bits depend on the thread count";
-    // Every 37th row of dW against the reference (all of it would take seconds).
-    double worst = 0, scale = 1e-30;
-    for (int64_t n = 0; n < N; n += 37)
-      for (int64_t k = 0; k < K; ++k) {
-        double ref = dw0.data<float>()[n * K + k];
-        for (int64_t m = 0; m < M; ++m) ref += double(dr.data<float>()[m * N + n]) * xr.data<float>()[m * K + k];
-        worst = std::max(worst, std::fabs(ref - double(outs[0][size_t(n * K + k)])));
-        scale = std::max(scale, std::fabs(ref));
-      }
-    EXPECT_LT(worst / scale, 1e-6) << "M=" << M;
-  }
+  for (int64_t M : {1024, 1100}) check_bf16_weight_gradient(*ctx, 1024, 1024, M, 30, 37);  // 2^20 outputs
   EXPECT_EQ(cpu::matmul_cached_primitives(), cached_before + 1) << "one runtime-reduction primitive for every M";
 }
 
 // Large weight gradients over a few hundred tokens (MoE expert groups, short steps): on CPUs without AMX they
-// go to oneDNN's gemm-based kernel from 128 tokens on (matmul.cpp, runtime_dim), on AMX ones they stay on
-// brgemm. Either way: the same bits on 1, 2 and 40 threads, and within f32 accumulation of the exact sums.
+// go to oneDNN's gemm-based kernel from 128 tokens on (matmul.cpp, runtime_dim), one primitive for every
+// token count; on AMX ones they stay on brgemm, one primitive per shape. Either way the checks above hold.
 TEST(CpuMatmul, Bf16LargeWeightGradientsOverFewTokens) {
   auto ctx = make_cpu_context();
   if (!cpu::matmul_caches_shapes(DType::kBF16)) GTEST_SKIP() << "bf16 runs without cached primitives on this CPU";
-  const int64_t N = 3072, K = 1024;  // weight (N, K): 3 x 2^20 outputs
-  const Tensor w = to_bf16(randn({N, K}, 40));
-  for (int64_t M : {128, 300, 512}) {  // tokens
-    const Tensor df = randn({M, N}, 41), xf = randn({M, K}, 42), dw0 = randn({N, K}, 43);
-    const Tensor dout = to_bf16(df), x = to_bf16(xf), dr = bf16_rounded(df), xr = bf16_rounded(xf);
-    std::vector<std::vector<float>> outs;
-    for (int threads : {1, 2, 40}) {
-      omp_set_num_threads(threads);
-      Tensor dw = Tensor::empty({N, K}, DType::kF32);
-      std::memcpy(dw.raw(), dw0.raw(), size_t(dw.nbytes()));
-      ctx->ops().matmul_backward(TensorView(), dw, TensorView(), dout, x, w);
-      outs.emplace_back(dw.data<float>(), dw.data<float>() + dw.numel());
-    }
-    omp_set_num_threads(2);
-    EXPECT_TRUE(outs[0] == outs[1] && outs[0] == outs[2]) << "M=" << M << ": bits depend on the thread count";
-    double worst = 0, scale = 1e-30;
-    for (int64_t n = 0; n < N; n += 97)
-      for (int64_t k = 0; k < K; ++k) {
-        double ref = dw0.data<float>()[n * K + k];
-        for (int64_t m = 0; m < M; ++m) ref += double(dr.data<float>()[m * N + n]) * xr.data<float>()[m * K + k];
-        worst = std::max(worst, std::fabs(ref - double(outs[0][size_t(n * K + k)])));
-        scale = std::max(scale, std::fabs(ref));
-      }
-    EXPECT_LT(worst / scale, 1e-6) << "M=" << M;
-  }
+  const size_t cached_before = cpu::matmul_cached_primitives();
+  for (int64_t M : {128, 300, 512}) check_bf16_weight_gradient(*ctx, 3072, 1024, M, 40, 97);  // 3 x 2^20 outputs
+  EXPECT_EQ(cpu::matmul_cached_primitives(), cached_before + (cpu::matmul_uses_amx() ? 3 : 1))
+      << (cpu::matmul_uses_amx() ? "one brgemm primitive per token count" : "one runtime-reduction primitive");
 }
 
 // The bf16 primitives are cached per product shape, at most matmul_max_cached_primitives() of them: a run
