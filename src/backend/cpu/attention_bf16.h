@@ -1,8 +1,9 @@
-// The bf16 block products of the CPU attention core on AVX512-BF16's VDPBF16PS (16 f32 lanes, each += the
-// dot product of a pair of bf16 values with another pair: twice the multiply-adds of an f32 FMA per
-// instruction), used by attention.cpp for bf16 activations when the CPU has it. Like the CUDA backend's
-// tensor-core path (and every tensor-core FlashAttention), the probabilities P and the score gradients dS are
-// rounded to bf16 for the products that take them; scores, softmax statistics and every accumulator are f32.
+// The bf16 path of the CPU attention core: block products on AVX512-BF16's VDPBF16PS (16 f32 lanes, each +=
+// the dot product of a pair of bf16 values with another pair: twice the multiply-adds of an f32 FMA per
+// instruction), run by the bf16 tasks of attention_bf16.cpp, which attention.cpp chooses for bf16 activations
+// when the CPU has it. Like the CUDA backend's tensor-core path (and every tensor-core FlashAttention), the
+// probabilities P and the score gradients dS are rounded to bf16 for the products that take them; scores,
+// softmax statistics and every accumulator are f32.
 #pragma once
 #include <cstdint>
 
