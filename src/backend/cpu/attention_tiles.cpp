@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "backend/cpu/lowp.h"
+#include "backend/cpu/transpose16.h"
 #include "backend/cpu/philox_simd.h"
 
 // The 64-byte vector type never crosses this file (internal linkage), so GCC's note that passing it by
@@ -102,34 +103,6 @@ void acc_cols(float* out, const float* c, int64_t cr, int64_t ck, const float* x
   }
 }
 
-// One butterfly stage of a 16 x 16 transpose: for rows i and i | 2^K, exchanges the elements whose row and
-// column differ in bit K. After stages 0..3 every element (i, j) has moved to (j, i).
-template <int K, typename V, size_t... J>
-inline V butterfly_lo(const V& a, const V& b, std::index_sequence<J...>) {
-  return __builtin_shufflevector(a, b, int(((J >> K) & 1) ? kW + (J ^ (1u << K)) : J)...);
-}
-template <int K, typename V, size_t... J>
-inline V butterfly_hi(const V& a, const V& b, std::index_sequence<J...>) {
-  return __builtin_shufflevector(a, b, int(((J >> K) & 1) ? kW + J : (J ^ (1u << K)))...);
-}
-template <int K, typename V>
-inline void butterfly(V (&r)[kW]) {
-  for (int i = 0; i < kW; ++i) {
-    if ((i >> K) & 1) continue;
-    const int j = i | (1 << K);
-    const V lo = butterfly_lo<K>(r[i], r[j], std::make_index_sequence<kW>{});
-    const V hi = butterfly_hi<K>(r[i], r[j], std::make_index_sequence<kW>{});
-    r[i] = lo;
-    r[j] = hi;
-  }
-}
-template <typename V>
-inline void transpose16(V (&r)[kW]) {  // r[i][j] -> r[j][i], bitwise (shuffles only)
-  butterfly<0>(r);
-  butterfly<1>(r);
-  butterfly<2>(r);
-  butterfly<3>(r);
-}
 
 
 }  // namespace
@@ -209,17 +182,6 @@ void transpose_block(float* dst, const float* src, int64_t hsp, float scale) {
 }
 
 // ---- staging for the bf16 products -----------------------------------------------------------------
-
-void transpose_u32(uint32_t* dst, const uint32_t* src, int64_t lds, int64_t w) {
-  for (int64_t rb = 0; rb < kBlock; rb += kW) {
-    for (int64_t cb = 0; cb < w; cb += kW) {
-      UVec r[kW];
-      for (int i = 0; i < kW; ++i) std::memcpy(&r[i], src + (rb + i) * lds + cb, sizeof(UVec));
-      transpose16(r);
-      for (int i = 0; i < kW; ++i) std::memcpy(dst + (cb + i) * kBlock + rb, &r[i], sizeof(UVec));
-    }
-  }
-}
 
 void interleave_pairs(uint32_t* dst, const uint16_t* src, int64_t ld, int64_t pairs) {
   for (int64_t p = 0; p < pairs; ++p) {

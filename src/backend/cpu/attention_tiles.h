@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "backend/cpu/transpose16.h"
+
 namespace loom::cpu::attn {
 
 constexpr int64_t kW = 16;      // floats per vector
@@ -90,10 +92,8 @@ void dropout_tile(float* z, const Dropout& d, uint64_t base, uint64_t stride, in
 // dst (hsp x kBlock) = scale * src^T for src (kBlock x hsp) row-major.
 void transpose_block(float* dst, const float* src, int64_t hsp, float scale);
 
-// Operand staging for the bf16 products (attention_bf16.h), bf16 values as their 16-bit patterns:
-// dst (w x kBlock) = src^T for src (kBlock x w, lds per row) of 32-bit elements; w a multiple of kW. Applied
-// to a block of bf16 rows seen as pairs, it gives the pair-interleaved layout of the block transposed.
-void transpose_u32(uint32_t* dst, const uint32_t* src, int64_t lds, int64_t w);
+// Operand staging for the bf16 products (attention_bf16.h), bf16 values as their 16-bit patterns (with
+// transpose_u32 of transpose16.h, the kBlock x w transpose of 32-bit elements):
 // dst row p (ld 32-bit elements) = src rows 2p and 2p + 1 (ld bf16 each) interleaved: dst[p][j] = src[2p][j] |
 // src[2p + 1][j] << 16, for p < pairs: the pair-interleaved layout of row-major rows.
 void interleave_pairs(uint32_t* dst, const uint16_t* src, int64_t ld, int64_t pairs);

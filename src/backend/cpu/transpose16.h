@@ -1,0 +1,65 @@
+// 16 x 16 register transposes of 32-bit elements (GCC/Clang vector extensions, shuffles only: one zmm
+// register per row on AVX-512, split by the compiler on narrower ISAs), and the 64-row block transpose built
+// on them. Header-only so that each caller (attention's staging, the matmul's weight packing) inlines its
+// own copy: no call per block, and a profile charges the time to the caller.
+#pragma once
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+namespace loom::cpu {
+
+namespace transpose_detail {
+
+constexpr int kLanes = 16;
+
+// One butterfly stage of a 16 x 16 transpose: for rows i and i | 2^K, exchanges the elements whose row and
+// column differ in bit K. After stages 0..3 every element (i, j) has moved to (j, i).
+template <int K, typename V, size_t... J>
+inline V butterfly_lo(const V& a, const V& b, std::index_sequence<J...>) {
+  return __builtin_shufflevector(a, b, int(((J >> K) & 1) ? kLanes + (J ^ (1u << K)) : J)...);
+}
+template <int K, typename V, size_t... J>
+inline V butterfly_hi(const V& a, const V& b, std::index_sequence<J...>) {
+  return __builtin_shufflevector(a, b, int(((J >> K) & 1) ? kLanes + J : (J ^ (1u << K)))...);
+}
+template <int K, typename V>
+inline void butterfly(V (&r)[kLanes]) {
+  for (int i = 0; i < kLanes; ++i) {
+    if ((i >> K) & 1) continue;
+    const int j = i | (1 << K);
+    const V lo = butterfly_lo<K>(r[i], r[j], std::make_index_sequence<kLanes>{});
+    const V hi = butterfly_hi<K>(r[i], r[j], std::make_index_sequence<kLanes>{});
+    r[i] = lo;
+    r[j] = hi;
+  }
+}
+
+}  // namespace transpose_detail
+
+// r[i][j] -> r[j][i] for 16 vectors of 16 32-bit lanes, bitwise.
+template <typename V>
+inline void transpose16(V (&r)[16]) {
+  transpose_detail::butterfly<0>(r);
+  transpose_detail::butterfly<1>(r);
+  transpose_detail::butterfly<2>(r);
+  transpose_detail::butterfly<3>(r);
+}
+
+// dst (w x 64, 64 elements per row) = src^T for src (64 x w, lds elements per row) of 32-bit elements; w a
+// multiple of 16. Applied to bf16 rows seen as pairs, it gives the pair-interleaved layout of the block
+// transposed (attention's staging, the blocked weight layout of matmul.cpp).
+inline void transpose_u32(uint32_t* dst, const uint32_t* src, int64_t lds, int64_t w) {
+  using UVec = uint32_t __attribute__((vector_size(64)));
+  constexpr int64_t kRows = 64;
+  for (int64_t rb = 0; rb < kRows; rb += 16) {
+    for (int64_t cb = 0; cb < w; cb += 16) {
+      UVec r[16];
+      for (int i = 0; i < 16; ++i) std::memcpy(&r[i], src + (rb + i) * lds + cb, sizeof(UVec));
+      transpose16(r);
+      for (int i = 0; i < 16; ++i) std::memcpy(dst + (cb + i) * kRows + rb, &r[i], sizeof(UVec));
+    }
+  }
+}
+
+}  // namespace loom::cpu
