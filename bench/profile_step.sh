@@ -65,7 +65,7 @@ timed = [t for i, t in sorted(times.items()) if i > int(warmup)]
 step = statistics.median(timed)
 # First matching rule wins; the patterns are matched against "dso symbol".
 RULES = [
-    ("GEMM (oneDNN JIT kernels, sgemm/brgemm)", r"\[JIT\]|libdnnl|sgemm|jit_|brgemm"),
+    ("GEMM (oneDNN JIT kernels, sgemm/brgemm, Loom's weight packing)", r"\[JIT\]|libdnnl|sgemm|jit_|brgemm|pack_b"),
     ("attention (scores, softmax, values; fwd + bwd)",
      r"cpu::attn::|attention|backward_group|forward_task|grad_tile|block_stats|OnlineSoftmax|stage_block|"
      r"scale_scores|HeadRows"),

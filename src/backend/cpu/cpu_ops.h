@@ -108,6 +108,10 @@ size_t matmul_max_cached_primitives();
 // Whether oneDNN runs bf16 products on AMX here (its effective ISA, which DNNL_MAX_CPU_ISA can lower): some
 // of matmul.cpp's kernel choices differ by it. Fixed for the process.
 bool matmul_uses_amx();
+// How many bf16 products have run on a B operand Loom packed into oneDNN's blocked layout (matmul.cpp,
+// packs_b), and a switch for tests and benchmarks: off, products asked for from then on take B as stored.
+size_t matmul_packed_products();
+void set_matmul_packing(bool on);
 
 // C (M, N) = op(A) · op(B) (+ C when accumulate), f32, row-major with leading dimensions, op = transpose
 // when trans_*: one oneDNN sgemm on the calling thread (serial inside or outside a parallel region), for

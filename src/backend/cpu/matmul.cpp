@@ -11,9 +11,10 @@
 //   bf16 -> the matmul primitive (AMX / AVX512-BF16 brgemm; f32 accumulation, bias fused, sum post-op for
 //           +=). Unlike f32, a transposed stride is not what makes a product slow: at GPT-2 shapes dweight
 //           (transposed dout) runs at 0.6-0.75x and dinp (all operands plain) at 0.6-1.2x of the forward's
-//           rate, and making an operand plain first (a transposed copy by a oneDNN reorder, or weights
-//           reordered to the blocked layout) cost more than it saved in every case measured, so nothing
-//           is copied.
+//           rate, and making an operand plain first with a oneDNN reorder (a transposed copy, or weights in
+//           the blocked layout) cost more than it saved in every case measured. Without AMX, the forward's
+//           and the input gradient's weight is packed into the blocked layout by Loom's own copy (packs_b,
+//           pack_b), which does pay for itself from 256 rows on; otherwise no operand is copied.
 //           AMX and VCVTNEPS2BF16 flush bf16 subnormals (|x| < 1.2e-38) to zero; every other value is
 //           the RNE rounding of the f32 accumulation;
 //           On CPUs without AVX-512 this oneDNN has no bf16 matmul kernel: bf16 then goes through
@@ -27,6 +28,9 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <memory>
 #include <list>
 #include <map>
 #include <mutex>
@@ -37,6 +41,7 @@
 
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/lowp.h"
+#include "backend/cpu/transpose16.h"
 
 namespace loom::cpu {
 
@@ -62,7 +67,10 @@ struct GemmKey {
   DType ta, tb, tc;
   bool bias, accumulate;
   DType bias_dt = DType::kF32;  // when bias
-  auto tie() const { return std::tie(M, N, K, trans_a, trans_b, lda, ldb, ta, tb, tc, bias, accumulate, bias_dt); }
+  bool pack = false;            // set by DnnlRuntime::gemm: Loom packs B (packs_b)
+  auto tie() const {
+    return std::tie(M, N, K, trans_a, trans_b, lda, ldb, ta, tb, tc, bias, accumulate, bias_dt, pack);
+  }
   bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
 };
 
@@ -121,6 +129,11 @@ void sgemm_fixed_split(char ta, char tb, int64_t M, int64_t N, int64_t K, const 
 struct Gemm {
   memory::desc a, b, c, bias;
   dnnl::matmul prim;  // with a runtime M or K (DNNL_RUNTIME_DIM_VAL) where runtime_dim(key) says so
+  // Where packs_b(key): prim takes B in oneDNN's blocked layout b_packed, which Loom writes before each
+  // call (pack_b); stride_kb / stride_nb are its strides (elements) between 32-row and 64-column blocks.
+  bool packed = false;
+  memory::desc b_packed;
+  int64_t stride_kb = 0, stride_nb = 0;
 };
 
 // bf16 products that run faster in oneDNN 2.6's gemm-based kernel (gemm:jit) than in the AMX brgemm kernel
@@ -159,6 +172,51 @@ int gemm_jit_threads(const GemmKey& k) {
   return int(std::min<int64_t>(omp_get_max_threads(), std::max<int64_t>(1, k.M / 64 + k.N / 64)));
 }
 
+// bf16 products whose B operand Loom packs itself, per call, into the blocked layout oneDNN's brgemm
+// kernel reads (pack_b), instead of handing it B as stored. Measured without AMX (AVX512-BF16 brgemm, an
+// AMD Zen 5, 2 threads, weights cold; bench/RESULTS.md): brgemm given a plain B re-packs it inside the
+// call, and made under kBrgemmThreads it does so once per row block of its 15-thread partition. From ~480
+// rows on that costs up to half of the product (a Mixtral expert's fc1 forward over 512 rows: 19.2 ms,
+// packed 11.7; GPT-2's fc2 input gradient over 2048 rows: 12.4 -> 10.9), while Loom's packing moves each
+// element once at memory speed (0.1-0.8 ms per weight). Below 256 rows the pack costs more than it saves
+// (a 7168 x 1024 forward over 64 rows: 1.9 -> 2.2 ms). On AMX machines the blocked layout is another one
+// and was not measured, so nothing changes there. The packed copy lives in one scratch buffer of at most
+// kMaxPackedBytes (GPT-2's 77 MB LM head fits, Llama-3's 525 MB one does not and stays as stored).
+constexpr int64_t kPackMinRows = 256;
+constexpr int64_t kMaxPackedBytes = int64_t(128) << 20;
+
+std::atomic<bool> g_packing{true};  // set_matmul_packing
+
+bool packs_b(const GemmKey& k) {
+  return g_packing.load() && k.ta == DType::kBF16 && k.tb == DType::kBF16 && !k.trans_a && k.M >= kPackMinRows && k.K % 32 == 0 &&
+         k.N % 64 == 0 && k.K * k.N * 2 <= kMaxPackedBytes && !matmul_uses_amx();
+}
+
+// Writes B (K, N) (B(k, n) = b[n * ldb + k] when trans_b, else b[k * ldb + n]; bf16 as 16-bit patterns) in
+// the blocked layout 16a64b2a: 32-row x 64-column blocks at the given strides, each stored as 16 rows of
+// 64 (k, k + 1) pairs. Every element is moved, none computed: the product sees the same values.
+void pack_b(uint16_t* dst, const uint16_t* b, int64_t K, int64_t N, int64_t ldb, bool trans_b, int64_t stride_kb,
+            int64_t stride_nb) {
+  const int64_t kb_count = K / 32, nb_count = N / 64;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t nb = 0; nb < nb_count; ++nb) {
+    for (int64_t kb = 0; kb < kb_count; ++kb) {
+      auto* d = reinterpret_cast<uint32_t*>(dst + kb * stride_kb + nb * stride_nb);
+      if (trans_b) {  // 64 stored rows (n) of 16 pairs (k) -> 16 rows of 64 pairs
+        transpose_u32(d, reinterpret_cast<const uint32_t*>(b + nb * 64 * ldb + kb * 32), ldb / 2, 16);
+        continue;
+      }
+      for (int64_t p = 0; p < 16; ++p) {  // stored rows 2p and 2p + 1 (k), 64 columns (n), interleaved
+        const uint16_t* r0 = b + (kb * 32 + 2 * p) * ldb + nb * 64;
+        const uint16_t* r1 = r0 + ldb;
+        uint32_t* o = d + p * 64;
+#pragma omp simd
+        for (int64_t j = 0; j < 64; ++j) o[j] = uint32_t(r0[j]) | uint32_t(r1[j]) << 16;
+      }
+    }
+  }
+}
+
 // oneDNN 2.6's brgemm matmul chooses its blocking from the thread count it is made under, and the K blocking
 // sets how AMX groups the sums (AMX's dot products do not round like a chain of f32 FMAs): made under 1, 2
 // or 3 threads, 70 of 280 forward and input-gradient shapes gave different bits (256 x 256 over K 1,200
@@ -183,6 +241,11 @@ class DnnlRuntime {
     return cache_.size();
   }
 
+  size_t packed_products() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return packed_products_;
+  }
+
   // C (M, N) [+]= A (M, K) · B (K, N) [+ bias (1, N)], A and B described by strides, C row-major.
   void gemm(const GemmKey& key, const void* a, const void* b, void* c, const void* bias) {
     if (key.ta == DType::kF32 && key.tb == DType::kF32 && key.tc == DType::kF32 && !key.bias) {
@@ -198,6 +261,7 @@ class DnnlRuntime {
     GemmKey cache_key = key;
     if (rd == RuntimeDim::kRows) cache_key.M = DNNL_RUNTIME_DIM_VAL;
     if (rd == RuntimeDim::kReduction) cache_key.K = DNNL_RUNTIME_DIM_VAL;
+    cache_key.pack = rd == RuntimeDim::kNone && packs_b(key);
     Gemm& g = find(cache_key);
     // A primitive with a runtime dimension runs on descriptors with this call's sizes.
     const bool rt = rd != RuntimeDim::kNone;
@@ -205,6 +269,12 @@ class DnnlRuntime {
     memory am(rt ? concrete.a : g.a, engine_, const_cast<void*>(a));
     memory bm(rt ? concrete.b : g.b, engine_, const_cast<void*>(b));
     memory cm(rt ? concrete.c : g.c, engine_, c);
+    if (g.packed) {
+      uint16_t* buf = packed_buffer(g.b_packed.get_size());
+      pack_b(buf, static_cast<const uint16_t*>(b), key.K, key.N, key.ldb, key.trans_b, g.stride_kb, g.stride_nb);
+      bm = memory(g.b_packed, engine_, buf);
+      ++packed_products_;
+    }
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
     if (key.bias) args.emplace(DNNL_ARG_BIAS, memory(g.bias, engine_, const_cast<void*>(bias)));
     const ThreadLimit limit(rt ? gemm_jit_threads(key) : omp_get_max_threads());
@@ -259,9 +329,43 @@ class DnnlRuntime {
     // runtime dimension (gemm:jit) under the current one, which it threads its epilogue with.
     const bool runtime = k.M == DNNL_RUNTIME_DIM_VAL || k.K == DNNL_RUNTIME_DIM_VAL;
     const ThreadLimit team(runtime ? omp_get_max_threads() : kBrgemmThreads);
+    if (k.pack && build_packed(k, attr, g)) return g;
     dnnl::matmul::primitive_desc pd(*d, attr, engine_);
     g.prim = dnnl::matmul(pd);
     return g;
+  }
+
+  // The primitive of `k` with B in the layout oneDNN picks for it, when that is the 16a64b2a layout pack_b
+  // writes (unpadded); false (g untouched) otherwise, and the product then takes B as stored.
+  bool build_packed(const GemmKey& k, const dnnl::primitive_attr& attr, Gemm& g) {
+    const memory::desc any(g.b.dims(), g.b.data_type(), memory::format_tag::any);
+    const auto d = k.bias ? dnnl::matmul::desc(g.a, any, g.bias, g.c) : dnnl::matmul::desc(g.a, any, g.c);
+    dnnl::matmul::primitive_desc pd(d, attr, engine_);
+    const memory::desc w = pd.weights_desc();
+    const dnnl_memory_desc_t& md = w.data;
+    if (md.format_kind != dnnl_blocked || md.ndims != 2 || md.padded_dims[0] != k.K || md.padded_dims[1] != k.N ||
+        md.offset0 != 0)
+      return false;
+    const dnnl_blocking_desc_t& bl = md.format_desc.blocking;
+    if (bl.inner_nblks != 3 || bl.inner_blks[0] != 16 || bl.inner_idxs[0] != 0 || bl.inner_blks[1] != 64 ||
+        bl.inner_idxs[1] != 1 || bl.inner_blks[2] != 2 || bl.inner_idxs[2] != 0)
+      return false;
+    g.prim = dnnl::matmul(pd);
+    g.packed = true;
+    g.b_packed = w;
+    g.stride_kb = bl.strides[0];
+    g.stride_nb = bl.strides[1];
+    return true;
+  }
+
+  // The scratch B is packed into (64-byte aligned, grown on demand, kept; the caller holds mu_).
+  uint16_t* packed_buffer(size_t bytes) {
+    if (bytes > packed_bytes_) {
+      packed_.reset(static_cast<uint16_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));
+      LOOM_CHECK(packed_ != nullptr, "[matmul] cannot allocate ", bytes, " bytes for a packed bf16 operand");
+      packed_bytes_ = bytes;
+    }
+    return packed_.get();
   }
 
   dnnl::engine engine_;
@@ -277,6 +381,12 @@ class DnnlRuntime {
   };
   std::map<GemmKey, Entry> cache_;
   std::list<GemmKey> lru_;
+  struct FreeDeleter {
+    void operator()(void* p) const { std::free(p); }
+  };
+  std::unique_ptr<uint16_t, FreeDeleter> packed_;
+  size_t packed_bytes_ = 0;
+  size_t packed_products_ = 0;
 };
 
 // oneDNN's matmul primitive takes bf16 (AMX / AVX512-BF16); f16 needs AVX512-FP16 + AMX-FP16 kernels this
@@ -378,6 +488,10 @@ bool matmul_uses_amx() {
 }
 
 size_t matmul_max_cached_primitives() { return DnnlRuntime::kMaxPrimitives; }
+
+size_t matmul_packed_products() { return DnnlRuntime::get().packed_products(); }
+
+void set_matmul_packing(bool on) { g_packing.store(on); }
 
 void sgemm_serial(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
                   const float* B, int64_t ldb, bool accumulate, float* C, int64_t ldc) {

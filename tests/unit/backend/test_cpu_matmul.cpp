@@ -254,3 +254,72 @@ TEST(CpuMatmul, Bf16PrimitiveCacheIsBounded) {
   const Tensor again = product(1);  // M = 1's primitive was the least recently used: dropped, built again
   EXPECT_EQ(std::memcmp(first.raw(), again.raw(), size_t(first.nbytes())), 0);
 }
+
+// Selects whether bf16 products pack their B operand (cpu::set_matmul_packing) for a scope.
+class Packing {
+ public:
+  explicit Packing(bool on) { cpu::set_matmul_packing(on); }
+  ~Packing() { cpu::set_matmul_packing(true); }
+  Packing(const Packing&) = delete;
+  Packing& operator=(const Packing&) = delete;
+};
+
+// bf16 forward and input-gradient products over at least 256 rows take their weight packed by Loom into
+// oneDNN's blocked layout on CPUs without AMX (matmul.cpp, packs_b): transposed (forward, B = W^T) and as
+// stored (input gradient, B = W), over several 32-row and 64-column blocks, with a fused bias and a bf16
+// output. Each product must match the double reference of the bf16-rounded inputs, give the same bits on
+// 1, 2 and 3 threads, and give the bits of the same product on the weight as stored (the kernel is the
+// same; only who packs B differs), so a misplaced element cannot hide in the rounding. A width that is no
+// multiple of 64 is not packed and stays right.
+TEST(CpuMatmul, Bf16PackedWeights) {
+  auto ctx = make_cpu_context();
+  if (!cpu::matmul_caches_shapes(DType::kBF16)) GTEST_SKIP() << "bf16 runs without cached primitives on this CPU";
+  struct Case {
+    int64_t M, N, K;  // forward out (M, N) = x (M, K) W^T; input gradient (M, K) = dout (M, N) W
+    bool packs;       // both products pack (without AMX)
+  };
+  const bool amx = cpu::matmul_uses_amx();
+  for (const Case c : {Case{256, 192, 128, true}, Case{300, 128, 256, true}, Case{256, 96, 80, false}}) {
+    const Tensor xf = randn({c.M, c.K}, 50), wf = randn({c.N, c.K}, 51), bf = randn({c.N}, 52);
+    const Tensor df = randn({c.M, c.N}, 53);
+    const Tensor x = to_bf16(xf), w = to_bf16(wf), dout = to_bf16(df);
+    const Tensor xr = bf16_rounded(xf), wr = bf16_rounded(wf), dr = bf16_rounded(df);
+    const std::vector<double> ref_out = ref_forward(xr, wr, &bf);
+    std::vector<double> ref_dinp(size_t(c.M * c.K), 0.0);
+    for (int64_t m = 0; m < c.M; ++m)
+      for (int64_t n = 0; n < c.N; ++n)
+        for (int64_t k = 0; k < c.K; ++k)
+          ref_dinp[size_t(m * c.K + k)] += double(dr.data<float>()[m * c.N + n]) * wr.data<float>()[n * c.K + k];
+    // f32 output with bias, bf16 output with bias, f32 input gradient: all three concatenated.
+    auto run = [&]() {
+      Tensor out = Tensor::empty({c.M, c.N}, DType::kF32), out16 = Tensor::empty({c.M, c.N}, DType::kBF16);
+      Tensor dinp = Tensor::empty({c.M, c.K}, DType::kF32);
+      ctx->ops().matmul_forward(out, x, w, bf);
+      ctx->ops().matmul_forward(out16, x, w, to_bf16(bf));
+      ctx->ops().matmul_backward(dinp, TensorView(), TensorView(), dout, TensorView(), w);
+      EXPECT_LT(max_rel(out.data<float>(), ref_out), 1e-6) << "forward, M=" << c.M;
+      EXPECT_LT(max_rel(dinp.data<float>(), ref_dinp), 1e-6) << "input gradient, M=" << c.M;
+      std::vector<float> all(out.data<float>(), out.data<float>() + out.numel());
+      for (int64_t i = 0; i < out16.numel(); ++i) all.push_back(bf16_to_f32(out16.data<uint16_t>()[i]));
+      all.insert(all.end(), dinp.data<float>(), dinp.data<float>() + dinp.numel());
+      return all;
+    };
+    std::vector<std::vector<float>> packed;
+    const size_t before = cpu::matmul_packed_products();
+    for (int threads : {1, 2, 3}) {
+      omp_set_num_threads(threads);
+      packed.push_back(run());
+    }
+    omp_set_num_threads(2);
+    const size_t ran_packed = cpu::matmul_packed_products() - before;
+    EXPECT_EQ(ran_packed, c.packs && !amx ? 9u : 0u) << "M=" << c.M << " N=" << c.N << " K=" << c.K;
+    EXPECT_TRUE(packed[0] == packed[1] && packed[0] == packed[2]) << "M=" << c.M << ": bits depend on the thread count";
+    std::vector<float> as_stored;
+    {
+      const Packing off(false);
+      as_stored = run();
+    }
+    EXPECT_EQ(cpu::matmul_packed_products(), before + ran_packed);
+    EXPECT_TRUE(as_stored == packed[0]) << "M=" << c.M << ": packed and stored B give other bits";
+  }
+}
