@@ -213,8 +213,14 @@ void CpuOps::do_gelu_forward(TensorView out, TensorView inp) const {
   const DType dt = out.dtype();
   const int64_t n = out.numel();
   auto kernel = [](float* o, const float* x, int64_t len) {
+#if defined(__AVX512F__)
+    simd16::for_blocks(len, [&](int64_t i, __mmask16 m) {
+      _mm512_mask_storeu_ps(o + i, m, simd16::gelu(_mm512_maskz_loadu_ps(m, x + i)));
+    });
+#else
     LOOM_SIMD_ACTIVATION
     for (int64_t i = 0; i < len; ++i) o[i] = fast_gelu(x[i]);
+#endif
   };
   if (dt == DType::kF32) {
     f32_map(out.data<float>(), n, kParallelMin / 8, [&](float* o, int64_t i, int64_t len) {
@@ -232,8 +238,16 @@ void CpuOps::do_gelu_backward(TensorView dinp, TensorView inp, TensorView dout) 
   const DType dt = dinp.dtype();
   const int64_t n = dinp.numel();
   auto kernel = [](float* dx, const float* x, const float* dy, int64_t len) {
+#if defined(__AVX512F__)
+    simd16::for_blocks(len, [&](int64_t i, __mmask16 m) {
+      __m512 a, da;
+      simd16::gelu_and_grad(_mm512_maskz_loadu_ps(m, x + i), a, da);
+      _mm512_mask_storeu_ps(dx + i, m, _mm512_mul_ps(da, _mm512_maskz_loadu_ps(m, dy + i)));
+    });
+#else
     LOOM_SIMD_ACTIVATION
     for (int64_t i = 0; i < len; ++i) dx[i] = gelu_grad(x[i], dy[i]);
+#endif
   };
   if (dt == DType::kF32) {
     f32_map(dinp.data<float>(), n, kParallelMin / 8, [&](float* dx, int64_t i, int64_t len) {

@@ -89,6 +89,81 @@ inline void fast_gelu_and_grad(float x, float& a, float& da) {
   da = sg.s + 2.0f * x * sg.s * sg.one_minus_s * du;
 }
 
+#if defined(__AVX512F__)
+// The activations above, 16 lanes at a time in AVX-512 intrinsics, operation for operation the same
+// roundings as the scalar forms compiled under `omp simd` (GCC contracts a * b + c into one FMA; these
+// write the FMAs out), so every lane gives the scalar function's bits (test_cpu_math.cpp checks ~2^27
+// inputs per function). Faster where it differs: the clamps are vmaxps/vminps and 2^n is applied by
+// vscalefps, which rounds p · 2^n once, as (p · s1) · s2 does (p · s1 is exact); no masks, blends or
+// integer shifts. GeLU's forward runs ~1.8x as fast as the compiler's code for the scalar form.
+namespace simd16 {
+
+// The maskz forms with a full mask avoid GCC 12's -Wmaybe-uninitialized false positive on the plain ones.
+constexpr __mmask16 kAll = 0xFFFF;
+
+inline __m512 exp(__m512 x) {
+  x = _mm512_maskz_max_ps(kAll, _mm512_set1_ps(-110.0f), x);  // (x < -110) ? -110 : x, NaN kept (2nd operand)
+  x = _mm512_maskz_min_ps(kAll, _mm512_set1_ps(89.0f), x);
+  const __m512 round = _mm512_set1_ps(12582912.0f);
+  const __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), round), round);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_maskz_scalef_ps(kAll, p, n);
+}
+
+inline __m512 neg(__m512 x) { return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN))); }
+
+inline __m512 sigmoid(__m512 x) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  return _mm512_div_ps(one, _mm512_add_ps(one, exp(neg(x))));
+}
+
+inline void sigmoid_pair(__m512 x, __m512& s, __m512& one_minus_s) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512 e = exp(neg(x));
+  s = _mm512_div_ps(one, _mm512_add_ps(one, e));
+  const __mmask16 finite = _mm512_cmp_ps_mask(e, _mm512_set1_ps(INFINITY), _CMP_LT_OQ);
+  one_minus_s = _mm512_mask_mul_ps(one, finite, e, s);
+}
+
+// 2u, u = sqrt(2/pi) (x + 0.044715 x^3), as fast_gelu computes it.
+inline __m512 gelu_2u(__m512 x) {
+  const __m512 cubic = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(kGeluK1), x), x), x, x);
+  return _mm512_mul_ps(_mm512_set1_ps(2.0f), _mm512_mul_ps(_mm512_set1_ps(kGeluK0), cubic));
+}
+
+inline __m512 gelu(__m512 x) { return _mm512_mul_ps(x, sigmoid(gelu_2u(x))); }
+
+inline void gelu_and_grad(__m512 x, __m512& a, __m512& da) {
+  constexpr float k3 = 3.0f * kGeluK1;
+  const __m512 du = _mm512_mul_ps(_mm512_set1_ps(kGeluK0),
+                                  _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(k3), x), x, _mm512_set1_ps(1.0f)));
+  __m512 s, oms;
+  sigmoid_pair(gelu_2u(x), s, oms);
+  a = _mm512_mul_ps(x, s);
+  const __m512 t = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(2.0f), x), s), oms);
+  da = _mm512_fmadd_ps(t, du, s);
+}
+
+// f(i, mask) over 16-element blocks of [0, n), the last one masked to the elements that exist.
+template <typename F>
+inline void for_blocks(int64_t n, F&& f) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) f(i, __mmask16(0xFFFF));
+  if (i < n) f(i, __mmask16((1u << (n - i)) - 1u));
+}
+
+}  // namespace simd16
+#endif
+
 // Sum of f(i) over i in [0, n) in an order fixed by n alone: 16 lanes (lane l takes i = l mod 16 over the
 // full groups of 16, then the tail), combined by a fixed pairwise tree. The compiler maps the lanes onto
 // SIMD registers, and the result does not depend on alignment, vector width or thread count — so a

@@ -1,5 +1,6 @@
 // The vectorisable helpers behind the CPU ops (backend/cpu/fast_math.h): fast_exp accuracy over the whole
-// f32 range, lane_sum's order being a function of n alone, and sqrt_inplace being correctly rounded.
+// f32 range, lane_sum's order being a function of n alone, sqrt_inplace being correctly rounded, and the
+// AVX-512 forms of the activations (simd16) giving the scalar forms' bits.
 #include <bit>
 
 #include "backend/cpu/fast_math.h"
@@ -83,6 +84,64 @@ TEST(CpuFastMath, SqrtInplaceIsCorrectlyRounded) {
         << x[i];
   }
 }
+
+// The GeLU, GeGLU and SwiGLU kernels run simd16's forms on AVX-512 builds and the scalar ones elsewhere;
+// both must give the same bits (NaN as NaN), so that a model's numbers do not depend on which one a build
+// has. Every 32nd f32 bit pattern (2^27 inputs: all exponents, both signs, NaN and infinities) through
+// gelu, gelu_and_grad, silu and the sigmoid pair with SwiGLU's derivative, the scalar side as the kernels
+// compile it (a loop under LOOM_SIMD_ACTIVATION). All 2^32 inputs were compared once (bench/RESULTS.md).
+#if defined(__AVX512F__)
+namespace scalar_forms {
+__attribute__((noinline)) void run(std::vector<float> (&out)[6], const std::vector<float>& x) {
+  const int64_t n = int64_t(x.size());
+  LOOM_SIMD_ACTIVATION
+  for (int64_t i = 0; i < n; ++i) {
+    float a, da;
+    out[0][size_t(i)] = cpu::fast_gelu(x[size_t(i)]);
+    cpu::fast_gelu_and_grad(x[size_t(i)], a, da);
+    out[1][size_t(i)] = a;
+    out[2][size_t(i)] = da;
+    out[3][size_t(i)] = x[size_t(i)] * cpu::fast_sigmoid(x[size_t(i)]);
+    const cpu::SigmoidPair sg = cpu::fast_sigmoid_pair(x[size_t(i)]);
+    out[4][size_t(i)] = x[size_t(i)] * sg.s;
+    out[5][size_t(i)] = sg.s + x[size_t(i)] * sg.s * sg.one_minus_s;
+  }
+}
+}  // namespace scalar_forms
+
+TEST(CpuFastMath, Simd16ActivationsGiveTheScalarBits) {
+  namespace v = cpu::simd16;
+  const char* names[6] = {"gelu", "gelu_and_grad a", "gelu_and_grad da", "silu", "sigmoid_pair silu",
+                          "sigmoid_pair silu'"};
+  int64_t differ[6] = {};
+  constexpr int64_t kBlock = int64_t(1) << 16, kStride = 32;
+  std::vector<float> x(static_cast<size_t>(kBlock)), want[6], got[6];
+  for (int k = 0; k < 6; ++k) want[k].resize(size_t(kBlock)), got[k].resize(size_t(kBlock));
+  for (int64_t first = 0; first < (int64_t(1) << 32); first += kBlock * kStride) {
+    for (int64_t i = 0; i < kBlock; ++i) x[size_t(i)] = std::bit_cast<float>(uint32_t(first + i * kStride + (i & 31)));
+    scalar_forms::run(want, x);
+    for (int64_t i = 0; i < kBlock; i += 16) {
+      const __m512 xv = _mm512_loadu_ps(&x[size_t(i)]);
+      __m512 a, da, s, oms;
+      v::gelu_and_grad(xv, a, da);
+      v::sigmoid_pair(xv, s, oms);
+      const __m512 r[6] = {v::gelu(xv), a, da, _mm512_mul_ps(xv, v::sigmoid(xv)), _mm512_mul_ps(xv, s),
+                           _mm512_fmadd_ps(_mm512_mul_ps(xv, s), oms, s)};
+      for (int k = 0; k < 6; ++k) _mm512_storeu_ps(&got[k][size_t(i)], r[k]);
+    }
+    for (int k = 0; k < 6; ++k)
+      for (int64_t i = 0; i < kBlock; ++i) {
+        const float w = want[k][size_t(i)], g = got[k][size_t(i)];
+        if (std::bit_cast<uint32_t>(w) != std::bit_cast<uint32_t>(g) && !(std::isnan(w) && std::isnan(g))) {
+          if (differ[k] == 0)
+            ADD_FAILURE() << names[k] << "(" << x[size_t(i)] << "): scalar " << w << ", simd16 " << g;
+          ++differ[k];
+        }
+      }
+  }
+  for (int k = 0; k < 6; ++k) EXPECT_EQ(differ[k], 0) << names[k];
+}
+#endif
 
 }  // namespace
 }  // namespace loom::test
