@@ -106,7 +106,8 @@ BENCHMARK(BM_LinearLowp)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
-// Row-wise ops of a transformer layer at (2048, 768) (GeLU at (2048, 3072)) in dtype code st.range(1);
+// Row-wise ops of a transformer layer at (2048, 768) (GeLU and the bias gradient at (2048, 3072)) in dtype
+// code st.range(1);
 // st.range(0) picks the op. GB/s counts the bytes the op must move at that dtype.
 void BM_RowOpsLowp(benchmark::State& st) {
   const int64_t op = st.range(0), N = 2048, C = 768;
@@ -116,6 +117,7 @@ void BM_RowOpsLowp(benchmark::State& st) {
   Tensor res = randn_as({N, C}, dt), w = randn_as({C}, dt, 1.0f), bias = randn_as({C}, dt);
   Tensor mean = randn({N}), rstd = randn({N}), dw = randn({C}), db = randn({C});
   Tensor h = randn_as({N, 4 * C}, dt, 1.0f), dh = randn_as({N, 4 * C}, dt), out4 = randn_as({N, 4 * C}, dt);
+  Tensor db4 = randn({4 * C});
   ctx().ops().layernorm_forward(out, mean, rstd, a, w, bias, 1e-5f);
   double bytes = 0;
   const char* label = "";
@@ -127,6 +129,7 @@ void BM_RowOpsLowp(benchmark::State& st) {
       case 3: ctx().ops().gelu_forward(dh, h); break;
       case 4: ctx().ops().gelu_backward(dh, h, out4); break;  // not in place: values must not decay
       case 5: ctx().ops().residual_forward(out, a, b); break;
+      case 6: ctx().ops().bias_backward(db4, h); break;
     }
   }
   switch (op) {
@@ -136,11 +139,12 @@ void BM_RowOpsLowp(benchmark::State& st) {
     case 3: label = "gelu fwd (2048x3072)"; bytes = 2 * N * 4 * C * es; break;
     case 4: label = "gelu bwd (2048x3072)"; bytes = 3 * N * 4 * C * es; break;
     case 5: label = "residual"; bytes = 3 * N * C * es; break;
+    case 6: label = "bias grad (2048x3072)"; bytes = N * 4 * C * es; break;
   }
   st.SetLabel(std::string(label) + " " + dtype_name(dt));
   st.counters["GB/s"] = benchmark::Counter(bytes * double(st.iterations()) / 1e9, benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_RowOpsLowp)->ArgsProduct({{0, 1, 2, 3, 4, 5}, {0, 1, 2}})->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_RowOpsLowp)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6}, {0, 1, 2}})->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 // Fused cross-entropy forward + backward on bf16 / f16 logits (dlogits in place, in that dtype).
 void BM_CrossEntropyLowp(benchmark::State& st) {
