@@ -119,7 +119,9 @@ inline __m512 exp(__m512 x) {
   return _mm512_maskz_scalef_ps(kAll, p, n);
 }
 
-inline __m512 neg(__m512 x) { return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN))); }
+inline __m512 neg(__m512 x) {  // -x: the sign bit flipped, as the scalar forms' unary minus
+  return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN)));
+}
 
 inline __m512 sigmoid(__m512 x) {
   const __m512 one = _mm512_set1_ps(1.0f);

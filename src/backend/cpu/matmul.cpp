@@ -30,9 +30,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
-#include <memory>
 #include <list>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <tuple>
@@ -188,8 +188,9 @@ constexpr int64_t kMaxPackedBytes = int64_t(128) << 20;
 std::atomic<bool> g_packing{true};  // set_matmul_packing
 
 bool packs_b(const GemmKey& k) {
-  return g_packing.load() && k.ta == DType::kBF16 && k.tb == DType::kBF16 && !k.trans_a && k.M >= kPackMinRows && k.K % 32 == 0 &&
-         k.N % 64 == 0 && k.K * k.N * 2 <= kMaxPackedBytes && !matmul_uses_amx();
+  return g_packing.load() && k.ta == DType::kBF16 && k.tb == DType::kBF16 && !k.trans_a &&
+         k.M >= kPackMinRows && k.K % 32 == 0 && k.N % 64 == 0 && k.K * k.N * 2 <= kMaxPackedBytes &&
+         !matmul_uses_amx();
 }
 
 // Writes B (K, N) (B(k, n) = b[n * ldb + k] when trans_b, else b[k * ldb + n]; bf16 as 16-bit patterns) in
