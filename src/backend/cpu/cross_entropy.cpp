@@ -3,8 +3,9 @@
 // Per row: (1) max over the V real columns, (2) e_j = exp(x_j - max) summed (and stored in place when
 // the gradient is wanted), (3) dlogits_j = (e_j / sum - [j == target]) * scale * mask. A row is ~200 KB
 // and stays in L2 between the passes, so memory sees one read and one write of the logits.
-// exp is fast_exp (vectorised polynomial, < 1 ulp); the sum is taken in blocks of kSumBlock columns with
-// the fixed-order lane_sum, blocks added in f64: loss accuracy ~1e-7 relative, order fixed by V alone.
+// exp is fast_exp (vectorised polynomial, < 1 ulp; simd16::exp on AVX-512, the same bits); the sum is
+// taken in blocks of kSumBlock columns with the fixed-order lane_sum, blocks added in f64: loss accuracy
+// ~1e-7 relative, order fixed by V alone.
 // loss_mask scales the gradient only; losses are reported for every row. A row with loss_mask == 0 may
 // carry an out-of-range target (e.g. -1 padding): its loss and gradient are then 0.
 // bf16/f16 logits: each row is widened into per-thread f32 scratch (its max taken in the same pass), goes
@@ -23,19 +24,37 @@ namespace {
 
 constexpr int64_t kSumBlock = 2048;
 
+// Sum of exp(x[j] - mx) over one block [0, n), in lane_sum's lanes and order; with Store, e_j also
+// overwrites x[j]. On AVX-512 the lanes are one register and the exponential is simd16::exp (the same bits
+// as fast_exp, ~1.8x faster than the compiler's code for it).
+template <bool Store>
+float sum_exp_block(float* xb, int64_t n, float mx) {
+#if defined(__AVX512F__)
+  const __m512 vmx = _mm512_set1_ps(mx);
+  __m512 acc = _mm512_setzero_ps();
+  simd16::for_blocks(n, [&](int64_t i, __mmask16 m) {
+    const __m512 e = simd16::exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, xb + i), vmx));
+    if constexpr (Store) _mm512_mask_storeu_ps(xb + i, m, e);
+    acc = _mm512_mask_add_ps(acc, m, acc, e);
+  });
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, acc);
+  return lane_tree(lanes);
+#else
+  return lane_sum<float, true>(n, [&](int64_t j) {
+    const float e = fast_exp(xb[j] - mx);
+    if constexpr (Store) xb[j] = e;
+    return e;
+  });
+#endif
+}
+
 // Sum of exp(x[j] - mx) over [0, V) in blocks; with Store, e_j also overwrites x[j].
 template <bool Store>
 double sum_exp(float* x, int64_t V, float mx) {
   double total = 0;
-  for (int64_t j0 = 0; j0 < V; j0 += kSumBlock) {
-    float* xb = x + j0;
-    const int64_t n = std::min(kSumBlock, V - j0);
-    total += double(lane_sum<float, true>(n, [&](int64_t j) {
-      const float e = fast_exp(xb[j] - mx);
-      if constexpr (Store) xb[j] = e;
-      return e;
-    }));
-  }
+  for (int64_t j0 = 0; j0 < V; j0 += kSumBlock)
+    total += double(sum_exp_block<Store>(x + j0, std::min(kSumBlock, V - j0), mx));
   return total;
 }
 

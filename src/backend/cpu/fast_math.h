@@ -90,7 +90,8 @@ inline void fast_gelu_and_grad(float x, float& a, float& da) {
 }
 
 #if defined(__AVX512F__)
-// The activations above, 16 lanes at a time in AVX-512 intrinsics, operation for operation the same
+// fast_exp and the activations above (the GeLU / GLU kernels, the cross-entropy's exponentials), 16 lanes
+// at a time in AVX-512 intrinsics, operation for operation the same
 // roundings as the scalar forms compiled under `omp simd` (GCC contracts a * b + c into one FMA; these
 // write the FMAs out), so every lane gives the scalar function's bits (test_cpu_math.cpp checks ~2^27
 // inputs per function). Faster where it differs: the clamps are vmaxps/vminps and 2^n is applied by
@@ -172,6 +173,14 @@ inline void for_blocks(int64_t n, F&& f) {
 // recomputed forward (other buffers, other alignment) reproduces its statistics bit for bit. kWide asks for
 // all 16 lanes in one 512-bit vector on AVX-512 (LOOM_SIMD_ACTIVATION) where f is an exponential or similar;
 // for plain loads GCC's default 256-bit code is faster (a LayerNorm forward took 8-14% longer with 512).
+// acc[0] + ... + acc[15] by lane_sum's fixed pairwise tree (lane l + w into lane l, w = 8, 4, 2, 1).
+template <typename Acc>
+inline Acc lane_tree(Acc (&acc)[16]) {
+  for (int w = 8; w >= 1; w /= 2)
+    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
+  return acc[0];
+}
+
 template <typename Acc, bool kWide = false, typename F>
 inline Acc lane_sum(int64_t n, F&& f) {
   constexpr int kLanes = 16;
@@ -187,9 +196,7 @@ inline Acc lane_sum(int64_t n, F&& f) {
     }
   }
   for (int l = 0; i + l < n; ++l) acc[l] += f(i + l);
-  for (int w = kLanes / 2; w >= 1; w /= 2)
-    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
-  return acc[0];
+  return lane_tree(acc);
 }
 
 // max of x[0..n), n >= 1. `#pragma omp simd reduction(max:)` over std::max stays scalar in GCC 12;

@@ -85,14 +85,15 @@ TEST(CpuFastMath, SqrtInplaceIsCorrectlyRounded) {
   }
 }
 
-// The GeLU, GeGLU and SwiGLU kernels run simd16's forms on AVX-512 builds and the scalar ones elsewhere;
+// The GeLU, GeGLU and SwiGLU kernels and the cross-entropy's exponentials run simd16's forms on AVX-512
+// builds and the scalar ones elsewhere;
 // both must give the same bits (NaN as NaN), so that a model's numbers do not depend on which one a build
-// has. Every 32nd f32 bit pattern (2^27 inputs: all exponents, both signs, NaN and infinities) through
+// has. Every 32nd f32 bit pattern (2^27 inputs: all exponents, both signs, NaN and infinities) through exp,
 // gelu, gelu_and_grad, silu and the sigmoid pair with SwiGLU's derivative, the scalar side as the kernels
 // compile it (a loop under LOOM_SIMD_ACTIVATION). All 2^32 inputs were compared once (bench/RESULTS.md).
 #if defined(__AVX512F__)
 namespace scalar_forms {
-__attribute__((noinline)) void run(std::vector<float> (&out)[6], const std::vector<float>& x) {
+__attribute__((noinline)) void run(std::vector<float> (&out)[7], const std::vector<float>& x) {
   const int64_t n = int64_t(x.size());
   LOOM_SIMD_ACTIVATION
   for (int64_t i = 0; i < n; ++i) {
@@ -105,18 +106,19 @@ __attribute__((noinline)) void run(std::vector<float> (&out)[6], const std::vect
     const cpu::SigmoidPair sg = cpu::fast_sigmoid_pair(x[size_t(i)]);
     out[4][size_t(i)] = x[size_t(i)] * sg.s;
     out[5][size_t(i)] = sg.s + x[size_t(i)] * sg.s * sg.one_minus_s;
+    out[6][size_t(i)] = cpu::fast_exp(x[size_t(i)]);
   }
 }
 }  // namespace scalar_forms
 
 TEST(CpuFastMath, Simd16ActivationsGiveTheScalarBits) {
   namespace v = cpu::simd16;
-  const char* names[6] = {"gelu", "gelu_and_grad a", "gelu_and_grad da", "silu", "sigmoid_pair silu",
-                          "sigmoid_pair silu'"};
-  int64_t differ[6] = {};
+  const char* names[7] = {"gelu", "gelu_and_grad a", "gelu_and_grad da", "silu", "sigmoid_pair silu",
+                          "sigmoid_pair silu'", "exp"};
+  int64_t differ[7] = {};
   constexpr int64_t kBlock = int64_t(1) << 16, kStride = 32;
-  std::vector<float> x(static_cast<size_t>(kBlock)), want[6], got[6];
-  for (int k = 0; k < 6; ++k) want[k].resize(size_t(kBlock)), got[k].resize(size_t(kBlock));
+  std::vector<float> x(static_cast<size_t>(kBlock)), want[7], got[7];
+  for (int k = 0; k < 7; ++k) want[k].resize(size_t(kBlock)), got[k].resize(size_t(kBlock));
   for (int64_t first = 0; first < (int64_t(1) << 32); first += kBlock * kStride) {
     for (int64_t i = 0; i < kBlock; ++i) x[size_t(i)] = std::bit_cast<float>(uint32_t(first + i * kStride + (i & 31)));
     scalar_forms::run(want, x);
@@ -125,11 +127,11 @@ TEST(CpuFastMath, Simd16ActivationsGiveTheScalarBits) {
       __m512 a, da, s, oms;
       v::gelu_and_grad(xv, a, da);
       v::sigmoid_pair(xv, s, oms);
-      const __m512 r[6] = {v::gelu(xv), a, da, _mm512_mul_ps(xv, v::sigmoid(xv)), _mm512_mul_ps(xv, s),
-                           _mm512_fmadd_ps(_mm512_mul_ps(xv, s), oms, s)};
-      for (int k = 0; k < 6; ++k) _mm512_storeu_ps(&got[k][size_t(i)], r[k]);
+      const __m512 r[7] = {v::gelu(xv), a, da, _mm512_mul_ps(xv, v::sigmoid(xv)), _mm512_mul_ps(xv, s),
+                           _mm512_fmadd_ps(_mm512_mul_ps(xv, s), oms, s), v::exp(xv)};
+      for (int k = 0; k < 7; ++k) _mm512_storeu_ps(&got[k][size_t(i)], r[k]);
     }
-    for (int k = 0; k < 6; ++k)
+    for (int k = 0; k < 7; ++k)
       for (int64_t i = 0; i < kBlock; ++i) {
         const float w = want[k][size_t(i)], g = got[k][size_t(i)];
         if (std::bit_cast<uint32_t>(w) != std::bit_cast<uint32_t>(g) && !(std::isnan(w) && std::isnan(g))) {
@@ -139,7 +141,7 @@ TEST(CpuFastMath, Simd16ActivationsGiveTheScalarBits) {
         }
       }
   }
-  for (int k = 0; k < 6; ++k) EXPECT_EQ(differ[k], 0) << names[k];
+  for (int k = 0; k < 7; ++k) EXPECT_EQ(differ[k], 0) << names[k];
 }
 #endif
 
