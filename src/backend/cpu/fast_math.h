@@ -91,10 +91,9 @@ inline void fast_gelu_and_grad(float x, float& a, float& da) {
 
 #if defined(__AVX512F__)
 // fast_exp and the activations above (the GeLU / GLU kernels, the cross-entropy's exponentials), 16 lanes
-// at a time in AVX-512 intrinsics, operation for operation the same
-// roundings as the scalar forms compiled under `omp simd` (GCC contracts a * b + c into one FMA; these
-// write the FMAs out), so every lane gives the scalar function's bits (test_cpu_math.cpp checks ~2^27
-// inputs per function). Faster where it differs: the clamps are vmaxps/vminps and 2^n is applied by
+// at a time in AVX-512 intrinsics, operation for operation the same roundings as the scalar forms compiled
+// under `omp simd` (GCC contracts a * b + c into one FMA; these write the FMAs out), so every lane gives the
+// scalar function's bits (test_cpu_math.cpp checks ~2^27 inputs per function). Faster where it differs: the clamps are vmaxps/vminps and 2^n is applied by
 // vscalefps, which rounds p · 2^n once, as (p · s1) · s2 does (p · s1 is exact); no masks, blends or
 // integer shifts. GeLU's forward runs ~1.8x as fast as the compiler's code for the scalar form.
 namespace simd16 {
