@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # OpenMP waiting under contention (issue 19): a 2-thread `loom train` step on an idle machine and beside
 # one busy single-threaded process, for each way OpenMP's idle workers can wait:
-#   loom      Loom's default (src/cli/main.cpp: GOMP_SPINCOUNT=10000, set by re-executing itself)
+#   loom      Loom's default (src/cli/main.cpp: GOMP_SPINCOUNT=1000, set by re-executing itself)
 #   gomp      libgomp's own default (LOOM_OPENMP_SPIN=default: 300,000 spins before sleeping)
 #   passive   OMP_WAIT_POLICY=passive (sleep at once)
 # The fair-share slowdown with 2 threads and one competitor on 2 cores is 1.5x (each thread gets 2/3 of a
