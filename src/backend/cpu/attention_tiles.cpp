@@ -183,16 +183,6 @@ void transpose_block(float* dst, const float* src, int64_t hsp, float scale) {
 
 // ---- staging for the bf16 products -----------------------------------------------------------------
 
-void interleave_pairs(uint32_t* dst, const uint16_t* src, int64_t ld, int64_t pairs) {
-  for (int64_t p = 0; p < pairs; ++p) {
-    const uint16_t* r0 = src + 2 * p * ld;
-    const uint16_t* r1 = r0 + ld;
-    uint32_t* d = dst + p * ld;
-#pragma omp simd
-    for (int64_t j = 0; j < ld; ++j) d[j] = uint32_t(r0[j]) | uint32_t(r1[j]) << 16;
-  }
-}
-
 void tile_to_bf16(uint16_t* dst, const float* src, int64_t valid) {
   const int64_t rows = std::clamp<int64_t>(valid, 0, kBlock);
   Lowp<DType::kBF16>::narrow(dst, src, rows * kBlock);

@@ -93,10 +93,7 @@ void dropout_tile(float* z, const Dropout& d, uint64_t base, uint64_t stride, in
 void transpose_block(float* dst, const float* src, int64_t hsp, float scale);
 
 // Operand staging for the bf16 products (attention_bf16.h), bf16 values as their 16-bit patterns (with
-// transpose_u32 of transpose16.h, the kBlock x w transpose of 32-bit elements):
-// dst row p (ld 32-bit elements) = src rows 2p and 2p + 1 (ld bf16 each) interleaved: dst[p][j] = src[2p][j] |
-// src[2p + 1][j] << 16, for p < pairs: the pair-interleaved layout of row-major rows.
-void interleave_pairs(uint32_t* dst, const uint16_t* src, int64_t ld, int64_t pairs);
+// transpose_u32 and interleave_pairs of transpose16.h):
 // dst (kBlock x kBlock bf16) = src (kBlock x kBlock f32) rounded to nearest even; rows >= valid are 0.
 void tile_to_bf16(uint16_t* dst, const float* src, int64_t valid);
 // dst (kBlock x kBlock bf16) = src^T rounded to nearest even; dst columns >= valid (src rows) are 0.

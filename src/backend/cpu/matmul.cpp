@@ -203,17 +203,10 @@ void pack_b(uint16_t* dst, const uint16_t* b, int64_t K, int64_t N, int64_t ldb,
   for (int64_t nb = 0; nb < nb_count; ++nb) {
     for (int64_t kb = 0; kb < kb_count; ++kb) {
       auto* d = reinterpret_cast<uint32_t*>(dst + kb * stride_kb + nb * stride_nb);
-      if (trans_b) {  // 64 stored rows (n) of 16 pairs (k) -> 16 rows of 64 pairs
+      if (trans_b)  // 64 stored rows (n) of 16 pairs (k) -> 16 rows of 64 pairs
         transpose_u32(d, reinterpret_cast<const uint32_t*>(b + nb * 64 * ldb + kb * 32), ldb / 2, 16);
-        continue;
-      }
-      for (int64_t p = 0; p < 16; ++p) {  // stored rows 2p and 2p + 1 (k), 64 columns (n), interleaved
-        const uint16_t* r0 = b + (kb * 32 + 2 * p) * ldb + nb * 64;
-        const uint16_t* r1 = r0 + ldb;
-        uint32_t* o = d + p * 64;
-#pragma omp simd
-        for (int64_t j = 0; j < 64; ++j) o[j] = uint32_t(r0[j]) | uint32_t(r1[j]) << 16;
-      }
+      else  // 32 stored rows (k) of 64 columns (n) -> 16 rows of 64 pairs
+        interleave_pairs(d, 64, b + kb * 32 * ldb + nb * 64, ldb, 64, 16);
     }
   }
 }

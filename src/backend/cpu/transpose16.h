@@ -1,7 +1,8 @@
-// 16 x 16 register transposes of 32-bit elements (GCC/Clang vector extensions, shuffles only: one zmm
-// register per row on AVX-512, split by the compiler on narrower ISAs), and the 64-row block transpose built
-// on them. Header-only so that each caller (attention's staging, the matmul's weight packing) inlines its
-// own copy: no call per block, and a profile charges the time to the caller.
+// The layouts the bf16 products read, built from bf16 rows seen as 16-bit patterns: 16 x 16 register
+// transposes of 32-bit elements (GCC/Clang vector extensions, shuffles only: one zmm register per row on
+// AVX-512, split by the compiler on narrower ISAs), the 64-row block transpose built on them, and the
+// interleaving of row pairs. Header-only so that each caller (attention's staging, the matmul's weight
+// packing) inlines its own copy: no call per block, and a profile charges the time to the caller.
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -60,6 +61,25 @@ inline void transpose_u32(uint32_t* dst, const uint32_t* src, int64_t lds, int64
       for (int i = 0; i < 16; ++i) std::memcpy(dst + (cb + i) * kRows + rb, &r[i], sizeof(UVec));
     }
   }
+}
+
+// dst row p (ldd 32-bit elements apart) = columns [0, width) of src rows 2p and 2p + 1 (lds bf16 elements
+// apart) interleaved, dst[p][j] = src[2p][j] | src[2p + 1][j] << 16, for p < pairs: the pair-interleaved
+// layout of row-major rows.
+inline void interleave_pairs(uint32_t* dst, int64_t ldd, const uint16_t* src, int64_t lds, int64_t width,
+                             int64_t pairs) {
+  for (int64_t p = 0; p < pairs; ++p) {
+    const uint16_t* r0 = src + 2 * p * lds;
+    const uint16_t* r1 = r0 + lds;
+    uint32_t* d = dst + p * ldd;
+#pragma omp simd
+    for (int64_t j = 0; j < width; ++j) d[j] = uint32_t(r0[j]) | uint32_t(r1[j]) << 16;
+  }
+}
+
+// The same over whole rows of ld elements, dst rows ld apart too.
+inline void interleave_pairs(uint32_t* dst, const uint16_t* src, int64_t ld, int64_t pairs) {
+  interleave_pairs(dst, ld, src, ld, ld, pairs);
 }
 
 }  // namespace loom::cpu
