@@ -112,6 +112,10 @@ bool matmul_uses_amx();
 // packs_b), and a switch for tests and benchmarks: off, products asked for from then on take B as stored.
 size_t matmul_packed_products();
 void set_matmul_packing(bool on);
+// How many bf16 forward products have run swapped (out^T = W · inp^T, then transposed; matmul.cpp,
+// swaps_forward), and the same kind of switch for them.
+size_t matmul_swapped_products();
+void set_matmul_swapping(bool on);
 
 // C (M, N) = op(A) · op(B) (+ C when accumulate), f32, row-major with leading dimensions, op = transpose
 // when trans_*: one oneDNN sgemm on the calling thread (serial inside or outside a parallel region), for

@@ -178,18 +178,22 @@ int gemm_jit_threads(const GemmKey& k) {
 // call, and made under kBrgemmThreads it does so once per row block of its 15-thread partition. From ~480
 // rows on that costs up to half of the product (a Mixtral expert's fc1 forward over 512 rows: 19.2 ms,
 // packed 11.7; GPT-2's fc2 input gradient over 2048 rows: 12.4 -> 10.9), while Loom's packing moves each
-// element once at memory speed (0.1-0.8 ms per weight). Below 256 rows the pack costs more than it saves
-// (a 7168 x 1024 forward over 64 rows: 1.9 -> 2.2 ms). On AMX machines the blocked layout is another one
+// element once at memory speed (0.1-0.8 ms per weight). A B stored as (K, N) (the input gradient's W) is
+// packed by interleaving row pairs, which pays at any row count with weights of 0.5 M elements and up
+// (8 weights of 7168 x 1024 over 8 rows 7.2 -> 5.1 ms, over 128 rows 23.1 -> 19.6; 1024 x 3584 over 128
+// rows 18.8 -> 13.5) and is even on small ones. A transposed B (the forward's W^T) takes a transpose,
+// which costs more than it saves below 256 rows (a 7168 x 1024 forward over 64 rows: 1.9 -> 2.2 ms; such
+// forwards mostly run swapped now, see swaps_forward). On AMX machines the blocked layout is another one
 // and was not measured, so nothing changes there. The packed copy lives in one scratch buffer of at most
 // kMaxPackedBytes (GPT-2's 77 MB LM head fits, Llama-3's 525 MB one does not and stays as stored).
-constexpr int64_t kPackMinRows = 256;
+constexpr int64_t kPackMinRowsTransposed = 256;
 constexpr int64_t kMaxPackedBytes = int64_t(128) << 20;
 
 std::atomic<bool> g_packing{true};  // set_matmul_packing
 
 bool packs_b(const GemmKey& k) {
   return g_packing.load() && k.ta == DType::kBF16 && k.tb == DType::kBF16 && !k.trans_a &&
-         k.M >= kPackMinRows && k.K % 32 == 0 && k.N % 64 == 0 && k.K * k.N * 2 <= kMaxPackedBytes &&
+         (!k.trans_b || k.M >= kPackMinRowsTransposed) && k.K % 32 == 0 && k.N % 64 == 0 && k.K * k.N * 2 <= kMaxPackedBytes &&
          !matmul_uses_amx();
 }
 
@@ -469,6 +473,42 @@ void gemm_widened(const GemmKey& k, const void* a, const void* b, void* c, const
   }
 }
 
+// bf16 forward products (no bias) computed swapped, out^T (N, M) = W (N, K) · inp^T, and transposed into
+// out. brgemm reads its A operand as stored but copies B into its own layout inside every call, so the
+// plain product copies the weight (N x K) each time, and the swapped one the input (M x K) plus the
+// transpose of the output (M x N). Without AMX (AVX512-BF16 brgemm, an AMD Zen 5, 2 threads, weights cold:
+// bench/RESULTS.md) the swap wins when the weight is the larger side, M (N + K) <= N K: a Mixtral expert's
+// fc1 (7168 x 1024) over 128 rows 3.7 -> 2.5 ms, over 512 rows 10.6 -> 8.4 ms; Llama-1B's fc1 (11264 x
+// 2048) over 1024 rows -14%; and it is even or up to 4% slower past that line (GPT-2's 768 x 768 over 512
+// rows, 768 x 3072 over 1024, a 7168 x 1024 expert over 2048). On AMX machines it was not measured: off.
+// With a bias (GPT-2) the bias would run along the swapped product's rows; not done.
+std::atomic<bool> g_swapping{true};        // set_matmul_swapping
+std::atomic<size_t> g_swapped_products{0};  // matmul_swapped_products
+
+bool swaps_forward(int64_t M, int64_t N, int64_t K) {
+  return g_swapping.load() && M * (N + K) <= N * K && !matmul_uses_amx();
+}
+
+// Scratch slot (lowp.h) of the swapped product's output: moe.cpp holds slots 2 and 3 around its matmuls.
+constexpr int kSwapSlot = 7;
+
+// dst (cols x rows, row-major) = src^T for src (rows x cols) of esize-byte (2 or 4) elements; row blocks in
+// parallel.
+void transpose_into(void* dst, const void* src, size_t esize, int64_t rows, int64_t cols) {
+  const int64_t block = 256;
+  const int64_t nb = (rows + block - 1) / block;
+#pragma omp parallel for schedule(static) if (rows * cols > (int64_t(1) << 15))
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t r0 = b * block, nr = std::min(block, rows - r0);
+    if (esize == 2)
+      transpose_matrix(static_cast<uint16_t*>(dst) + r0, rows, static_cast<const uint16_t*>(src) + r0 * cols, cols,
+                       nr, cols);
+    else
+      transpose_matrix(static_cast<uint32_t*>(dst) + r0, rows, static_cast<const uint32_t*>(src) + r0 * cols, cols,
+                       nr, cols);
+  }
+}
+
 }  // namespace
 
 bool matmul_caches_shapes(DType dt) { return primitive_takes(dt); }
@@ -486,6 +526,10 @@ size_t matmul_max_cached_primitives() { return DnnlRuntime::kMaxPrimitives; }
 size_t matmul_packed_products() { return DnnlRuntime::get().packed_products(); }
 
 void set_matmul_packing(bool on) { g_packing.store(on); }
+
+size_t matmul_swapped_products() { return g_swapped_products.load(); }
+
+void set_matmul_swapping(bool on) { g_swapping.store(on); }
 
 void sgemm_serial(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
                   const float* B, int64_t ldb, bool accumulate, float* C, int64_t ldc) {
@@ -511,6 +555,16 @@ void CpuOps::do_matmul_forward(TensorView out, TensorView inp, TensorView weight
   const bool fuse_bias = bias && !all_f32;
   GemmKey key{M, N, K, false, true, K, K, cd, cd, out.dtype(), fuse_bias, false};
   if (fuse_bias) key.bias_dt = bias.dtype();
+  if (!bias && primitive_takes(cd) && swaps_forward(M, N, K)) {
+    // out^T (N, M) = W (N, K) · inp^T into scratch, then transposed into out.
+    const GemmKey swapped{N, M, K, false, true, K, K, cd, cd, out.dtype(), false, false};
+    const size_t esize = dtype_size(out.dtype());
+    void* t = thread_scratch(kSwapSlot, (size_t(M * N) * esize + 3) / 4);
+    DnnlRuntime::get().gemm(swapped, weight.raw(), inp.raw(), t, nullptr);
+    transpose_into(out.raw(), t, esize, N, M);
+    ++g_swapped_products;
+    return;
+  }
   if (all_f32 || primitive_takes(cd)) {
     DnnlRuntime::get().gemm(key, inp.raw(), weight.raw(), out.raw(), fuse_bias ? bias.raw() : nullptr);
     if (bias && !fuse_bias) bias_add_forward(out.reshape({M, N}), bias);

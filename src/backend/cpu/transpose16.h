@@ -1,8 +1,9 @@
 // The layouts the bf16 products read, built from bf16 rows seen as 16-bit patterns: 16 x 16 register
 // transposes of 32-bit elements (GCC/Clang vector extensions, shuffles only: one zmm register per row on
-// AVX-512, split by the compiler on narrower ISAs), the 64-row block transpose built on them, and the
-// interleaving of row pairs. Header-only so that each caller (attention's staging, the matmul's weight
-// packing) inlines its own copy: no call per block, and a profile charges the time to the caller.
+// AVX-512, split by the compiler on narrower ISAs), the 64-row block transpose built on them, the
+// interleaving of row pairs, and whole-matrix transposes. Header-only so that each caller (attention's
+// staging, the matmul's weight packing and swapped products) inlines its own copy: no call per block, and a
+// profile charges the time to the caller.
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -80,6 +81,53 @@ inline void interleave_pairs(uint32_t* dst, int64_t ldd, const uint16_t* src, in
 // The same over whole rows of ld elements, dst rows ld apart too.
 inline void interleave_pairs(uint32_t* dst, const uint16_t* src, int64_t ld, int64_t pairs) {
   interleave_pairs(dst, ld, src, ld, ld, pairs);
+}
+
+// dst (cols x rows, ldd elements per row) = src^T for src (rows x cols, lds elements per row) of 32-bit
+// elements: 16 x 16 register transposes, the edges element by element.
+inline void transpose_matrix(uint32_t* dst, int64_t ldd, const uint32_t* src, int64_t lds, int64_t rows,
+                             int64_t cols) {
+  using UVec = uint32_t __attribute__((vector_size(64)));
+  const int64_t r16 = rows / 16 * 16, c16 = cols / 16 * 16;
+  for (int64_t rb = 0; rb < r16; rb += 16) {
+    for (int64_t cb = 0; cb < c16; cb += 16) {
+      UVec r[16];
+      for (int i = 0; i < 16; ++i) std::memcpy(&r[i], src + (rb + i) * lds + cb, sizeof(UVec));
+      transpose16(r);
+      for (int i = 0; i < 16; ++i) std::memcpy(dst + (cb + i) * ldd + rb, &r[i], sizeof(UVec));
+    }
+    for (int64_t c = c16; c < cols; ++c)
+      for (int64_t i = rb; i < rb + 16; ++i) dst[c * ldd + i] = src[i * lds + c];
+  }
+  for (int64_t i = r16; i < rows; ++i)
+    for (int64_t c = 0; c < cols; ++c) dst[c * ldd + i] = src[i * lds + c];
+}
+
+// The same for 16-bit elements (bf16 / f16 patterns). Rows 2p and 2p + 1 of src interleaved are, read as
+// 32-bit elements, the transpose of dst's 32-bit column p: each 32 x 16 block is interleaved into 16
+// vectors, transposed as 32-bit elements and stored as 16 rows of 32 16-bit elements.
+inline void transpose_matrix(uint16_t* dst, int64_t ldd, const uint16_t* src, int64_t lds, int64_t rows,
+                             int64_t cols) {
+  using UVec = uint32_t __attribute__((vector_size(64)));
+  using HVec = uint16_t __attribute__((vector_size(32)));
+  const int64_t r32 = rows / 32 * 32, c16 = cols / 16 * 16;
+  for (int64_t rb = 0; rb < r32; rb += 32) {
+    for (int64_t cb = 0; cb < c16; cb += 16) {
+      UVec r[16];
+      for (int i = 0; i < 16; ++i) {
+        HVec lo, hi;
+        std::memcpy(&lo, src + (rb + 2 * i) * lds + cb, sizeof(HVec));
+        std::memcpy(&hi, src + (rb + 2 * i + 1) * lds + cb, sizeof(HVec));
+        r[i] = __builtin_convertvector(lo, UVec) | __builtin_convertvector(hi, UVec) << 16;
+      }
+      transpose16(r);
+      for (int i = 0; i < 16; ++i) std::memcpy(dst + (cb + i) * ldd + rb, &r[i], sizeof(UVec));
+    }
+    for (int64_t c = c16; c < cols; ++c)
+      for (int64_t i = rb; i < rb + 32; ++i) dst[c * ldd + i] = src[i * lds + c];
+  }
+  for (int64_t i = r32; i < rows; ++i)
+    for (int64_t c = 0; c < cols; ++c) dst[c * ldd + i] = src[i * lds + c];
 }
 
 }  // namespace loom::cpu

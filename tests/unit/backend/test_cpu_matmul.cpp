@@ -323,3 +323,65 @@ TEST(CpuMatmul, Bf16PackedWeights) {
     EXPECT_TRUE(as_stored == packed[0]) << "M=" << c.M << ": packed and stored B give other bits";
   }
 }
+
+// Selects whether bf16 forwards may run swapped (cpu::set_matmul_swapping) for a scope.
+class Swapping {
+ public:
+  explicit Swapping(bool on) { cpu::set_matmul_swapping(on); }
+  ~Swapping() { cpu::set_matmul_swapping(true); }
+  Swapping(const Swapping&) = delete;
+  Swapping& operator=(const Swapping&) = delete;
+};
+
+// bf16 forwards without a bias whose weight is the larger side (M (N + K) <= N K) run swapped on CPUs
+// without AMX (matmul.cpp, swaps_forward): out^T = W · x^T, then transposed into out by 16 x 16 register
+// transposes with element-wise edges. Row counts and widths that are no multiple of 16 or 32 put elements
+// in both, in f32 and in bf16 outputs. Each must match the double reference of the bf16-rounded inputs,
+// give the same bits on 1, 2 and 3 threads (the bf16 output the f32 one rounded once), and agree with the
+// product run unswapped; a product with a bias, or past the line, runs as before.
+TEST(CpuMatmul, Bf16SwappedForward) {
+  auto ctx = make_cpu_context();
+  if (!cpu::matmul_caches_shapes(DType::kBF16)) GTEST_SKIP() << "bf16 runs without cached primitives on this CPU";
+  struct Case {
+    int64_t M, N, K;
+    bool bias, swaps;  // swaps: without AMX
+  };
+  const bool amx = cpu::matmul_uses_amx();
+  for (const Case c : {Case{45, 203, 160, false, true}, Case{64, 256, 512, false, true},
+                       Case{33, 517, 96, false, true}, Case{130, 1031, 64, false, false},
+                       Case{45, 203, 160, true, false}, Case{200, 96, 96, false, false}}) {
+    const Tensor xf = randn({c.M, c.K}, 60), wf = randn({c.N, c.K}, 61), bf = randn({c.N}, 62);
+    const Tensor x = to_bf16(xf), w = to_bf16(wf), b16 = to_bf16(bf), bias_r = bf16_rounded(bf);
+    const std::vector<double> ref = ref_forward(bf16_rounded(xf), bf16_rounded(wf), c.bias ? &bias_r : nullptr);
+    // The f32 output, then the bf16 one widened.
+    auto run = [&]() {
+      Tensor out = Tensor::empty({c.M, c.N}, DType::kF32), out16 = Tensor::empty({c.M, c.N}, DType::kBF16);
+      ctx->ops().matmul_forward(out, x, w, c.bias ? TensorView(b16) : TensorView());
+      ctx->ops().matmul_forward(out16, x, w, c.bias ? TensorView(b16) : TensorView());
+      std::vector<float> all(out.data<float>(), out.data<float>() + out.numel());
+      for (int64_t i = 0; i < out16.numel(); ++i) all.push_back(bf16_to_f32(out16.data<uint16_t>()[i]));
+      return all;
+    };
+    const std::string at = std::to_string(c.M) + "x" + std::to_string(c.N) + "x" + std::to_string(c.K);
+    const size_t n = ref.size();
+    std::vector<std::vector<float>> got;
+    const size_t before = cpu::matmul_swapped_products();
+    for (int threads : {1, 2, 3}) {
+      omp_set_num_threads(threads);
+      got.push_back(run());
+    }
+    omp_set_num_threads(2);
+    EXPECT_EQ(cpu::matmul_swapped_products() - before, c.swaps && !amx ? 6u : 0u) << at;
+    EXPECT_TRUE(got[0] == got[1] && got[0] == got[2]) << at << ": bits depend on the thread count";
+    EXPECT_LT(max_rel(got[0].data(), ref), 1e-6) << at << ", f32 output";
+    for (size_t i = 0; i < n; ++i)
+      ASSERT_EQ(got[0][n + i], bf16_to_f32(f32_to_bf16(got[0][i]))) << at << ", bf16 output element " << i;
+    std::vector<float> unswapped;
+    {
+      const Swapping off(false);
+      unswapped = run();
+    }
+    EXPECT_LT(max_rel(unswapped.data(), ref), 1e-6) << at << ", unswapped";
+    EXPECT_TRUE(unswapped == got[0]) << at << ": swapped and unswapped give other bits";
+  }
+}
