@@ -192,25 +192,38 @@ constexpr int64_t kMaxPackedBytes = int64_t(128) << 20;
 std::atomic<bool> g_packing{true};  // set_matmul_packing
 
 bool packs_b(const GemmKey& k) {
+  const int64_t padded_n = (k.N + 63) / 64 * 64;
   return g_packing.load() && k.ta == DType::kBF16 && k.tb == DType::kBF16 && !k.trans_a &&
-         (!k.trans_b || k.M >= kPackMinRowsTransposed) && k.K % 32 == 0 && k.N % 64 == 0 && k.K * k.N * 2 <= kMaxPackedBytes &&
+         (!k.trans_b || k.M >= kPackMinRowsTransposed) && k.K % 32 == 0 && k.K * padded_n * 2 <= kMaxPackedBytes &&
          !matmul_uses_amx();
 }
 
 // Writes B (K, N) (B(k, n) = b[n * ldb + k] when trans_b, else b[k * ldb + n]; bf16 as 16-bit patterns) in
 // the blocked layout 16a64b2a: 32-row x 64-column blocks at the given strides, each stored as 16 rows of
-// 64 (k, k + 1) pairs. Every element is moved, none computed: the product sees the same values.
+// 64 (k, k + 1) pairs; a last block past N is filled with zeros. Every element is moved, none computed: the
+// product sees the same values.
 void pack_b(uint16_t* dst, const uint16_t* b, int64_t K, int64_t N, int64_t ldb, bool trans_b, int64_t stride_kb,
             int64_t stride_nb) {
-  const int64_t kb_count = K / 32, nb_count = N / 64;
+  const int64_t kb_count = K / 32, nb_count = (N + 63) / 64;
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t nb = 0; nb < nb_count; ++nb) {
     for (int64_t kb = 0; kb < kb_count; ++kb) {
       auto* d = reinterpret_cast<uint32_t*>(dst + kb * stride_kb + nb * stride_nb);
-      if (trans_b)  // 64 stored rows (n) of 16 pairs (k) -> 16 rows of 64 pairs
-        transpose_u32(d, reinterpret_cast<const uint32_t*>(b + nb * 64 * ldb + kb * 32), ldb / 2, 16);
-      else  // 32 stored rows (k) of 64 columns (n) -> 16 rows of 64 pairs
-        interleave_pairs(d, 64, b + kb * 32 * ldb + nb * 64, ldb, 64, 16);
+      const int64_t width = std::min<int64_t>(64, N - nb * 64);
+      if (trans_b) {  // 64 stored rows (n) of 16 pairs (k) -> 16 rows of 64 pairs
+        const auto* src = reinterpret_cast<const uint32_t*>(b + nb * 64 * ldb + kb * 32);
+        if (width == 64) {
+          transpose_u32(d, src, ldb / 2, 16);
+        } else {  // the rows past N read as zeros
+          uint32_t tail[64 * 16] = {};
+          for (int64_t r = 0; r < width; ++r) std::memcpy(tail + r * 16, src + r * (ldb / 2), 16 * sizeof(uint32_t));
+          transpose_u32(d, tail, 16, 16);
+        }
+      } else {  // 32 stored rows (k) of 64 columns (n) -> 16 rows of 64 pairs
+        interleave_pairs(d, 64, b + kb * 32 * ldb + nb * 64, ldb, width, 16);
+        if (width < 64)
+          for (int64_t p = 0; p < 16; ++p) std::memset(d + p * 64 + width, 0, size_t(64 - width) * sizeof(uint32_t));
+      }
     }
   }
 }
@@ -334,15 +347,16 @@ class DnnlRuntime {
   }
 
   // The primitive of `k` with B in the layout oneDNN picks for it, when that is the 16a64b2a layout pack_b
-  // writes (unpadded); false (g untouched) otherwise, and the product then takes B as stored.
+  // writes (K unpadded, N padded to whole 64-column blocks); false (g untouched) otherwise, and the product
+  // then takes B as stored.
   bool build_packed(const GemmKey& k, const dnnl::primitive_attr& attr, Gemm& g) {
     const memory::desc any(g.b.dims(), g.b.data_type(), memory::format_tag::any);
     const auto d = k.bias ? dnnl::matmul::desc(g.a, any, g.bias, g.c) : dnnl::matmul::desc(g.a, any, g.c);
     dnnl::matmul::primitive_desc pd(d, attr, engine_);
     const memory::desc w = pd.weights_desc();
     const dnnl_memory_desc_t& md = w.data;
-    if (md.format_kind != dnnl_blocked || md.ndims != 2 || md.padded_dims[0] != k.K || md.padded_dims[1] != k.N ||
-        md.offset0 != 0)
+    if (md.format_kind != dnnl_blocked || md.ndims != 2 || md.padded_dims[0] != k.K ||
+        md.padded_dims[1] != (k.N + 63) / 64 * 64 || md.offset0 != 0)
       return false;
     const dnnl_blocking_desc_t& bl = md.format_desc.blocking;
     if (bl.inner_nblks != 3 || bl.inner_blks[0] != 16 || bl.inner_idxs[0] != 0 || bl.inner_blks[1] != 64 ||
