@@ -491,16 +491,20 @@ void gemm_widened(const GemmKey& k, const void* a, const void* b, void* c, const
 // out. brgemm reads its A operand as stored but copies B into its own layout inside every call, so the
 // plain product copies the weight (N x K) each time, and the swapped one the input (M x K) plus the
 // transpose of the output (M x N). Without AMX (AVX512-BF16 brgemm, an AMD Zen 5, 2 threads, weights cold:
-// bench/RESULTS.md) the swap wins when the weight is the larger side, M (N + K) <= N K: a Mixtral expert's
-// fc1 (7168 x 1024) over 128 rows 3.7 -> 2.5 ms, over 512 rows 10.6 -> 8.4 ms; Llama-1B's fc1 (11264 x
-// 2048) over 1024 rows -14%; and it is even or up to 4% slower past that line (GPT-2's 768 x 768 over 512
-// rows, 768 x 3072 over 1024, a 7168 x 1024 expert over 2048). On AMX machines it was not measured: off.
-// With a bias (GPT-2) the bias would run along the swapped product's rows; not done.
+// bench/RESULTS.md) the swap wins when the weight is the larger side, M (N + K) <= N K, from 32 rows on: a
+// Mixtral expert's fc1 (7168 x 1024) over 128 rows 3.7 -> 2.5 ms, over 512 rows 10.6 -> 8.4 ms; Llama-1B's
+// fc1 (11264 x 2048) over 1024 rows -14%; a 32000-token LM head over 32 rows -20%. It is even or up to 4%
+// slower past that line (GPT-2's 768 x 768 over 512 rows, 768 x 3072 over 1024, a 7168 x 1024 expert over
+// 2048), and up to 2x slower below 32 rows, where brgemm has a kernel of its own for a few rows (decoding
+// one token: 12 of a Llama's 1280 x 768 products 0.74 -> 1.59 ms). On AMX machines it was not measured:
+// off. With a bias (GPT-2) the bias would run along the swapped product's rows; not done.
+constexpr int64_t kSwapMinRows = 32;
+
 std::atomic<bool> g_swapping{true};        // set_matmul_swapping
 std::atomic<size_t> g_swapped_products{0};  // matmul_swapped_products
 
 bool swaps_forward(int64_t M, int64_t N, int64_t K) {
-  return g_swapping.load() && M * (N + K) <= N * K && !matmul_uses_amx();
+  return g_swapping.load() && M >= kSwapMinRows && M * (N + K) <= N * K && !matmul_uses_amx();
 }
 
 // Scratch slot (lowp.h) of the swapped product's output: moe.cpp holds slots 2 and 3 around its matmuls.

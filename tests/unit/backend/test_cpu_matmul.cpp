@@ -336,12 +336,13 @@ class Swapping {
   Swapping& operator=(const Swapping&) = delete;
 };
 
-// bf16 forwards without a bias whose weight is the larger side (M (N + K) <= N K) run swapped on CPUs
-// without AMX (matmul.cpp, swaps_forward): out^T = W · x^T, then transposed into out by 16 x 16 register
-// transposes with element-wise edges. Row counts and widths that are no multiple of 16 or 32 put elements
-// in both, in f32 and in bf16 outputs. Each must match the double reference of the bf16-rounded inputs,
-// give the same bits on 1, 2 and 3 threads (the bf16 output the f32 one rounded once), and agree with the
-// product run unswapped; a product with a bias, or past the line, runs as before.
+// bf16 forwards without a bias, over 32 rows or more, whose weight is the larger side (M (N + K) <= N K) run
+// swapped on CPUs without AMX (matmul.cpp, swaps_forward): out^T = W · x^T, then transposed into out by
+// 16 x 16 register transposes with element-wise edges. Row counts and widths that are no multiple of 16 or
+// 32 put elements in both, in f32 and in bf16 outputs. Each must match the double reference of the
+// bf16-rounded inputs, give the same bits on 1, 2 and 3 threads (the bf16 output the f32 one rounded once),
+// and agree with the product run unswapped (these reductions give the same sums either way); a product with
+// a bias, over fewer rows, or past the line runs as before.
 TEST(CpuMatmul, Bf16SwappedForward) {
   auto ctx = make_cpu_context();
   if (!cpu::matmul_caches_shapes(DType::kBF16)) GTEST_SKIP() << "bf16 runs without cached primitives on this CPU";
@@ -352,6 +353,7 @@ TEST(CpuMatmul, Bf16SwappedForward) {
   const bool amx = cpu::matmul_uses_amx();
   for (const Case c : {Case{45, 203, 160, false, true}, Case{64, 256, 512, false, true},
                        Case{33, 517, 96, false, true}, Case{130, 1031, 64, false, false},
+                       Case{16, 517, 96, false, false},
                        Case{45, 203, 160, true, false}, Case{200, 96, 96, false, false}}) {
     const Tensor xf = randn({c.M, c.K}, 60), wf = randn({c.N, c.K}, 61), bf = randn({c.N}, 62);
     const Tensor x = to_bf16(xf), w = to_bf16(wf), b16 = to_bf16(bf), bias_r = bf16_rounded(bf);
