@@ -48,39 +48,13 @@ inline void transpose16(V (&r)[16]) {
   transpose_detail::butterfly<3>(r);
 }
 
-// dst (w x 64, 64 elements per row) = src^T for src (64 x w, lds elements per row) of 32-bit elements; w a
-// multiple of 16. Applied to bf16 rows seen as pairs, it gives the pair-interleaved layout of the block
-// transposed (attention's staging, the blocked weight layout of matmul.cpp).
-inline void transpose_u32(uint32_t* dst, const uint32_t* src, int64_t lds, int64_t w) {
-  using UVec = uint32_t __attribute__((vector_size(64)));
-  constexpr int64_t kRows = 64;
-  for (int64_t rb = 0; rb < kRows; rb += 16) {
-    for (int64_t cb = 0; cb < w; cb += 16) {
-      UVec r[16];
-      for (int i = 0; i < 16; ++i) std::memcpy(&r[i], src + (rb + i) * lds + cb, sizeof(UVec));
-      transpose16(r);
-      for (int i = 0; i < 16; ++i) std::memcpy(dst + (cb + i) * kRows + rb, &r[i], sizeof(UVec));
-    }
-  }
-}
-
-// dst row p (ldd 32-bit elements apart) = columns [0, width) of src rows 2p and 2p + 1 (lds bf16 elements
-// apart) interleaved, dst[p][j] = src[2p][j] | src[2p + 1][j] << 16, for p < pairs: the pair-interleaved
-// layout of row-major rows.
-inline void interleave_pairs(uint32_t* dst, int64_t ldd, const uint16_t* src, int64_t lds, int64_t width,
-                             int64_t pairs) {
-  for (int64_t p = 0; p < pairs; ++p) {
-    const uint16_t* r0 = src + 2 * p * lds;
-    const uint16_t* r1 = r0 + lds;
-    uint32_t* d = dst + p * ldd;
-#pragma omp simd
-    for (int64_t j = 0; j < width; ++j) d[j] = uint32_t(r0[j]) | uint32_t(r1[j]) << 16;
-  }
-}
-
-// The same over whole rows of ld elements, dst rows ld apart too.
-inline void interleave_pairs(uint32_t* dst, const uint16_t* src, int64_t ld, int64_t pairs) {
-  interleave_pairs(dst, ld, src, ld, ld, pairs);
+// dst[c][i] = src[i][c] for rows [r0, r1) and columns [c0, c1) of src, element by element (the edges of the
+// transposes below).
+template <typename T>
+inline void transpose_elements(T* dst, int64_t ldd, const T* src, int64_t lds, int64_t r0, int64_t r1, int64_t c0,
+                               int64_t c1) {
+  for (int64_t i = r0; i < r1; ++i)
+    for (int64_t c = c0; c < c1; ++c) dst[c * ldd + i] = src[i * lds + c];
 }
 
 // dst (cols x rows, ldd elements per row) = src^T for src (rows x cols, lds elements per row) of 32-bit
@@ -96,11 +70,9 @@ inline void transpose_matrix(uint32_t* dst, int64_t ldd, const uint32_t* src, in
       transpose16(r);
       for (int i = 0; i < 16; ++i) std::memcpy(dst + (cb + i) * ldd + rb, &r[i], sizeof(UVec));
     }
-    for (int64_t c = c16; c < cols; ++c)
-      for (int64_t i = rb; i < rb + 16; ++i) dst[c * ldd + i] = src[i * lds + c];
+    transpose_elements(dst, ldd, src, lds, rb, rb + 16, c16, cols);
   }
-  for (int64_t i = r16; i < rows; ++i)
-    for (int64_t c = 0; c < cols; ++c) dst[c * ldd + i] = src[i * lds + c];
+  transpose_elements(dst, ldd, src, lds, r16, rows, int64_t(0), cols);
 }
 
 // The same for 16-bit elements (bf16 / f16 patterns). Rows 2p and 2p + 1 of src interleaved are, read as
@@ -123,11 +95,35 @@ inline void transpose_matrix(uint16_t* dst, int64_t ldd, const uint16_t* src, in
       transpose16(r);
       for (int i = 0; i < 16; ++i) std::memcpy(dst + (cb + i) * ldd + rb, &r[i], sizeof(UVec));
     }
-    for (int64_t c = c16; c < cols; ++c)
-      for (int64_t i = rb; i < rb + 32; ++i) dst[c * ldd + i] = src[i * lds + c];
+    transpose_elements(dst, ldd, src, lds, rb, rb + 32, c16, cols);
   }
-  for (int64_t i = r32; i < rows; ++i)
-    for (int64_t c = 0; c < cols; ++c) dst[c * ldd + i] = src[i * lds + c];
+  transpose_elements(dst, ldd, src, lds, r32, rows, int64_t(0), cols);
+}
+
+// dst (w x 64, 64 elements per row) = src^T for src (64 x w, lds elements per row) of 32-bit elements; w a
+// multiple of 16. Applied to bf16 rows seen as pairs, it gives the pair-interleaved layout of the block
+// transposed (attention's staging, the blocked weight layout of matmul.cpp).
+inline void transpose_u32(uint32_t* dst, const uint32_t* src, int64_t lds, int64_t w) {
+  transpose_matrix(dst, 64, src, lds, 64, w);
+}
+
+// dst row p (ldd 32-bit elements apart) = columns [0, width) of src rows 2p and 2p + 1 (lds bf16 elements
+// apart) interleaved, dst[p][j] = src[2p][j] | src[2p + 1][j] << 16, for p < pairs: the pair-interleaved
+// layout of row-major rows.
+inline void interleave_pairs(uint32_t* dst, int64_t ldd, const uint16_t* src, int64_t lds, int64_t width,
+                             int64_t pairs) {
+  for (int64_t p = 0; p < pairs; ++p) {
+    const uint16_t* r0 = src + 2 * p * lds;
+    const uint16_t* r1 = r0 + lds;
+    uint32_t* d = dst + p * ldd;
+#pragma omp simd
+    for (int64_t j = 0; j < width; ++j) d[j] = uint32_t(r0[j]) | uint32_t(r1[j]) << 16;
+  }
+}
+
+// The same over whole rows of ld elements, dst rows ld apart too.
+inline void interleave_pairs(uint32_t* dst, const uint16_t* src, int64_t ld, int64_t pairs) {
+  interleave_pairs(dst, ld, src, ld, ld, pairs);
 }
 
 }  // namespace loom::cpu

@@ -255,14 +255,31 @@ TEST(CpuMatmul, Bf16PrimitiveCacheIsBounded) {
   EXPECT_EQ(std::memcmp(first.raw(), again.raw(), size_t(first.nbytes())), 0);
 }
 
-// Selects whether bf16 products pack their B operand (cpu::set_matmul_packing) for a scope.
-class Packing {
+// run()'s results on 1, 2 and 3 threads, in that order (the team is 2 again afterwards).
+template <class F>
+std::vector<std::vector<float>> on_1_2_3_threads(F&& run) {
+  std::vector<std::vector<float>> out;
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    out.push_back(run());
+  }
+  omp_set_num_threads(2);
+  return out;
+}
+
+// Sets one of matmul.cpp's switches (on by default) for a scope.
+template <void (*Set)(bool)>
+class MatmulSwitch {
  public:
-  explicit Packing(bool on) { cpu::set_matmul_packing(on); }
-  ~Packing() { cpu::set_matmul_packing(true); }
-  Packing(const Packing&) = delete;
-  Packing& operator=(const Packing&) = delete;
+  explicit MatmulSwitch(bool on) { Set(on); }
+  ~MatmulSwitch() { Set(true); }
+  MatmulSwitch(const MatmulSwitch&) = delete;
+  MatmulSwitch& operator=(const MatmulSwitch&) = delete;
 };
+// Whether bf16 products pack their B operand (cpu::set_matmul_packing), and whether bf16 forwards may run
+// swapped (cpu::set_matmul_swapping).
+using Packing = MatmulSwitch<cpu::set_matmul_packing>;
+using Swapping = MatmulSwitch<cpu::set_matmul_swapping>;
 
 // bf16 forward products over at least 256 rows, and input-gradient products over any, take their weight
 // packed by Loom into oneDNN's blocked layout on CPUs without AMX (matmul.cpp, packs_b): transposed
@@ -306,13 +323,8 @@ TEST(CpuMatmul, Bf16PackedWeights) {
       all.insert(all.end(), dinp.data<float>(), dinp.data<float>() + dinp.numel());
       return all;
     };
-    std::vector<std::vector<float>> packed;
     const size_t before = cpu::matmul_packed_products();
-    for (int threads : {1, 2, 3}) {
-      omp_set_num_threads(threads);
-      packed.push_back(run());
-    }
-    omp_set_num_threads(2);
+    const std::vector<std::vector<float>> packed = on_1_2_3_threads(run);
     const size_t ran_packed = cpu::matmul_packed_products() - before;
     const size_t per_run = (c.forward_packs ? 2u : 0u) + (c.dinp_packs ? 1u : 0u);
     EXPECT_EQ(ran_packed, amx ? 0u : 3 * per_run) << "M=" << c.M << " N=" << c.N << " K=" << c.K;
@@ -326,15 +338,6 @@ TEST(CpuMatmul, Bf16PackedWeights) {
     EXPECT_TRUE(as_stored == packed[0]) << "M=" << c.M << ": packed and stored B give other bits";
   }
 }
-
-// Selects whether bf16 forwards may run swapped (cpu::set_matmul_swapping) for a scope.
-class Swapping {
- public:
-  explicit Swapping(bool on) { cpu::set_matmul_swapping(on); }
-  ~Swapping() { cpu::set_matmul_swapping(true); }
-  Swapping(const Swapping&) = delete;
-  Swapping& operator=(const Swapping&) = delete;
-};
 
 // bf16 forwards without a bias, over 32 rows or more, whose weight is the larger side (M (N + K) <= N K) run
 // swapped on CPUs without AMX (matmul.cpp, swaps_forward): out^T = W · x^T, then transposed into out by
@@ -369,13 +372,8 @@ TEST(CpuMatmul, Bf16SwappedForward) {
     };
     const std::string at = std::to_string(c.M) + "x" + std::to_string(c.N) + "x" + std::to_string(c.K);
     const size_t n = ref.size();
-    std::vector<std::vector<float>> got;
     const size_t before = cpu::matmul_swapped_products();
-    for (int threads : {1, 2, 3}) {
-      omp_set_num_threads(threads);
-      got.push_back(run());
-    }
-    omp_set_num_threads(2);
+    const std::vector<std::vector<float>> got = on_1_2_3_threads(run);
     EXPECT_EQ(cpu::matmul_swapped_products() - before, c.swaps && !amx ? 6u : 0u) << at;
     EXPECT_TRUE(got[0] == got[1] && got[0] == got[2]) << at << ": bits depend on the thread count";
     EXPECT_LT(max_rel(got[0].data(), ref), 1e-6) << at << ", f32 output";
