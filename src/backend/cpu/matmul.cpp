@@ -497,14 +497,18 @@ void gemm_widened(const GemmKey& k, const void* a, const void* b, void* c, const
 // slower past that line (GPT-2's 768 x 768 over 512 rows, 768 x 3072 over 1024, a 7168 x 1024 expert over
 // 2048), and up to 2x slower below 32 rows, where brgemm has a kernel of its own for a few rows (decoding
 // one token: 12 of a Llama's 1280 x 768 products 0.74 -> 1.59 ms). On AMX machines it was not measured:
-// off. With a bias (GPT-2) the bias would run along the swapped product's rows; not done.
+// off. With a bias (GPT-2) the bias would run along the swapped product's rows; not done. The swapped
+// output goes through a per-thread scratch buffer that is kept, so outputs over kMaxSwapBytes (a long
+// prompt's logits over a large vocabulary) run unswapped rather than hold that much memory for good.
 constexpr int64_t kSwapMinRows = 32;
+constexpr int64_t kMaxSwapBytes = int64_t(64) << 20;
 
 std::atomic<bool> g_swapping{true};        // set_matmul_swapping
 std::atomic<size_t> g_swapped_products{0};  // matmul_swapped_products
 
-bool swaps_forward(int64_t M, int64_t N, int64_t K) {
-  return g_swapping.load() && M >= kSwapMinRows && M * (N + K) <= N * K && !matmul_uses_amx();
+bool swaps_forward(int64_t M, int64_t N, int64_t K, size_t out_esize) {
+  return g_swapping.load() && M >= kSwapMinRows && M * (N + K) <= N * K &&
+         M * N * int64_t(out_esize) <= kMaxSwapBytes && !matmul_uses_amx();
 }
 
 // Scratch slot (lowp.h) of the swapped product's output: moe.cpp holds slots 2 and 3 around its matmuls.
@@ -573,7 +577,7 @@ void CpuOps::do_matmul_forward(TensorView out, TensorView inp, TensorView weight
   const bool fuse_bias = bias && !all_f32;
   GemmKey key{M, N, K, false, true, K, K, cd, cd, out.dtype(), fuse_bias, false};
   if (fuse_bias) key.bias_dt = bias.dtype();
-  if (!bias && primitive_takes(cd) && swaps_forward(M, N, K)) {
+  if (!bias && primitive_takes(cd) && swaps_forward(M, N, K, dtype_size(out.dtype()))) {
     // out^T (N, M) = W (N, K) · inp^T into scratch, then transposed into out.
     const GemmKey swapped{N, M, K, false, true, K, K, cd, cd, out.dtype(), false, false};
     const size_t esize = dtype_size(out.dtype());

@@ -345,7 +345,7 @@ TEST(CpuMatmul, Bf16PackedWeights) {
 // 32 put elements in both, in f32 and in bf16 outputs. Each must match the double reference of the
 // bf16-rounded inputs, give the same bits on 1, 2 and 3 threads (the bf16 output the f32 one rounded once),
 // and agree with the product run unswapped (these reductions give the same sums either way); a product with
-// a bias, over fewer rows, or past the line runs as before.
+// a bias, over fewer rows, past the line, or with an output over 64 MB runs as before.
 TEST(CpuMatmul, Bf16SwappedForward) {
   auto ctx = make_cpu_context();
   if (!cpu::matmul_caches_shapes(DType::kBF16)) GTEST_SKIP() << "bf16 runs without cached primitives on this CPU";
@@ -387,4 +387,25 @@ TEST(CpuMatmul, Bf16SwappedForward) {
     EXPECT_LT(max_rel(unswapped.data(), ref), 1e-6) << at << ", unswapped";
     EXPECT_TRUE(unswapped == got[0]) << at << ": swapped and unswapped give other bits";
   }
+  // An output over 64 MB is not swapped (its scratch would be kept): 32 x 532,480 in f32 is 68 MB; in bf16
+  // (34 MB) it is. Small integers make every sum exact: out[m][n] = sum_k (m % 3 + 1) ((n + k) % 5 - 2).
+  const int64_t M = 32, N = 532480, K = 64;
+  Tensor x = Tensor::empty({M, K}, DType::kBF16), w = Tensor::empty({N, K}, DType::kBF16);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) x.data<uint16_t>()[m * K + k] = f32_to_bf16(float(m % 3 + 1));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) w.data<uint16_t>()[n * K + k] = f32_to_bf16(float((n + k) % 5 - 2));
+  Tensor out = Tensor::empty({M, N}, DType::kF32), out16 = Tensor::empty({M, N}, DType::kBF16);
+  const size_t before = cpu::matmul_swapped_products();
+  ctx->ops().matmul_forward(out, x, w, TensorView());
+  EXPECT_EQ(cpu::matmul_swapped_products(), before) << "a 68 MB output ran swapped";
+  ctx->ops().matmul_forward(out16, x, w, TensorView());
+  EXPECT_EQ(cpu::matmul_swapped_products(), before + (amx ? 0u : 1u)) << "a 34 MB output";
+  for (int64_t m : {int64_t(0), int64_t(1), int64_t(17), M - 1})
+    for (int64_t n : {int64_t(0), int64_t(3), int64_t(4097), N - 1}) {
+      double ref = 0;
+      for (int64_t k = 0; k < K; ++k) ref += double(m % 3 + 1) * double((n + k) % 5 - 2);
+      ASSERT_EQ(out.data<float>()[m * N + n], ref) << m << ", " << n;
+      ASSERT_EQ(bf16_to_f32(out16.data<uint16_t>()[m * N + n]), float(ref)) << m << ", " << n;
+    }
 }
