@@ -1,12 +1,13 @@
 // Op-level CPU benchmarks at GPT-2 124M shapes (B·T = 2048 rows, C = 768, Vp = 50304): the matmuls of
 // a layer and of the output layer (GFLOP/s counters, to compare with oneDNN's ceiling), attention,
-// the fused cross-entropy and AdamW; the three products of a linear layer one by one and the
-// row-wise ops in f32 / bf16 / f16 (mixed precision). Run: build/bench/loom_bench_ops (also part of
+// the fused cross-entropy and AdamW; the three products of a linear layer one by one (also over 8 cold
+// weights, as an MoE layer's experts run them) and the row-wise ops in f32 / bf16 / f16 (mixed precision). Run: build/bench/loom_bench_ops (also part of
 // `make bench`); e.g. --benchmark_filter='Product|Lowp' for the mixed-precision ones.
 #include <benchmark/benchmark.h>
 
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "backend/cpu/attention_bf16.h"
 #include "loom/backend/device_context.h"
@@ -83,6 +84,43 @@ void linear_product_args(benchmark::internal::Benchmark* b) {
       for (int64_t which : {0, 1, 2}) b->Args({2048, K, N, which, dt});
 }
 BENCHMARK(BM_LinearProduct)->Apply(linear_product_args)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// The same products over E = 8 distinct weights in turn, as a mixture-of-experts layer runs its experts'
+// groups: with 8 weights of a Mixtral expert (7168 x 1024 bf16 is 14.7 MB each) no weight is in cache when
+// its product starts, which is what the swapped forward and the packed input-gradient weight are chosen by
+// (matmul.cpp). Time per pass over the 8 products; rows M per product, dtype code st.range(4).
+void BM_ColdWeightProducts(benchmark::State& st) {
+  constexpr int E = 8;
+  const int64_t M = st.range(0), K = st.range(1), N = st.range(2), which = st.range(3);
+  const DType dt = dtype_arg(st.range(4));
+  std::vector<Tensor> x, w, y, dx, dw;
+  for (int e = 0; e < E; ++e) {
+    x.push_back(randn_as({M, K}, dt, 1.0f));
+    w.push_back(randn_as({N, K}, dt));
+    y.push_back(randn_as({M, N}, dt));
+    dx.push_back(randn_as({M, K}, dt));
+    dw.push_back(randn({N, K}));
+  }
+  for (auto _ : st) {
+    for (int e = 0; e < E; ++e) {
+      if (which == 0) ctx().ops().matmul_forward(y[e], x[e], w[e], TensorView());
+      if (which == 1) ctx().ops().matmul_backward(dx[e], TensorView(), TensorView(), y[e], x[e], w[e]);
+      if (which == 2) ctx().ops().matmul_backward(TensorView(), dw[e], TensorView(), y[e], x[e], w[e]);
+    }
+  }
+  st.SetLabel(std::string(dtype_name(dt)) + (which == 0 ? " x.W^T" : which == 1 ? " dout.W" : " dout^T.x") +
+              ", 8 weights");
+  st.counters["GFLOP/s"] = benchmark::Counter(2.0 * E * double(M * N * K) * double(st.iterations()) / 1e9,
+                                              benchmark::Counter::kIsRate);
+}
+void cold_weight_args(benchmark::internal::Benchmark* b) {
+  // A Mixtral expert's fc1 (K 1024 -> N 7168) and fc2 (3584 -> 1024) over the ~128 and ~512 rows of
+  // bench/moe_bench.sh's mixtral-512 and mixtral-2048, in bf16.
+  for (int64_t M : {128, 512})
+    for (auto [K, N] : {std::pair<int64_t, int64_t>{1024, 7168}, {3584, 1024}})
+      for (int64_t which : {0, 1, 2}) b->Args({M, K, N, which, 1});
+}
+BENCHMARK(BM_ColdWeightProducts)->Apply(cold_weight_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // Linear fwd + bwd in bf16 / f16 with f32 main grads (dweight, dbias), as a --bf16 step runs it.
 void BM_LinearLowp(benchmark::State& st) {

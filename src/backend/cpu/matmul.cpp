@@ -1,6 +1,6 @@
 // Linear-layer matmuls on the CPU through oneDNN (no hand-written GEMM).
-// All three products of a linear layer are expressed with strided (transposed) views, so no f32 or bf16
-// operand is ever copied or transposed in memory:
+// All three products of a linear layer are expressed with strided (transposed) views, so no operand has to
+// be copied or transposed in memory (the bf16 exceptions below are choices made for speed):
 //   forward  out  (M, N)  = inp (M, K) · W^T        W^T viewed as (K, N) with strides (1, K)
 //   dinp          (M, K)  = dout (M, N) · W          W is (N, K) row-major
 //   dweight       (N, K) += dout^T (N, M) · inp      dout^T viewed with strides (1, N); sum post-op accumulates
@@ -12,9 +12,11 @@
 //           +=). Unlike f32, a transposed stride is not what makes a product slow: at GPT-2 shapes dweight
 //           (transposed dout) runs at 0.6-0.75x and dinp (all operands plain) at 0.6-1.2x of the forward's
 //           rate, and making an operand plain first with a oneDNN reorder (a transposed copy, or weights in
-//           the blocked layout) cost more than it saved in every case measured. Without AMX, the forward's
-//           and the input gradient's weight is packed into the blocked layout by Loom's own copy (packs_b,
-//           pack_b), which does pay for itself from 256 rows on; otherwise no operand is copied.
+//           the blocked layout) cost more than it saved in every case measured. Without AMX, B operands
+//           are packed into the blocked layout by Loom's own copy (packs_b, pack_b: the input gradient's
+//           weight at any row count, the forward's W^T from 256 rows on), which does pay for itself, and
+//           a forward whose weight is the larger side runs swapped, out^T = W · inp^T, transposed into
+//           out afterwards (swaps_forward); otherwise no operand is copied.
 //           AMX and VCVTNEPS2BF16 flush bf16 subnormals (|x| < 1.2e-38) to zero; every other value is
 //           the RNE rounding of the f32 accumulation;
 //           On CPUs without AVX-512 this oneDNN has no bf16 matmul kernel: bf16 then goes through

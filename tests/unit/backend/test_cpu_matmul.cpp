@@ -356,7 +356,7 @@ TEST(CpuMatmul, Bf16SwappedForward) {
   const bool amx = cpu::matmul_uses_amx();
   for (const Case c : {Case{45, 203, 160, false, true}, Case{64, 256, 512, false, true},
                        Case{33, 517, 96, false, true}, Case{130, 1031, 64, false, false},
-                       Case{16, 517, 96, false, false},
+                       Case{80, 1536, 1280, false, true}, Case{16, 517, 96, false, false},
                        Case{45, 203, 160, true, false}, Case{200, 96, 96, false, false}}) {
     const Tensor xf = randn({c.M, c.K}, 60), wf = randn({c.N, c.K}, 61), bf = randn({c.N}, 62);
     const Tensor x = to_bf16(xf), w = to_bf16(wf), b16 = to_bf16(bf), bias_r = bf16_rounded(bf);
