@@ -6,8 +6,8 @@
 //   dweight       (N, K) += dout^T (N, M) · inp      dout^T viewed with strides (1, N); sum post-op accumulates
 // dtypes: inp/weight/dout (and bias) share the compute dtype (f32, bf16 or f16); out and dinp are in it or
 // f32; dweight/dbias accumulate into f32 main grads or into the compute dtype (f32 sum, one rounding).
-//   f32  -> dnnl_sgemm (the matmul primitive's brgemm reaches only half of sgemm's speed on some
-//           transposed f32 products; bench/RESULTS.md);
+//   f32  -> dnnl_sgemm, cut into shape-fixed pieces (matmul_sgemm.cpp; the matmul primitive's brgemm
+//           reaches only half of sgemm's speed on some transposed f32 products; bench/RESULTS.md);
 //   bf16 -> the matmul primitive (AMX / AVX512-BF16 brgemm; f32 accumulation, bias fused, sum post-op for
 //           +=). Unlike f32, a transposed stride is not what makes a product slow: at GPT-2 shapes dweight
 //           (transposed dout) runs at 0.6-0.75x and dinp (all operands plain) at 0.6-1.2x of the forward's
@@ -21,7 +21,7 @@
 //           the RNE rounding of the f32 accumulation;
 //           On CPUs without AVX-512 this oneDNN has no bf16 matmul kernel: bf16 then goes through
 //           gemm_widened like f16 (probed at first use);
-//   f16  -> gemm_widened: this oneDNN version has no CPU f16 matmul (it needs AVX512-FP16/AMX-FP16
+//   f16  -> gemm_widened (matmul_sgemm.cpp): this oneDNN version has no CPU f16 matmul (it needs AVX512-FP16/AMX-FP16
 //           kernels), so tiles are widened to f32 and multiplied by sgemm: f32 speed plus the widening
 //           (5-30% more time, single thread).
 // Primitives are cached by (shapes, strides, dtypes, bias dtype, accumulate) because creating one costs far
@@ -43,6 +43,7 @@
 
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/lowp.h"
+#include "backend/cpu/matmul_internal.h"
 #include "backend/cpu/transpose16.h"
 
 namespace loom::cpu {
@@ -50,6 +51,10 @@ namespace loom::cpu {
 namespace {
 
 using dnnl::memory;
+using matmul_detail::GemmKey;
+using matmul_detail::gemm_widened;
+using matmul_detail::sgemm_fixed_split;
+using matmul_detail::ThreadLimit;
 
 memory::data_type to_dnnl(DType dt) {
   switch (dt) {
@@ -58,74 +63,6 @@ memory::data_type to_dnnl(DType dt) {
     case DType::kF16: return memory::data_type::f16;
     default: LOOM_FAIL("[matmul] unsupported dtype ", dtype_name(dt), " (f32, bf16, f16 only)");
   }
-}
-
-// C (M, N) [+]= op(A) (M, K) · op(B) (K, N), BLAS-style: op(X) is X or X^T of a row-major stored matrix
-// with leading dimension ld. Explicit transpose flags (not strides) keep 1-wide dimensions unambiguous.
-struct GemmKey {
-  int64_t M, N, K;
-  bool trans_a, trans_b;
-  int64_t lda, ldb;
-  DType ta, tb, tc;
-  bool bias, accumulate;
-  DType bias_dt = DType::kF32;  // when bias
-  bool pack = false;            // set by DnnlRuntime::gemm: Loom packs B (packs_b)
-  auto tie() const {
-    return std::tie(M, N, K, trans_a, trans_b, lda, ldb, ta, tb, tc, bias, accumulate, bias_dt, pack);
-  }
-  bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
-};
-
-// Sets the calling thread's OpenMP team size (what oneDNN threads a call with, or makes a primitive for) for
-// a scope, and restores it on exit, exceptions included. No-op when `threads` is already the maximum.
-class ThreadLimit {
- public:
-  explicit ThreadLimit(int threads) : saved_(omp_get_max_threads()) {
-    if (threads != saved_) omp_set_num_threads(threads);
-  }
-  ~ThreadLimit() {
-    if (omp_get_max_threads() != saved_) omp_set_num_threads(saved_);
-  }
-  ThreadLimit(const ThreadLimit&) = delete;
-  ThreadLimit& operator=(const ThreadLimit&) = delete;
-
- private:
-  int saved_;
-};
-
-// dnnl_sgemm with a work split that does not depend on the thread count. oneDNN's own threading may cut
-// the K reduction between threads (it does on AVX2 machines for N <= 48-ish and for large K), which makes
-// the result depend on OMP_NUM_THREADS; here the output is cut along its larger dimension into at most 16
-// pieces fixed by the shape, each piece one single-threaded sgemm (inside the parallel region oneDNN runs
-// serially) that reduces over the whole K, so every thread count gives the same bits. Cost: up to ~1.5x on
-// large-K products (dweight), near 1x elsewhere (2 cores, AVX2; bench/RESULTS.md).
-void sgemm_fixed_split(char ta, char tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
-                       const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  const bool by_m = M >= N;
-  const int64_t D = by_m ? M : N;
-  const int64_t P = std::max<int64_t>(1, std::min<int64_t>(16, (D + 63) / 64));
-  const int64_t step = ((D + P - 1) / P + 7) / 8 * 8;
-  int status = int(dnnl_success);
-  if (P == 1) {
-    // One piece: run it on this thread alone. Outside a parallel region oneDNN would thread it itself
-    // (splitting K on some shapes: thread-count-dependent sums) and, for the small products of LoRA's
-    // rank-r GEMMs, spend more on waking and joining threads than on the product.
-    sgemm_serial(ta == 'T', tb == 'T', M, N, K, A, lda, B, ldb, beta != 0.0f, C, ldc);
-    return;
-  }
-#pragma omp parallel for schedule(static) reduction(max : status)
-  for (int64_t t = 0; t < P; ++t) {
-    const int64_t d0 = t * step;
-    if (d0 >= D) continue;
-    const int64_t db = std::min(step, D - d0);
-    const int64_t m0 = by_m ? d0 : 0, n0 = by_m ? 0 : d0, mb = by_m ? db : M, nb = by_m ? N : db;
-    const float* a = ta == 'N' ? A + m0 * lda : A + m0;
-    const float* b = tb == 'N' ? B + n0 : B + n0 * ldb;
-    const dnnl_status_t st = dnnl_sgemm(ta, tb, mb, nb, K, 1.0f, a, lda, b, ldb, beta, C + m0 * ldc + n0, ldc);
-    if (st != dnnl_success) status = std::max(status, int(st));
-  }
-  LOOM_CHECK(status == int(dnnl_success), "[matmul] dnnl_sgemm failed with status ", status, " for M=", M, " N=", N,
-             " K=", K);
 }
 
 struct Gemm {
@@ -426,69 +363,6 @@ bool bf16_primitive_available() {
 
 bool primitive_takes(DType dt) { return dt == DType::kBF16 && bf16_primitive_available(); }
 
-// ---- f16 products: f32 tiles through sgemm ----------------------------------------------------------
-// C (M, N) [+]= op(A) · op(B) (+ bias) for operands the matmul primitive cannot take: tiles of op(A) and
-// op(B) are widened (exactly) into f32 scratch in their stored layout and multiplied by sgemm with the
-// same transpose flags; C accumulates in f32 across K tiles and is narrowed (RNE) once per call when it is
-// not f32. bias (N), when given, is added in f32 before that rounding (as bias_add_forward does).
-constexpr int64_t kTileM = 2048, kTileN = 2048, kTileK = 1024;
-
-void gemm_widened(const GemmKey& k, const void* a, const void* b, void* c, const void* bias, DType bias_dt) {
-  const bool c_f32 = k.tc == DType::kF32;
-  std::vector<float> bias_f32;
-  if (bias) {
-    bias_f32.resize(size_t(k.N));
-    widen(bias_f32.data(), bias, bias_dt, k.N);
-  }
-  // Widens rows [r0, r0 + nr) x cols [c0, c0 + nc) of a stored row-major matrix (leading dim ld).
-  auto widen_block = [](float* dst, const void* src, DType dt, int64_t ld, int64_t r0, int64_t nr, int64_t c0,
-                        int64_t nc) {
-#pragma omp parallel for schedule(static) if (nr * nc > (int64_t(1) << 15))
-    for (int64_t r = 0; r < nr; ++r) widen(dst + r * nc, elem_ptr(src, dt, (r0 + r) * ld + c0), dt, nc);
-  };
-  const int64_t tm = std::min(kTileM, k.M), tn = std::min(kTileN, k.N), tk = std::min(kTileK, k.K);
-  float* ta = thread_scratch(4, size_t(tm * tk));
-  float* tb = thread_scratch(5, size_t(tk * tn));
-  float* tc = c_f32 ? nullptr : thread_scratch(6, size_t(tm * tn));
-  for (int64_t m0 = 0; m0 < k.M; m0 += kTileM) {
-    const int64_t mb = std::min(kTileM, k.M - m0);
-    for (int64_t n0 = 0; n0 < k.N; n0 += kTileN) {
-      const int64_t nb = std::min(kTileN, k.N - n0);
-      float* cf = c_f32 ? static_cast<float*>(c) + m0 * k.N + n0 : tc;
-      const int64_t ldc = c_f32 ? k.N : nb;
-      if (!c_f32 && k.accumulate) widen_block(tc, c, k.tc, k.N, m0, mb, n0, nb);
-      for (int64_t k0 = 0; k0 < k.K; k0 += kTileK) {
-        const int64_t kb = std::min(kTileK, k.K - k0);
-        // op(A) tile (mb, kb): stored (kb, mb) when transposed. With a single K tile it is the same for
-        // every N tile: widened once per M tile.
-        if (n0 == 0 || k.K > kTileK) {
-          if (k.trans_a)
-            widen_block(ta, a, k.ta, k.lda, k0, kb, m0, mb);
-          else
-            widen_block(ta, a, k.ta, k.lda, m0, mb, k0, kb);
-        }
-        if (k.trans_b)
-          widen_block(tb, b, k.tb, k.ldb, n0, nb, k0, kb);
-        else
-          widen_block(tb, b, k.tb, k.ldb, k0, kb, n0, nb);
-        const float beta = (k0 > 0 || k.accumulate) ? 1.0f : 0.0f;
-        sgemm_fixed_split(k.trans_a ? 'T' : 'N', k.trans_b ? 'T' : 'N', mb, nb, kb, ta, k.trans_a ? mb : kb, tb,
-                          k.trans_b ? kb : nb, beta, cf, ldc);
-      }
-      const float* bf = bias ? bias_f32.data() + n0 : nullptr;
-#pragma omp parallel for schedule(static) if (mb * nb > (int64_t(1) << 15))
-      for (int64_t r = 0; r < mb; ++r) {
-        float* row = cf + r * ldc;
-        if (bf) {
-#pragma omp simd
-          for (int64_t j = 0; j < nb; ++j) row[j] += bf[j];
-        }
-        if (!c_f32) narrow(elem_ptr(c, k.tc, (m0 + r) * k.N + n0), k.tc, row, nb);
-      }
-    }
-  }
-}
-
 // bf16 forward products (no bias) computed swapped, out^T (N, M) = W (N, K) · inp^T, and transposed into
 // out. brgemm reads its A operand as stored but copies B into its own layout inside every call, so the
 // plain product copies the weight (N x K) each time, and the swapped one the input (M x K) plus the
@@ -555,16 +429,6 @@ size_t matmul_swapped_products() { return g_swapped_products.load(); }
 
 void set_matmul_swapping(bool on) { g_swapping.store(on); }
 
-void sgemm_serial(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
-                  const float* B, int64_t ldb, bool accumulate, float* C, int64_t ldc) {
-  // Inside an active parallel region oneDNN runs serially; outside one it would thread the product itself.
-  const ThreadLimit limit(omp_in_parallel() ? omp_get_max_threads() : 1);
-  const dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, 1.0f, A, lda, B, ldb,
-                                      accumulate ? 1.0f : 0.0f, C, ldc);
-  LOOM_CHECK(st == dnnl_success, "[matmul] dnnl_sgemm failed with status ", int(st), " for M=", M, " N=", N,
-             " K=", K);
-}
-
 void CpuOps::do_matmul_forward(TensorView out, TensorView inp, TensorView weight, TensorView bias) const {
   const int64_t N = weight.size(0), K = weight.size(1), M = inp.shape().rows();
   const DType cd = inp.dtype();
@@ -579,10 +443,10 @@ void CpuOps::do_matmul_forward(TensorView out, TensorView inp, TensorView weight
   const bool fuse_bias = bias && !all_f32;
   GemmKey key{M, N, K, false, true, K, K, cd, cd, out.dtype(), fuse_bias, false};
   if (fuse_bias) key.bias_dt = bias.dtype();
-  if (!bias && primitive_takes(cd) && swaps_forward(M, N, K, dtype_size(out.dtype()))) {
+  const size_t esize = dtype_size(out.dtype());
+  if (!bias && primitive_takes(cd) && swaps_forward(M, N, K, esize)) {
     // out^T (N, M) = W (N, K) · inp^T into scratch, then transposed into out.
     const GemmKey swapped{N, M, K, false, true, K, K, cd, cd, out.dtype(), false, false};
-    const size_t esize = dtype_size(out.dtype());
     void* t = thread_scratch(kSwapSlot, (size_t(M * N) * esize + 3) / 4);
     DnnlRuntime::get().gemm(swapped, weight.raw(), inp.raw(), t, nullptr);
     transpose_into(out.raw(), t, esize, N, M);
