@@ -93,9 +93,10 @@ inline void fast_gelu_and_grad(float x, float& a, float& da) {
 // fast_exp and the activations above (the GeLU / GLU kernels, the cross-entropy's exponentials), 16 lanes
 // at a time in AVX-512 intrinsics, operation for operation the same roundings as the scalar forms compiled
 // under `omp simd` (GCC contracts a * b + c into one FMA; these write the FMAs out), so every lane gives the
-// scalar function's bits (test_cpu_math.cpp checks ~2^27 inputs per function). Faster where it differs: the clamps are vmaxps/vminps and 2^n is applied by
-// vscalefps, which rounds p · 2^n once, as (p · s1) · s2 does (p · s1 is exact); no masks, blends or
-// integer shifts. GeLU's forward runs ~1.8x as fast as the compiler's code for the scalar form.
+// scalar function's bits (test_cpu_math.cpp checks ~2^27 inputs per function). Faster where it differs:
+// the clamps are vmaxps/vminps and 2^n is applied by vscalefps, which rounds p · 2^n once, as
+// (p · s1) · s2 does (p · s1 is exact); no masks, blends or integer shifts. GeLU's forward runs ~1.8x as
+// fast as the compiler's code for the scalar form.
 namespace simd16 {
 
 // The maskz forms with a full mask avoid GCC 12's -Wmaybe-uninitialized false positive on the plain ones.
@@ -136,6 +137,17 @@ inline void sigmoid_pair(__m512 x, __m512& s, __m512& one_minus_s) {
   one_minus_s = _mm512_mask_mul_ps(one, finite, e, s);
 }
 
+// SiLU (SwiGLU's activation) x · sigmoid(x), and with its derivative s + x s (1 - s), as glu.cpp's scalar
+// forms compute them.
+inline __m512 silu(__m512 x) { return _mm512_mul_ps(x, sigmoid(x)); }
+
+inline void silu_and_grad(__m512 x, __m512& a, __m512& da) {
+  __m512 s, oms;
+  sigmoid_pair(x, s, oms);
+  a = _mm512_mul_ps(x, s);
+  da = _mm512_fmadd_ps(a, oms, s);
+}
+
 // 2u, u = sqrt(2/pi) (x + 0.044715 x^3), as fast_gelu computes it.
 inline __m512 gelu_2u(__m512 x) {
   const __m512 cubic = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(kGeluK1), x), x), x, x);
@@ -166,13 +178,7 @@ inline void for_blocks(int64_t n, F&& f) {
 }  // namespace simd16
 #endif
 
-// Sum of f(i) over i in [0, n) in an order fixed by n alone: 16 lanes (lane l takes i = l mod 16 over the
-// full groups of 16, then the tail), combined by a fixed pairwise tree. The compiler maps the lanes onto
-// SIMD registers, and the result does not depend on alignment, vector width or thread count — so a
-// recomputed forward (other buffers, other alignment) reproduces its statistics bit for bit. kWide asks for
-// all 16 lanes in one 512-bit vector on AVX-512 (LOOM_SIMD_ACTIVATION) where f is an exponential or similar;
-// for plain loads GCC's default 256-bit code is faster (a LayerNorm forward took 8-14% longer with 512).
-// acc[0] + ... + acc[15] by lane_sum's fixed pairwise tree (lane l + w into lane l, w = 8, 4, 2, 1).
+// acc[0] + ... + acc[15] by the fixed pairwise tree lane_sum ends with (lane l + w into lane l, w = 8, 4, 2, 1).
 template <typename Acc>
 inline Acc lane_tree(Acc (&acc)[16]) {
   for (int w = 8; w >= 1; w /= 2)
@@ -180,6 +186,12 @@ inline Acc lane_tree(Acc (&acc)[16]) {
   return acc[0];
 }
 
+// Sum of f(i) over i in [0, n) in an order fixed by n alone: 16 lanes (lane l takes i = l mod 16 over the
+// full groups of 16, then the tail), combined by a fixed pairwise tree. The compiler maps the lanes onto
+// SIMD registers, and the result does not depend on alignment, vector width or thread count — so a
+// recomputed forward (other buffers, other alignment) reproduces its statistics bit for bit. kWide asks for
+// all 16 lanes in one 512-bit vector on AVX-512 (LOOM_SIMD_ACTIVATION) where f is an exponential or similar;
+// for plain loads GCC's default 256-bit code is faster (a LayerNorm forward took 8-14% longer with 512).
 template <typename Acc, bool kWide = false, typename F>
 inline Acc lane_sum(int64_t n, F&& f) {
   constexpr int kLanes = 16;

@@ -53,20 +53,14 @@ inline void act_and_grad(float g, float& a, float& da) {
 // act and act_and_grad 16 lanes at a time, the same bits (fast_math.h, simd16); ReGLU keeps the scalar form.
 template <GluKind K>
 inline __m512 act16(__m512 g) {
-  if constexpr (K == GluKind::kSwiGLU) return _mm512_mul_ps(g, simd16::sigmoid(g));
+  if constexpr (K == GluKind::kSwiGLU) return simd16::silu(g);
   else return simd16::gelu(g);
 }
 
 template <GluKind K>
 inline void act_and_grad16(__m512 g, __m512& a, __m512& da) {
-  if constexpr (K == GluKind::kSwiGLU) {
-    __m512 s, oms;
-    simd16::sigmoid_pair(g, s, oms);
-    a = _mm512_mul_ps(g, s);
-    da = _mm512_fmadd_ps(_mm512_mul_ps(g, s), oms, s);
-  } else {
-    simd16::gelu_and_grad(g, a, da);
-  }
+  if constexpr (K == GluKind::kSwiGLU) simd16::silu_and_grad(g, a, da);
+  else simd16::gelu_and_grad(g, a, da);
 }
 #endif
 
