@@ -64,17 +64,23 @@ BENCHMARK(BM_Linear)
 // One product of a linear layer (M, K) -> (M, N) in dtype code st.range(4) (0 f32, 1 bf16, 2 f16):
 // st.range(3) = 0 forward out = x·Wᵀ, 1 dinp = dout·W, 2 dweight += doutᵀ·x into an f32 main grad.
 // 2·M·N·K FLOPs.
+// Product `which` of BM_LinearProduct's numbering on one layer's tensors (y is out, or dout), and its label.
+void linear_product(int64_t which, Tensor& y, Tensor& x, Tensor& w, Tensor& dx, Tensor& dw) {
+  if (which == 0) ctx().ops().matmul_forward(y, x, w, TensorView());
+  if (which == 1) ctx().ops().matmul_backward(dx, TensorView(), TensorView(), y, x, w);
+  if (which == 2) ctx().ops().matmul_backward(TensorView(), dw, TensorView(), y, x, w);
+}
+std::string linear_product_label(DType dt, int64_t which) {
+  return std::string(dtype_name(dt)) + (which == 0 ? " x.W^T" : which == 1 ? " dout.W" : " dout^T.x");
+}
+
 void BM_LinearProduct(benchmark::State& st) {
   const int64_t M = st.range(0), K = st.range(1), N = st.range(2), which = st.range(3);
   const DType dt = dtype_arg(st.range(4));
   Tensor x = randn_as({M, K}, dt, 1.0f), w = randn_as({N, K}, dt), y = randn_as({M, N}, dt);
   Tensor dx = randn_as({M, K}, dt), dw = randn({N, K});
-  for (auto _ : st) {
-    if (which == 0) ctx().ops().matmul_forward(y, x, w, TensorView());
-    if (which == 1) ctx().ops().matmul_backward(dx, TensorView(), TensorView(), y, x, w);
-    if (which == 2) ctx().ops().matmul_backward(TensorView(), dw, TensorView(), y, x, w);
-  }
-  st.SetLabel(std::string(dtype_name(dt)) + (which == 0 ? " x.W^T" : which == 1 ? " dout.W" : " dout^T.x"));
+  for (auto _ : st) linear_product(which, y, x, w, dx, dw);
+  st.SetLabel(linear_product_label(dt, which));
   st.counters["GFLOP/s"] = benchmark::Counter(2.0 * double(M * N * K) * double(st.iterations()) / 1e9,
                                               benchmark::Counter::kIsRate);
 }
@@ -101,15 +107,9 @@ void BM_ColdWeightProducts(benchmark::State& st) {
     dx.push_back(randn_as({M, K}, dt));
     dw.push_back(randn({N, K}));
   }
-  for (auto _ : st) {
-    for (int e = 0; e < E; ++e) {
-      if (which == 0) ctx().ops().matmul_forward(y[e], x[e], w[e], TensorView());
-      if (which == 1) ctx().ops().matmul_backward(dx[e], TensorView(), TensorView(), y[e], x[e], w[e]);
-      if (which == 2) ctx().ops().matmul_backward(TensorView(), dw[e], TensorView(), y[e], x[e], w[e]);
-    }
-  }
-  st.SetLabel(std::string(dtype_name(dt)) + (which == 0 ? " x.W^T" : which == 1 ? " dout.W" : " dout^T.x") +
-              ", 8 weights");
+  for (auto _ : st)
+    for (int e = 0; e < E; ++e) linear_product(which, y[e], x[e], w[e], dx[e], dw[e]);
+  st.SetLabel(linear_product_label(dt, which) + ", 8 weights");
   st.counters["GFLOP/s"] = benchmark::Counter(2.0 * E * double(M * N * K) * double(st.iterations()) / 1e9,
                                               benchmark::Counter::kIsRate);
 }
