@@ -22,7 +22,9 @@
 //     (cut along the larger output dimension, fixed by the shape), all groups' pieces in one parallel
 //     region, each one serial sgemm over the whole reduction: no barrier per group, and wide pieces
 //     (matmul_forward's split cuts a 1024-wide output into 16 pieces, each re-packing the whole other
-//     operand: ~20% slower on the experts' 256-row products). The bits depend on the shapes only.
+//     operand: ~20% slower on the experts' 256-row products). The bits depend on the shapes only; they equal
+//     matmul_forward's where oneDNN's sgemm gives a row the same bits whatever the piece (its AVX-512
+//     kernels do, its AVX2 ones not always: there they agree to the order of the sums).
 #include <algorithm>
 #include <cstring>
 #include <vector>

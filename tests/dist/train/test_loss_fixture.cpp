@@ -14,11 +14,46 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include "e2e/e2e_util.h"
 
 namespace loom::e2e {
 namespace {
+
+// The instruction sets this build's own kernels were compiled for (tests and loom share the compile flags).
+constexpr std::pair<const char*, bool> kBuiltFor[] = {
+#ifdef __AVX2__
+    {"avx2", true},
+#else
+    {"avx2", false},
+#endif
+#ifdef __FMA__
+    {"fma", true},
+#else
+    {"fma", false},
+#endif
+#ifdef __AVX512F__
+    {"avx512f", true},
+#else
+    {"avx512f", false},
+#endif
+#ifdef __AVX512BW__
+    {"avx512bw", true},
+#else
+    {"avx512bw", false},
+#endif
+#ifdef __AVX512VL__
+    {"avx512vl", true},
+#else
+    {"avx512vl", false},
+#endif
+#ifdef __AVX512BF16__
+    {"avx512_bf16", true},
+#else
+    {"avx512_bf16", false},
+#endif
+};
 
 const char* kFixture = LOOM_SOURCE_DIR "/tests/golden/fixtures/train_losses.json";
 
@@ -68,7 +103,10 @@ std::vector<FixtureRun> runs() {
   };
 }
 
-// The CPU features that choose Loom's and oneDNN's kernel paths.
+// The CPU features that choose Loom's and oneDNN's kernel paths: the CPU's, then any this build was not
+// compiled for (Loom's own kernels take the paths the compiler was allowed: a -march=x86-64-v3 build on an
+// AVX-512 CPU runs its AVX2 forms) and any cap on oneDNN's ISA (DNNL_MAX_CPU_ISA). An AVX2 build on this
+// CPU, or oneDNN capped to AVX2, differs from the native build in the last bits of the losses.
 std::string isa_signature() {
   std::ifstream f("/proc/cpuinfo");
   std::string line, flags;
@@ -81,9 +119,14 @@ std::string isa_signature() {
   std::istringstream ss(flags);
   for (std::string w; ss >> w;) have.insert(w);
   std::string sig;
+  auto add = [&sig](const std::string& w) { sig += (sig.empty() ? "" : " ") + w; };
   for (const char* k : {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_fp16", "amx_bf16",
                         "amx_tile"})
-    if (have.count(k)) sig += std::string(sig.empty() ? "" : " ") + k;
+    if (have.count(k)) add(k);
+  for (const auto& [k, built] : kBuiltFor)
+    if (have.count(k) && !built) add(std::string("build-without-") + k);
+  const char* cap = std::getenv("DNNL_MAX_CPU_ISA");
+  if (cap && *cap && std::string(cap) != "ALL" && std::string(cap) != "all") add(std::string("dnnl-max-") + cap);
   return sig;
 }
 

@@ -131,8 +131,13 @@ TEST(CpuMoe, GroupedMatmulIsOneMatmulPerGroup) {
       const TensorView dg = dout.view().slice_flat(o * N, {m, N});
       ops.matmul_forward(ref, ig, wg, TensorView());
       ops.matmul_backward(ref_dinp, ref_dw, TensorView(), dg, ig, wg);
-      EXPECT_EQ(std::memcmp(ref.raw(), out.data<float>() + o * N, size_t(ref.nbytes())), 0) << "group " << g;
-      EXPECT_EQ(std::memcmp(ref_dinp.raw(), dinp.data<float>() + o * K, size_t(ref_dinp.nbytes())), 0);
+      // The same products: equal up to the order of the 7- and 5-term sums. (The grouped op cuts its
+      // products into other pieces than matmul_forward; oneDNN's AVX-512 sgemm gives every row the same bits
+      // whatever the pieces, its AVX2 one does not.)
+      for (int64_t i = 0; i < m * N; ++i)
+        ASSERT_NEAR(out.data<float>()[o * N + i], ref.data<float>()[i], 2e-6) << "group " << g << " out " << i;
+      for (int64_t i = 0; i < m * K; ++i)
+        ASSERT_NEAR(dinp.data<float>()[o * K + i], ref_dinp.data<float>()[i], 2e-6) << "group " << g << " dinp " << i;
     }
     for (int64_t i = 0; i < N * K; ++i)
       EXPECT_NEAR(dw.data<float>()[g * N * K + i], dw0.data<float>()[g * N * K + i] + ref_dw.data<float>()[i], 1e-5);
