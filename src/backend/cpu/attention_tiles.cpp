@@ -1,19 +1,21 @@
 // Tile kernels of the CPU attention core; see attention_tiles.h for the layout conventions.
-// Register blocking: 4 output rows x up to 4 vectors = 16 accumulators, plus the 4 vectors of the streamed
-// operand and one broadcast, fit the 32 AVX-512 registers without spills (checked in the generated code).
+// Register blocking, per ISA (kRows x kVecs accumulators; checked in the generated code):
+//   - AVX-512: 4 output rows x up to 4 vectors = 16 accumulators, plus the 4 vectors of the streamed operand
+//     and one broadcast, fit the 32 zmm registers without spills;
+//   - narrower ISAs (AVX2: 16 ymm registers, two per 16-float vector): 6 rows x 1 vector = 12 accumulators,
+//     the streamed vector and a broadcast, the tile of AVX2 sgemm kernels. The AVX-512 blocking there spilled
+//     on every FMA and ran attention ~25x slower than this.
+// Every output element is the same sequence of FMAs over k either way: the blocking changes no bits.
 #include "backend/cpu/attention_tiles.h"
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include "backend/cpu/lowp.h"
 #include "backend/cpu/transpose16.h"
 #include "backend/cpu/philox_simd.h"
-
-// The 64-byte vector type never crosses this file (internal linkage), so GCC's note that passing it by
-// value changes the psABI on targets without AVX-512 (LOOM_NATIVE=OFF) does not apply.
-#pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace loom::cpu::attn {
 
@@ -21,68 +23,105 @@ namespace {
 
 using Vec = float __attribute__((vector_size(64)));  // kW floats
 using UVec = uint32_t __attribute__((vector_size(64)));
-constexpr int64_t kBlockVecs = kBlock / kW;
+// The products' own vector (KVec) is the widest the target has: GCC keeps a vector wider than that in memory,
+// so the 16-float Vec would make every accumulator a stack slot. Register blocking (see the header):
+// kRows rows x up to kVecs Vecs (of kPer KVecs each).
+#if defined(__AVX512F__)
+using KVec = Vec;
+constexpr int kRows = 4, kVecs = 4;
+#else
+using KVec = float __attribute__((vector_size(32)));
+constexpr int kRows = 6, kVecs = 1;
+#endif
+constexpr int kKW = int(sizeof(KVec) / sizeof(float));  // floats per KVec
+constexpr int kPer = int(kW) / kKW;                       // KVecs per Vec
 
-inline Vec load(const float* p) {
-  Vec v;
-  std::memcpy(&v, p, sizeof(Vec));
+template <typename V = Vec>
+inline V load(const float* p) {
+  V v;
+  std::memcpy(&v, p, sizeof(V));
   return v;
 }
-inline void store(float* p, const Vec& v) { std::memcpy(p, &v, sizeof(Vec)); }
+template <typename V>
+inline void store(float* p, const V& v) {
+  std::memcpy(p, &v, sizeof(V));
+}
 
-// out[r][0 : NV*kW] = sum_k a[r][k] * bt[k][0 : NV*kW] for RB rows; out and bt rows are kBlock apart.
-template <int RB, int NV>
+// f(RB, r) over groups of rows [r, r + RB) covering [0, rows): kRows at a time, then pairs (where kRows > 2),
+// then single rows.
+template <typename F>
+inline void for_row_groups(int64_t rows, F&& f) {
+  int64_t r = 0;
+  for (; r + kRows <= rows; r += kRows) f(std::integral_constant<int, kRows>{}, r);
+  if constexpr (kRows > 2)
+    for (; r + 2 <= rows; r += 2) f(std::integral_constant<int, 2>{}, r);
+  for (; r < rows; ++r) f(std::integral_constant<int, 1>{}, r);
+}
+
+// f(NV) for n = NV Vecs, 1 <= n <= kVecs (only those widths are compiled).
+template <typename F>
+inline void with_vecs(int64_t n, F&& f) {
+  if constexpr (kVecs >= 4)
+    if (n == 4) return f(std::integral_constant<int, 4>{});
+  if constexpr (kVecs >= 3)
+    if (n == 3) return f(std::integral_constant<int, 3>{});
+  if constexpr (kVecs >= 2)
+    if (n == 2) return f(std::integral_constant<int, 2>{});
+  f(std::integral_constant<int, 1>{});
+}
+
+// out[r][0 : NW*kW] = sum_k a[r][k] * bt[k][0 : NW*kW] for RB rows; out and bt rows are kBlock apart.
+template <int RB, int NW>
 inline void abt_rows(float* out, const float* a, const float* bt, int64_t hsp) {
-  Vec c[RB][NV] = {};
+  constexpr int NV = NW * kPer;
+  KVec c[RB][NV] = {};
   for (int64_t k = 0; k < hsp; ++k) {
-    Vec b[NV];
-    for (int v = 0; v < NV; ++v) b[v] = load(bt + k * kBlock + v * kW);
+    KVec b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = load<KVec>(bt + k * kBlock + v * kKW);
     for (int r = 0; r < RB; ++r) {
       const float s = a[r * hsp + k];
       for (int v = 0; v < NV; ++v) c[r][v] += s * b[v];
     }
   }
   for (int r = 0; r < RB; ++r)
-    for (int v = 0; v < NV; ++v) store(out + r * kBlock + v * kW, c[r][v]);
+    for (int v = 0; v < NV; ++v) store(out + r * kBlock + v * kKW, c[r][v]);
 }
 
-// Rows [r, r + RB) of tile_abt, restricted to the query vectors the band leaves visible.
+// Rows [r, r + RB) of tile_abt, restricted to the query vectors the band leaves visible, in chunks of up to
+// kVecs vectors.
 template <int RB>
 inline void abt_group(float* out, const float* a, const float* bt, int64_t r, int64_t hsp, const Band& band) {
   const int64_t b = std::clamp<int64_t>(band.query_begin(r), 0, kBlock) / kW;
   const int64_t e = (std::clamp<int64_t>(band.query_end(r, RB), 0, kBlock) + kW - 1) / kW;
-  out += r * kBlock + b * kW;
+  out += r * kBlock;
   a += r * hsp;
-  bt += b * kW;
-  switch (e - b) {
-    case 4: abt_rows<RB, 4>(out, a, bt, hsp); break;
-    case 3: abt_rows<RB, 3>(out, a, bt, hsp); break;
-    case 2: abt_rows<RB, 2>(out, a, bt, hsp); break;
-    case 1: abt_rows<RB, 1>(out, a, bt, hsp); break;
-    default: break;  // no visible query: the caller masks the whole row
-  }
+  for (int64_t v = b; v < e; v += kVecs)  // none when no query is visible: the caller masks the whole row
+    with_vecs(std::min<int64_t>(kVecs, e - v), [&]<int NV>(std::integral_constant<int, NV>) {
+      abt_rows<RB, NV>(out + v * kW, a, bt + v * kW, hsp);
+    });
 }
 
-// out[r][0 : NV*kW] += sum_{k in [kb, ke)} coef(r, k) * x[k][0 : NV*kW] for RB rows; coef(r, k) = c[r*cr + k*ck].
-template <int RB, int NV>
+// out[r][0 : NW*kW] += sum_{k in [kb, ke)} coef(r, k) * x[k][0 : NW*kW] for RB rows; coef(r, k) = c[r*cr + k*ck].
+template <int RB, int NW>
 inline void acc_rows(float* out, const float* c, int64_t cr, int64_t ck, const float* x, int64_t kb, int64_t ke,
                      int64_t hsp) {
-  Vec acc[RB][NV];
+  constexpr int NV = NW * kPer;
+  KVec acc[RB][NV];
   for (int r = 0; r < RB; ++r)
-    for (int v = 0; v < NV; ++v) acc[r][v] = load(out + r * hsp + v * kW);
+    for (int v = 0; v < NV; ++v) acc[r][v] = load<KVec>(out + r * hsp + v * kKW);
   for (int64_t k = kb; k < ke; ++k) {
-    Vec xv[NV];
-    for (int v = 0; v < NV; ++v) xv[v] = load(x + k * hsp + v * kW);
+    KVec xv[NV];
+    for (int v = 0; v < NV; ++v) xv[v] = load<KVec>(x + k * hsp + v * kKW);
     for (int r = 0; r < RB; ++r) {
       const float s = c[r * cr + k * ck];
       for (int v = 0; v < NV; ++v) acc[r][v] += s * xv[v];
     }
   }
   for (int r = 0; r < RB; ++r)
-    for (int v = 0; v < NV; ++v) store(out + r * hsp + v * kW, acc[r][v]);
+    for (int v = 0; v < NV; ++v) store(out + r * hsp + v * kKW, acc[r][v]);
 }
 
-// One chunk of NV vectors of output columns of tile_acc, all rows.
+// One chunk of NV Vecs of output columns of tile_acc, all rows.
 template <int NV>
 void acc_cols(float* out, const float* c, int64_t cr, int64_t ck, const float* x, int64_t kcount, int64_t rows,
               int64_t hsp, const Band& band, Rows kind) {
@@ -92,37 +131,27 @@ void acc_cols(float* out, const float* c, int64_t cr, int64_t ck, const float* x
     const int64_t cb = std::clamp<int64_t>(b, 0, kcount);
     return std::pair{cb, std::clamp<int64_t>(e, cb, kcount)};
   };
-  int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) {
-    const auto [kb, ke] = k_range(r, 4);
-    acc_rows<4, NV>(out + r * hsp, c + r * cr, cr, ck, x, kb, ke, hsp);
-  }
-  for (; r < rows; ++r) {
-    const auto [kb, ke] = k_range(r, 1);
-    acc_rows<1, NV>(out + r * hsp, c + r * cr, cr, ck, x, kb, ke, hsp);
-  }
+  for_row_groups(rows, [&]<int RB>(std::integral_constant<int, RB>, int64_t r) {
+    const auto [kb, ke] = k_range(r, RB);
+    acc_rows<RB, NV>(out + r * hsp, c + r * cr, cr, ck, x, kb, ke, hsp);
+  });
 }
-
-
 
 }  // namespace
 
 void tile_abt(float* out, const float* a, const float* bt, int64_t rows, int64_t hsp, const Band& band) {
-  int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) abt_group<4>(out, a, bt, r, hsp, band);
-  for (; r < rows; ++r) abt_group<1>(out, a, bt, r, hsp, band);
+  for_row_groups(rows, [&]<int RB>(std::integral_constant<int, RB>, int64_t r) {
+    abt_group<RB>(out, a, bt, r, hsp, band);
+  });
 }
 
-// Output columns go in chunks of up to 4 vectors, so that a 4-row group keeps 16 accumulators in registers.
+// Output columns go in chunks of up to kVecs vectors, so that a row group keeps its accumulators in registers.
 void tile_acc(float* out, const float* c, int64_t cr, int64_t ck, const float* x, int64_t kcount, int64_t rows,
               int64_t hsp, const Band& band, Rows kind) {
-  for (int64_t d0 = 0; d0 < hsp; d0 += kBlock) {
-    switch (std::min<int64_t>(kBlockVecs, (hsp - d0) / kW)) {
-      case 4: acc_cols<4>(out + d0, c, cr, ck, x + d0, kcount, rows, hsp, band, kind); break;
-      case 3: acc_cols<3>(out + d0, c, cr, ck, x + d0, kcount, rows, hsp, band, kind); break;
-      case 2: acc_cols<2>(out + d0, c, cr, ck, x + d0, kcount, rows, hsp, band, kind); break;
-      default: acc_cols<1>(out + d0, c, cr, ck, x + d0, kcount, rows, hsp, band, kind); break;
-    }
+  for (int64_t d0 = 0; d0 < hsp; d0 += kVecs * kW) {
+    with_vecs(std::min<int64_t>(kVecs, (hsp - d0) / kW), [&]<int NV>(std::integral_constant<int, NV>) {
+      acc_cols<NV>(out + d0, c, cr, ck, x + d0, kcount, rows, hsp, band, kind);
+    });
   }
 }
 

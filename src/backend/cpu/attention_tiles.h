@@ -2,9 +2,10 @@
 // the q/dO tile transpose, on 64-byte aligned per-thread scratch.
 // Conventions: a block is kBlock = 64 queries or keys; head rows are padded to hsp, a multiple of kW = 16
 // floats, with zeros; score tiles are stored transposed, S^T[key][query], kBlock floats per row. Every
-// product is "broadcast one scalar, FMA a contiguous row" with 4-row register blocking, so it compiles to
-// full-width vector FMAs (AVX-512 with -march=native; GCC/Clang split the 16-float vectors on narrower
-// ISAs). No kernel's result depends on anything but its arguments (thread-count independent).
+// product is "broadcast one scalar, FMA a contiguous row" with register blocking over rows (sized per ISA in
+// attention_tiles.cpp), so it compiles to full-width vector FMAs (AVX-512 with -march=native; GCC/Clang split
+// the 16-float vectors on narrower ISAs). No kernel's result depends on anything but its arguments
+// (thread-count independent).
 // Attention dropout masks (dropout_tile) come from the same pure function of the element index that
 // dropout_keep (core/rng.h) defines, generated 16 queries at a time straight into the S^T layout.
 #pragma once
@@ -62,7 +63,7 @@ struct Band {
 };
 
 // out (rows x kBlock) = a (rows x hsp) · bt (hsp x kBlock), rows being keys and columns queries: S^T = K·Q^T
-// and dP^T = V·dO^T. Query vectors that no key of a 4-row group sees are not computed; they keep stale
+// and dP^T = V·dO^T. Query vectors that no key of a row group sees are not computed; they keep stale
 // values, so callers must mask every invisible entry of a tile that is not all_visible.
 void tile_abt(float* out, const float* a, const float* bt, int64_t rows, int64_t hsp, const Band& band);
 
