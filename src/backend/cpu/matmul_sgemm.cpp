@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <utility>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <vector>
 
@@ -15,14 +16,65 @@ namespace loom::cpu {
 
 namespace matmul_detail {
 
-void sgemm_fixed_split(char ta, char tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
-                       const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+namespace {
+
+// oneDNN 2.6's sgemm without AVX-512 runs a product whose sizes have 1/m + 1/n >= 0.0038 on its "no-copy"
+// kernels (nocopy_checker_avx2 in its gemm_driver.cpp), which reach about half the speed of its copy-based
+// ones at GPT-2's shapes (bench/RESULTS.md: GPT-2's fc2 weight gradient, 768 x 3072 over 2048 tokens, took
+// 80 ms in 16 pieces of 768 x 192, 42 ms in 6 of 768 x 512). Its AVX-512 line sits lower (0.00196), and its
+// no-copy kernels there keep up.
+constexpr double kAvx2NocopyLine = 0.0038;
+
+bool sgemm_has_avx512() {
+  static const bool avx512 = (unsigned(dnnl_get_effective_cpu_isa()) & unsigned(dnnl_cpu_isa_avx512_core)) ==
+                             unsigned(dnnl_cpu_isa_avx512_core);
+  return avx512;
+}
+
+// The step for cutting D into p pieces (a multiple of 8), and the size of the last piece (0: p is too many).
+std::pair<int64_t, int64_t> cut(int64_t D, int64_t p) {
+  const int64_t step = ((D + p - 1) / p + 7) / 8 * 8;
+  return {step, D - (p - 1) * step};
+}
+
+}  // namespace
+
+bool sgemm_copy_based_avx2(int64_t m, int64_t n) { return 1.0 / double(m) + 1.0 / double(n) < kAvx2NocopyLine; }
+
+SgemmPieces sgemm_pieces(int64_t M, int64_t N, bool avx512) {
   const bool by_m = M >= N;
   const int64_t D = by_m ? M : N;
   const int64_t P = std::max<int64_t>(1, std::min<int64_t>(16, (D + 63) / 64));
-  const int64_t step = ((D + P - 1) / P + 7) / 8 * 8;
+  SgemmPieces one_d;
+  (by_m ? one_d.pm : one_d.pn) = P;
+  one_d.step_m = by_m ? cut(M, P).first : M;
+  one_d.step_n = by_m ? N : cut(N, P).first;
+  if (avx512) return one_d;
+  const int64_t last_m = by_m ? cut(M, P).second : M, last_n = by_m ? N : cut(N, P).second;
+  if (sgemm_copy_based_avx2(last_m, last_n) || !sgemm_copy_based_avx2(M, N)) return one_d;
+  for (const int64_t count : {16, 12, 8, 6, 4, 3, 2}) {
+    SgemmPieces best;
+    double best_line = kAvx2NocopyLine;
+    for (int64_t pm = 1; pm <= count; ++pm) {
+      if (count % pm) continue;
+      const int64_t pn = count / pm;
+      const auto [sm, lm] = cut(M, pm);
+      const auto [sn, ln] = cut(N, pn);
+      if (lm <= 0 || ln <= 0) continue;
+      const double line = 1.0 / double(std::min(sm, lm)) + 1.0 / double(std::min(sn, ln));
+      if (line < best_line) best = {pm, pn, sm, sn}, best_line = line;
+    }
+    if (best.step_m > 0) return best;
+  }
+  return one_d;
+}
+
+void sgemm_fixed_split(char ta, char tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+                       const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  const SgemmPieces p = sgemm_pieces(M, N, sgemm_has_avx512());
+  const int64_t count = p.pm * p.pn;
   int status = int(dnnl_success);
-  if (P == 1) {
+  if (count == 1) {
     // One piece: run it on this thread alone. Outside a parallel region oneDNN would thread it itself
     // (splitting K on some shapes: thread-count-dependent sums) and, for the small products of LoRA's
     // rank-r GEMMs, spend more on waking and joining threads than on the product.
@@ -30,11 +82,10 @@ void sgemm_fixed_split(char ta, char tb, int64_t M, int64_t N, int64_t K, const 
     return;
   }
 #pragma omp parallel for schedule(static) reduction(max : status)
-  for (int64_t t = 0; t < P; ++t) {
-    const int64_t d0 = t * step;
-    if (d0 >= D) continue;
-    const int64_t db = std::min(step, D - d0);
-    const int64_t m0 = by_m ? d0 : 0, n0 = by_m ? 0 : d0, mb = by_m ? db : M, nb = by_m ? N : db;
+  for (int64_t t = 0; t < count; ++t) {
+    const int64_t m0 = (t / p.pn) * p.step_m, n0 = (t % p.pn) * p.step_n;
+    if (m0 >= M || n0 >= N) continue;
+    const int64_t mb = std::min(p.step_m, M - m0), nb = std::min(p.step_n, N - n0);
     const float* a = ta == 'N' ? A + m0 * lda : A + m0;
     const float* b = tb == 'N' ? B + n0 : B + n0 * ldb;
     const dnnl_status_t st = dnnl_sgemm(ta, tb, mb, nb, K, 1.0f, a, lda, b, ldb, beta, C + m0 * ldc + n0, ldc);

@@ -4,12 +4,14 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "loom/backend/device_context.h"
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/matmul_internal.h"
 #include "loom/core/rng.h"
 
 using namespace loom;
@@ -265,6 +267,68 @@ std::vector<std::vector<float>> on_1_2_3_threads(F&& run) {
   }
   omp_set_num_threads(2);
   return out;
+}
+
+// sgemm_fixed_split's cut: along the larger dimension on AVX-512; without it, a grid whose every piece stays
+// on oneDNN's copy-based AVX2 kernels where the strips would not and the whole product is (GPT-2's and
+// Llama's layer shapes; 768 x 768 has no such grid of 2 or more and 256 x 768 is on the no-copy kernels
+// whole: both keep the strips), the pieces covering the output exactly.
+TEST(CpuMatmul, F32PiecesStayOnCopyKernelsWithoutAvx512) {
+  using cpu::matmul_detail::sgemm_copy_based_avx2;
+  using cpu::matmul_detail::sgemm_pieces;
+  const cpu::matmul_detail::SgemmPieces wide = sgemm_pieces(2048, 3072, true);
+  EXPECT_EQ(wide.pm, 1);
+  EXPECT_EQ(wide.pn, 16);
+  EXPECT_EQ(wide.step_n, 192);
+  const cpu::matmul_detail::SgemmPieces tall = sgemm_pieces(2048, 768, true);
+  EXPECT_EQ(tall.pm, 16);
+  EXPECT_EQ(tall.pn, 1);
+  EXPECT_EQ(tall.step_m, 128);
+  struct Shape {
+    int64_t M, N, count;  // count: the pieces expected without AVX-512
+    bool copy_based = true;  // every piece on the copy-based kernels
+  };
+  for (const Shape s : {Shape{2048, 3072, 16}, Shape{768, 3072, 6}, Shape{3072, 768, 6}, Shape{2048, 2304, 16},
+                        Shape{2304, 768, 4}, Shape{2048, 768, 4}, Shape{50304, 768, 16}, Shape{4096, 8192, 16},
+                        Shape{2048, 2048, 12}, Shape{768, 768, 12, false}, Shape{256, 768, 12, false}}) {
+    const cpu::matmul_detail::SgemmPieces p = sgemm_pieces(s.M, s.N, false);
+    EXPECT_EQ(p.pm * p.pn, s.count) << s.M << " x " << s.N;
+    std::vector<int> covered(size_t(s.M * s.N), 0);
+    for (int64_t i = 0; i < p.pm; ++i)
+      for (int64_t j = 0; j < p.pn; ++j) {
+        const int64_t m0 = i * p.step_m, n0 = j * p.step_n;
+        ASSERT_LT(m0, s.M);
+        ASSERT_LT(n0, s.N);
+        const int64_t mb = std::min(p.step_m, s.M - m0), nb = std::min(p.step_n, s.N - n0);
+        EXPECT_TRUE((p.pm == 1 || p.step_m % 8 == 0) && (p.pn == 1 || p.step_n % 8 == 0));
+        if (s.copy_based)
+          EXPECT_TRUE(sgemm_copy_based_avx2(mb, nb)) << s.M << " x " << s.N << ": piece " << mb << " x " << nb;
+        for (int64_t r = m0; r < m0 + mb; ++r)
+          for (int64_t c = n0; c < n0 + nb; ++c) ++covered[size_t(r * s.N + c)];
+      }
+    EXPECT_TRUE(std::all_of(covered.begin(), covered.end(), [](int v) { return v == 1; })) << s.M << " x " << s.N;
+  }
+}
+
+// The products whose pieces the AVX2 grid changes keep their bits for any thread count and match the double
+// reference (on an AVX2 CPU, or oneDNN capped at AVX2, they run as grids; elsewhere as strips).
+TEST(CpuMatmul, F32GridPiecesAnyThreadCount) {
+  auto ctx = make_cpu_context();
+  const int64_t M = 40, K = 768, N = 3072;  // dweight (N, K) over M tokens: 3072 x 768, a grid of 6 on AVX2
+  const Tensor x = randn({M, K}, 1), w = randn({N, K}, 2), dout = randn({M, N}, 3);
+  auto run = [&] {
+    Tensor dw = Tensor::zeros({N, K}, DType::kF32);
+    ctx->ops().matmul_backward(TensorView(), dw, TensorView(), dout, x, w);
+    return std::vector<float>(dw.data<float>(), dw.data<float>() + dw.numel());
+  };
+  const std::vector<std::vector<float>> got = on_1_2_3_threads(run);
+  EXPECT_TRUE(got[0] == got[1] && got[0] == got[2]);
+  for (int64_t n = 0; n < N; n += 97)
+    for (int64_t k = 0; k < K; k += 31) {
+      double want = 0;
+      for (int64_t m = 0; m < M; ++m) want += double(dout.data<float>()[m * N + n]) * x.data<float>()[m * K + k];
+      EXPECT_NEAR(got[0][size_t(n * K + k)], want, 1e-4) << n << ", " << k;
+    }
 }
 
 // Sets one of matmul.cpp's switches (on by default) for a scope.
