@@ -108,6 +108,10 @@ size_t matmul_max_cached_primitives();
 // Whether oneDNN runs bf16 products on AMX here (its effective ISA, which DNNL_MAX_CPU_ISA can lower): some
 // of matmul.cpp's kernel choices differ by it. Fixed for the process.
 bool matmul_uses_amx();
+// Whether oneDNN runs bf16 products on its AVX512-BF16 kernels (VDPBF16PS) here, AMX CPUs included. Loom
+// packs bf16 weights (packs_b) only where these run without AMX: oneDNN's bf16 kernels for plain AVX-512
+// (bf16 emulated on f32 FMAs) take B in another layout.
+bool matmul_uses_avx512_bf16();
 // How many bf16 products have run on a B operand Loom packed into oneDNN's blocked layout (matmul.cpp,
 // packs_b), and a switch for tests and benchmarks: off, products asked for from then on take B as stored.
 size_t matmul_packed_products();

@@ -12,11 +12,12 @@
 //           +=). Unlike f32, a transposed stride is not what makes a product slow: at GPT-2 shapes dweight
 //           (transposed dout) runs at 0.6-0.75x and dinp (all operands plain) at 0.6-1.2x of the forward's
 //           rate, and making an operand plain first with a oneDNN reorder (a transposed copy, or weights in
-//           the blocked layout) cost more than it saved in every case measured. Without AMX, B operands
-//           are packed into the blocked layout by Loom's own copy (packs_b, pack_b: the input gradient's
-//           weight at any row count, the forward's W^T from 256 rows on), which does pay for itself, and
-//           a forward whose weight is the larger side runs swapped, out^T = W · inp^T, transposed into
-//           out afterwards (swaps_forward); otherwise no operand is copied.
+//           the blocked layout) cost more than it saved in every case measured. With AVX512-BF16 and
+//           without AMX, B operands are packed into the blocked layout by Loom's own copy (packs_b,
+//           pack_b: the input gradient's weight at any row count, the forward's W^T from 256 rows on),
+//           which does pay for itself; without AMX a forward whose weight is the larger side runs
+//           swapped, out^T = W · inp^T, transposed into out afterwards (swaps_forward); otherwise no
+//           operand is copied.
 //           AMX and VCVTNEPS2BF16 flush bf16 subnormals (|x| < 1.2e-38) to zero; every other value is
 //           the RNE rounding of the f32 accumulation;
 //           On CPUs without AVX-512 this oneDNN has no bf16 matmul kernel: bf16 then goes through
@@ -134,7 +135,7 @@ bool packs_b(const GemmKey& k) {
   const int64_t padded_n = (k.N + 63) / 64 * 64;
   return g_packing.load() && k.ta == DType::kBF16 && k.tb == DType::kBF16 && !k.trans_a &&
          (!k.trans_b || k.M >= kPackMinRowsTransposed) && k.K % 32 == 0 && k.K * padded_n * 2 <= kMaxPackedBytes &&
-         !matmul_uses_amx();
+         matmul_uses_avx512_bf16() && !matmul_uses_amx();
 }
 
 // Writes B (K, N) (B(k, n) = b[n * ldb + k] when trans_b, else b[k * ldb + n]; bf16 as 16-bit patterns) in
@@ -417,6 +418,12 @@ bool matmul_uses_amx() {
   static const bool amx = (unsigned(dnnl_get_effective_cpu_isa()) & unsigned(dnnl_cpu_isa_avx512_core_amx)) ==
                           unsigned(dnnl_cpu_isa_avx512_core_amx);
   return amx;
+}
+
+bool matmul_uses_avx512_bf16() {
+  static const bool bf16 = (unsigned(dnnl_get_effective_cpu_isa()) & unsigned(dnnl_cpu_isa_avx512_core_bf16)) ==
+                           unsigned(dnnl_cpu_isa_avx512_core_bf16);
+  return bf16;
 }
 
 size_t matmul_max_cached_primitives() { return DnnlRuntime::kMaxPrimitives; }

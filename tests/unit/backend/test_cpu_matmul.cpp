@@ -346,7 +346,7 @@ using Packing = MatmulSwitch<cpu::set_matmul_packing>;
 using Swapping = MatmulSwitch<cpu::set_matmul_swapping>;
 
 // bf16 forward products over at least 256 rows, and input-gradient products over any, take their weight
-// packed by Loom into oneDNN's blocked layout on CPUs without AMX (matmul.cpp, packs_b): transposed
+// packed by Loom into oneDNN's blocked layout on CPUs with AVX512-BF16 and without AMX (matmul.cpp, packs_b): transposed
 // (forward, B = W^T) and as stored (input gradient, B = W), over several 32-row and 64-column blocks, a
 // last block part past the width zero-filled, with a fused bias and a bf16 output. Each product must match
 // the double reference of the bf16-rounded inputs, give the same bits on 1, 2 and 3 threads, and give the
@@ -360,7 +360,7 @@ TEST(CpuMatmul, Bf16PackedWeights) {
     int64_t M, N, K;  // forward out (M, N) = x (M, K) W^T; input gradient (M, K) = dout (M, N) W
     bool forward_packs, dinp_packs;  // without AMX
   };
-  const bool amx = cpu::matmul_uses_amx();
+  const bool packs = cpu::matmul_uses_avx512_bf16() && !cpu::matmul_uses_amx();
   for (const Case c : {Case{256, 192, 128, true, true}, Case{300, 128, 256, true, true}, Case{256, 96, 80, false, true},
                        Case{256, 100, 64, true, false}, Case{64, 96, 160, false, true}}) {
     const Tensor xf = randn({c.M, c.K}, 50), wf = randn({c.N, c.K}, 51), bf = randn({c.N}, 52);
@@ -391,7 +391,7 @@ TEST(CpuMatmul, Bf16PackedWeights) {
     const std::vector<std::vector<float>> packed = on_1_2_3_threads(run);
     const size_t ran_packed = cpu::matmul_packed_products() - before;
     const size_t per_run = (c.forward_packs ? 2u : 0u) + (c.dinp_packs ? 1u : 0u);
-    EXPECT_EQ(ran_packed, amx ? 0u : 3 * per_run) << "M=" << c.M << " N=" << c.N << " K=" << c.K;
+    EXPECT_EQ(ran_packed, packs ? 3 * per_run : 0u) << "M=" << c.M << " N=" << c.N << " K=" << c.K;
     EXPECT_TRUE(packed[0] == packed[1] && packed[0] == packed[2]) << "M=" << c.M << ": bits depend on the thread count";
     std::vector<float> as_stored;
     {
