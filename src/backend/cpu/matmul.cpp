@@ -415,14 +415,12 @@ bool matmul_caches_shapes(DType dt) { return primitive_takes(dt); }
 size_t matmul_cached_primitives() { return DnnlRuntime::get().cached_primitives(); }
 
 bool matmul_uses_amx() {
-  static const bool amx = (unsigned(dnnl_get_effective_cpu_isa()) & unsigned(dnnl_cpu_isa_avx512_core_amx)) ==
-                          unsigned(dnnl_cpu_isa_avx512_core_amx);
+  static const bool amx = matmul_detail::onednn_isa_has(dnnl_cpu_isa_avx512_core_amx);
   return amx;
 }
 
 bool matmul_uses_avx512_bf16() {
-  static const bool bf16 = (unsigned(dnnl_get_effective_cpu_isa()) & unsigned(dnnl_cpu_isa_avx512_core_bf16)) ==
-                           unsigned(dnnl_cpu_isa_avx512_core_bf16);
+  static const bool bf16 = matmul_detail::onednn_isa_has(dnnl_cpu_isa_avx512_core_bf16);
   return bf16;
 }
 

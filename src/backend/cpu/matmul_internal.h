@@ -11,6 +11,11 @@
 
 namespace loom::cpu::matmul_detail {
 
+// Whether oneDNN's effective ISA here (its CPU's, lowered by DNNL_MAX_CPU_ISA) has every feature of `isa`, a
+// dnnl_cpu_isa_t value (dnnl_cpu_isa_avx512_core, ..._avx512_core_bf16, ..._avx512_core_amx). Callers keep
+// the answer: it is fixed for the process.
+bool onednn_isa_has(unsigned isa);
+
 // C (M, N) [+]= op(A) (M, K) · op(B) (K, N), BLAS-style: op(X) is X or X^T of a row-major stored matrix
 // with leading dimension ld. Explicit transpose flags (not strides) keep 1-wide dimensions unambiguous.
 struct GemmKey {

@@ -25,12 +25,6 @@ namespace {
 // no-copy kernels there keep up.
 constexpr double kAvx2NocopyLine = 0.0038;
 
-bool sgemm_has_avx512() {
-  static const bool avx512 = (unsigned(dnnl_get_effective_cpu_isa()) & unsigned(dnnl_cpu_isa_avx512_core)) ==
-                             unsigned(dnnl_cpu_isa_avx512_core);
-  return avx512;
-}
-
 // The step for cutting D into p pieces (a multiple of 8), and the size of the last piece (0: p is too many).
 std::pair<int64_t, int64_t> cut(int64_t D, int64_t p) {
   const int64_t step = ((D + p - 1) / p + 7) / 8 * 8;
@@ -38,6 +32,8 @@ std::pair<int64_t, int64_t> cut(int64_t D, int64_t p) {
 }
 
 }  // namespace
+
+bool onednn_isa_has(unsigned isa) { return (unsigned(dnnl_get_effective_cpu_isa()) & isa) == isa; }
 
 bool sgemm_copy_based_avx2(int64_t m, int64_t n) { return 1.0 / double(m) + 1.0 / double(n) < kAvx2NocopyLine; }
 
@@ -71,7 +67,8 @@ SgemmPieces sgemm_pieces(int64_t M, int64_t N, bool avx512) {
 
 void sgemm_fixed_split(char ta, char tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
                        const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  const SgemmPieces p = sgemm_pieces(M, N, sgemm_has_avx512());
+  static const bool avx512 = onednn_isa_has(dnnl_cpu_isa_avx512_core);
+  const SgemmPieces p = sgemm_pieces(M, N, avx512);
   const int64_t count = p.pm * p.pn;
   int status = int(dnnl_success);
   if (count == 1) {
