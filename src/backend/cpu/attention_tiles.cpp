@@ -4,7 +4,7 @@
 //     and one broadcast, fit the 32 zmm registers without spills;
 //   - narrower ISAs (AVX2: 16 ymm registers, two per 16-float vector): 6 rows x 1 vector = 12 accumulators,
 //     the streamed vector and a broadcast, the tile of AVX2 sgemm kernels. The AVX-512 blocking there spilled
-//     on every FMA and ran attention ~25x slower than this.
+//     on every FMA: 3.7 s of a GPT-2 124M step in attention against 0.2 s with this (bench/RESULTS.md).
 // Every output element is the same sequence of FMAs over k either way: the blocking changes no bits.
 #include "backend/cpu/attention_tiles.h"
 

@@ -3,9 +3,9 @@
 // Conventions: a block is kBlock = 64 queries or keys; head rows are padded to hsp, a multiple of kW = 16
 // floats, with zeros; score tiles are stored transposed, S^T[key][query], kBlock floats per row. Every
 // product is "broadcast one scalar, FMA a contiguous row" with register blocking over rows (sized per ISA in
-// attention_tiles.cpp), so it compiles to full-width vector FMAs (AVX-512 with -march=native; GCC/Clang split
-// the 16-float vectors on narrower ISAs). No kernel's result depends on anything but its arguments
-// (thread-count independent).
+// attention_tiles.cpp) on the target's widest vectors, so it compiles to full-width FMAs kept in registers
+// (the other kernels' 16-float vectors are split by GCC/Clang on ISAs narrower than AVX-512). No kernel's
+// result depends on anything but its arguments (thread-count independent).
 // Attention dropout masks (dropout_tile) come from the same pure function of the element index that
 // dropout_keep (core/rng.h) defines, generated 16 queries at a time straight into the S^T layout.
 #pragma once

@@ -301,8 +301,9 @@ TEST(CpuMatmul, F32PiecesStayOnCopyKernelsWithoutAvx512) {
         ASSERT_LT(n0, s.N);
         const int64_t mb = std::min(p.step_m, s.M - m0), nb = std::min(p.step_n, s.N - n0);
         EXPECT_TRUE((p.pm == 1 || p.step_m % 8 == 0) && (p.pn == 1 || p.step_n % 8 == 0));
-        if (s.copy_based)
+        if (s.copy_based) {
           EXPECT_TRUE(sgemm_copy_based_avx2(mb, nb)) << s.M << " x " << s.N << ": piece " << mb << " x " << nb;
+        }
         for (int64_t r = m0; r < m0 + mb; ++r)
           for (int64_t c = n0; c < n0 + nb; ++c) ++covered[size_t(r * s.N + c)];
       }
