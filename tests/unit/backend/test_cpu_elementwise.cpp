@@ -128,6 +128,46 @@ TEST(CpuElementwise, BiasBackwardAcceptsBf16AndIsThreadCountIndependent) {
   EXPECT_TRUE(same_bits(dbs[0], dbs[2]));
 }
 
+// The summation order is a contract: the CUDA op reproduces it for an f32 dbias, and the thread-count
+// independence above rests on it. Rows in blocks of 64 summed in f32 in row order, the block sums added in
+// order in f64, the old value plus that total rounded once; the result must be those bits exactly, for every
+// dtype pair, on 1 and 2 threads (a row count past several blocks, with a partial last block).
+TEST(CpuElementwise, BiasBackwardSumsInTheDocumentedOrder) {
+  constexpr int64_t kBlock = 64;
+  const int64_t N = 3 * kBlock + 37, C = 1100;  // C past a 1024-element widening chunk
+  for (DType dt : {DType::kF32, DType::kBF16})
+    for (DType bt : {DType::kF32, DType::kBF16}) {
+      if (bt == DType::kBF16 && dt == DType::kF32) continue;  // a bf16 dbias goes with a bf16 dout
+      Tensor dout32 = uniform_tensor({N, C}, 21), dout = Tensor::empty({N, C}, dt);
+      ops().cast(dout, dout32);
+      Tensor db0_32 = uniform_tensor({C}, 22), db0 = Tensor::empty({C}, bt);
+      ops().cast(db0, db0_32);
+      Tensor xw = Tensor::empty({N, C}, DType::kF32);  // the values the op sums (bf16 widens exactly)
+      ops().cast(xw, dout);
+      const float* x = xw.data<float>();
+      Tensor oldw = Tensor::empty({C}, DType::kF32);
+      ops().cast(oldw, db0);
+      Tensor want32 = Tensor::empty({C}, DType::kF32);
+      for (int64_t c = 0; c < C; ++c) {
+        double total = 0;
+        for (int64_t r0 = 0; r0 < N; r0 += kBlock) {
+          float part = 0;
+          for (int64_t r = r0; r < std::min(N, r0 + kBlock); ++r) part += x[r * C + c];
+          total += double(part);
+        }
+        want32.data<float>()[c] = float(double(oldw.data<float>()[c]) + total);
+      }
+      Tensor want = Tensor::empty({C}, bt);
+      ops().cast(want, want32);  // one RNE rounding of the f32 value, as the op's narrowing
+      for (int threads : {1, 2}) {
+        Tensor db = clone(db0);
+        with_threads(threads, [&] { ops().bias_backward(db, dout); });
+        EXPECT_TRUE(same_bits(db, want)) << "dout " << dtype_name(dt) << " dbias " << dtype_name(bt) << ", "
+                                         << threads << " threads";
+      }
+    }
+}
+
 TEST(CpuElementwise, ScaleAndFill) {
   const int64_t n = 40001;
   Tensor x = uniform_tensor({n}, 12), before = clone(x);
