@@ -37,7 +37,7 @@ STAGE="out/gpuprebuilt"
 ARCHIVE="out/gpuprebuilt.tar.xz"
 log() { echo "[gpu_pack] $*"; }
 
-command -v patchelf >/dev/null || { echo "[gpu_pack] needs patchelf (apt-get install patchelf)" >&2; exit 1; }
+command -v patchelf >/dev/null || { echo "[gpu_pack] needs patchelf (bash scripts/setup.sh installs it)" >&2; exit 1; }
 
 if [[ "${GPU_PACK_BUILD:-1}" == 1 ]]; then
   # NCCL_LIBRARY=OFF: a value find_library will not search again, and false for CMake's if().

@@ -41,6 +41,7 @@ if ((!DEMO_ONLY)); then
              sentencepiece                                   # spm_train for the tokenizer tests
              libopenblas0-pthread                            # PyTorch's BLAS for the benchmarks
              linux-perf                                      # bench/profile_step.sh
+             patchelf                                        # scripts/gpu_pack.sh (RPATH of the packed binaries)
              clang libclang-rt-14-dev)                       # libFuzzer targets (tests/fuzz)
 fi
 
