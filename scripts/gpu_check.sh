@@ -45,7 +45,7 @@
 #   GPU_TEST_TIMEOUT [150]   GPU_TEST_FILTER ['*Cuda*:*CUDA*:*Gpu*:*GPU*']
 #   GPU_SANITIZE_TIMEOUT [120]  GPU_SANITIZE_TOOLS [memcheck] (also racecheck synccheck initcheck)
 #   GPU_SANITIZE_MAX [40] tests   GPU_SANITIZE_FILTER [first CUDA test of each suite]
-#   GPU_TRAIN_VARIANTS ["gpt llama gpt-features llama-features"] ("none": only the GPU-only checks: same seed
+#   GPU_TRAIN_VARIANTS ["gpt llama gpt-features llama-features moe lora"] ("none": only the GPU-only checks: same seed
 #   twice, save/resume, FP8 loss falls, out-of-range ids; -features and those need GPU_TRAIN_DATA from
 #   scripts/gpu_pack.sh)   GPU_TRAIN_DATA [unset]
 #   GPU_TRAIN_PRECISIONS ["fp32 bf16"] (also fp8)  GPU_TRAIN_ITERS [20]  GPU_TRAIN_LAYERS [2]
@@ -567,9 +567,18 @@ train_variant_flags() {
   local arch=(--num-attention-heads 2) drop=(--hidden-dropout 0 --attention-dropout 0) src=(--mock-data --vocab-size "$V")
   case "$variant" in
     gpt*) ;;
-    llama*) arch=(--num-attention-heads 4 --group-query-attention --num-query-groups 2 --normalization RMSNorm
-              --swiglu --ffn-hidden-size 344 --position-embedding-type rope --untie-embeddings-and-output-weights
-              --disable-bias-linear) ;;
+    llama*|moe*|lora*)
+      arch=(--num-attention-heads 4 --group-query-attention --num-query-groups 2 --normalization RMSNorm
+            --swiglu --ffn-hidden-size 344 --position-embedding-type rope --untie-embeddings-and-output-weights
+            --disable-bias-linear)
+      # moe: the Llama layers with 4 routed experts (top-2, grouped GEMM, aux + z loss) and a shared expert;
+      # lora: rank-8 adapters on every linear of the Llama layers, the base frozen.
+      if [[ "$variant" == moe* ]]; then
+        arch+=(--num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 172 --moe-shared-expert-intermediate-size 172
+               --moe-grouped-gemm --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3)
+      elif [[ "$variant" == lora* ]]; then
+        arch+=(--lora-rank 8 --lora-alpha 16)
+      fi ;;
     *) return 1 ;;
   esac
   local text=(--data-path "$data/text_document" --split 100,0,0 --tokenizer-type GPT2BPETokenizer
@@ -615,11 +624,11 @@ stage_train() {
   loom_ready train || return
   local variant prec dev ok dline rc
   local N="${GPU_TRAIN_ITERS:-20}"
-  for variant in ${GPU_TRAIN_VARIANTS:-gpt llama gpt-features llama-features}; do
+  for variant in ${GPU_TRAIN_VARIANTS:-gpt llama gpt-features llama-features moe lora}; do
     [[ "$variant" == none ]] && continue  # GPU_TRAIN_VARIANTS=none: only the GPU-only checks below
     train_variant_flags "$variant"
     rc=$?
-    if ((rc == 1)); then record "train $variant" FAIL "unknown variant (gpt, llama, gpt-features, llama-features)"; continue; fi
+    if ((rc == 1)); then record "train $variant" FAIL "unknown variant (gpt, llama, moe, lora, gpt-features, llama-features)"; continue; fi
     if ((rc == 2)); then record "train $variant" SKIP "needs GPU_TRAIN_DATA with text_document.{bin,idx} (scripts/gpu_pack.sh)"; continue; fi
     for prec in ${GPU_TRAIN_PRECISIONS:-fp32 bf16}; do
       if ! prec_flags "$prec"; then record "train $variant $prec" FAIL "unknown precision (fp32, bf16, fp8)"; continue; fi
