@@ -287,28 +287,19 @@ void CpuOps::do_bias_backward(TensorView dbias, TensorView dout) const {
   const int64_t N = dout.numel() / C;
   const int64_t nblocks = norm_common::num_blocks(N);
   float* partials = norm_common::partial_scratch(size_t(nblocks * C));
-  if (dt == DType::kF32) {
-    const float* dy = dout.data<float>();
-    norm_common::for_row_blocks(N, C, partials, C, [&](int64_t r, float* p) {
-      const float* x = dy + r * C;
+  const void* dy = dout.raw();
+  norm_common::for_row_blocks(N, C, partials, C, [&](int64_t r, float* p) {
+    const float* x;
+    if (dt == DType::kF32) {
+      x = static_cast<const float*>(dy) + r * C;
+    } else {  // bf16/f16: the row widened (exactly), as the norms do
+      float* w = thread_scratch(0, size_t(C));
+      widen(w, elem_ptr(dy, dt, r * C), dt, C);
+      x = w;
+    }
 #pragma omp simd
-      for (int64_t c = 0; c < C; ++c) p[c] += x[c];
-    });
-  } else {
-    with_lowp(dt, [&](auto L) {
-      using Lp = decltype(L);
-      const uint16_t* dy = static_cast<const uint16_t*>(dout.raw());
-      norm_common::for_row_blocks(N, C, partials, C, [&](int64_t r, float* p) {
-        float* x = thread_scratch(0, size_t(kLowpChunk));
-        for (int64_t c0 = 0; c0 < C; c0 += kLowpChunk) {
-          const int64_t len = std::min(kLowpChunk, C - c0);
-          Lp::widen(x, dy + r * C + c0, len);
-#pragma omp simd
-          for (int64_t c = 0; c < len; ++c) p[c0 + c] += x[c];
-        }
-      });
-    });
-  }
+    for (int64_t c = 0; c < C; ++c) p[c] += x[c];
+  });
   norm_common::add_block_partials<1>(partials, nblocks, C, {norm_common::grad_out(dbias)});
 }
 

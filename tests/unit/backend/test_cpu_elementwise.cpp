@@ -134,7 +134,7 @@ TEST(CpuElementwise, BiasBackwardAcceptsBf16AndIsThreadCountIndependent) {
 // dtype pair, on 1 and 2 threads (a row count past several blocks, with a partial last block).
 TEST(CpuElementwise, BiasBackwardSumsInTheDocumentedOrder) {
   constexpr int64_t kBlock = 64;
-  const int64_t N = 3 * kBlock + 37, C = 1100;  // C past a 1024-element widening chunk
+  const int64_t N = 3 * kBlock + 37, C = 1100;  // C with a vector tail (1100 = 68 x 16 + 12)
   for (DType dt : {DType::kF32, DType::kBF16})
     for (DType bt : {DType::kF32, DType::kBF16}) {
       if (bt == DType::kBF16 && dt == DType::kF32) continue;  // a bf16 dbias goes with a bf16 dout
