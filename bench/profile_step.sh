@@ -171,8 +171,8 @@ if top:
 span_line, counts_line = open(window_file).read().split("\n")[:2]
 t0, t1 = (float(v) for v in span_line.split(","))
 span_ms = (t1 - t0) * 1000.0
-busy = [int(c) / span_ms for c in counts_line.split()][: int(threads)]
-if busy and span_ms > 0:
+busy = [int(c) / span_ms for c in counts_line.split()][: int(threads)] if span_ms > 0 else []
+if busy:
     lines += ["", f"sampled window {span_ms / 1000:,.2f} s (to the last worker-thread sample; the process's exit is left "
               "out); busy share of it by thread: " + ", ".join(f"{min(b, 1.0):.1%}" for b in busy) +
               f" (unused: {max(0.0, 1 - sum(min(b, 1.0) for b in busy) / len(busy)) * step:,.0f} ms per step per thread)"]
