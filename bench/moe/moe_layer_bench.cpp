@@ -8,9 +8,12 @@
 // aux loss outside the block). Every iteration routes fresh random tokens (x ~ N(0, 1), generated
 // before the clock starts), as training does, so the expert group sizes change from one call to the next;
 // dy ~ N(0, 1) is fixed. --same-tokens routes one batch every iteration instead (fixed group sizes: shows
-// what the changing sizes cost). Weights N(0, 0.02). Parameter gradients accumulate across iterations (never
-// zeroed: the work is the same). Buffers whose size does not depend on the routing (M = N·k rows without
-// a capacity) are allocated once; GroupedMLP::backward allocates its own temporaries, as in training.
+// what the changing sizes cost). Weights N(0, 0.02). Before each iteration (outside the clock) the parameter
+// gradients are zeroed and marked so, as the optimizer step leaves them, so the experts' weight gradients are
+// stored, the step's first write (GradWrite::kOverwrite); --accumulate-grads never zeroes them and every
+// iteration adds to them, as a later micro-batch of gradient accumulation does. Buffers whose size does not
+// depend on the routing (M = N·k rows without a capacity) are allocated once; GroupedMLP::backward allocates
+// its own temporaries, as in training.
 //
 // Prints per-iteration times on stderr and one JSON line on stdout: the median, min and max ms of the
 // timed iterations, GFLOP/s by the formula of bench/README.md ("MoE layer"), and the median ms of each
@@ -40,6 +43,7 @@ struct Args {
   int warmup = 2, steps = 5;
   uint64_t seed = 1234;
   bool same_tokens = false;  // route the same tokens every iteration (fixed group sizes; a diagnostic)
+  bool accumulate_grads = false;  // never zero the gradients: every iteration adds to them
 };
 
 [[noreturn]] void usage(const char* msg) {
@@ -47,7 +51,7 @@ struct Args {
                "loom_bench_moe: %s\n"
                "usage: loom_bench_moe [--tokens N] [--hidden C] [--ffn F] [--experts E] [--topk k]\n"
                "                      [--gelu] [--dtype f32|bf16] [--warmup W] [--steps S] [--seed S]\n"
-               "                      [--same-tokens]\n",
+               "                      [--same-tokens] [--accumulate-grads]\n",
                msg);
   std::exit(2);
 }
@@ -74,6 +78,7 @@ Args parse(int argc, char** argv) {
     else if (f == "--topk") a.k = integer();
     else if (f == "--gelu") a.gated = false;
     else if (f == "--same-tokens") a.same_tokens = true;
+    else if (f == "--accumulate-grads") a.accumulate_grads = true;
     else if (f == "--warmup") a.warmup = int(integer());
     else if (f == "--steps") a.steps = int(integer());
     else if (f == "--seed") a.seed = uint64_t(integer());
@@ -146,6 +151,10 @@ int run(const Args& a) {
   const Tensor x0 = normal_tensor(*ctx, {N, C}, a.dtype, rng);
   for (int it = 0; it < a.warmup + a.steps; ++it) {
     const Tensor x = a.same_tokens || it == 0 ? x0 : normal_tensor(*ctx, {N, C}, a.dtype, rng);
+    if (!a.accumulate_grads) {  // what the optimizer step leaves: zeroed gradients, known to be zero
+      ps.zero_grads(*ctx);
+      ps.mark_grads_zero();
+    }
     double t[kNumPhases];
     auto t0 = Clock::now(), start = t0;
     auto lap = [&](Phase p) {
@@ -189,11 +198,12 @@ int run(const Args& a) {
       3.0 * (2.0 * double(N) * double(C) * double(E) + 2.0 * double(M) * double(C) * (F1 + double(a.F)));
   const double ms_med = median(totals);
   std::printf("{\"impl\": \"loom\", \"N\": %lld, \"C\": %lld, \"F\": %lld, \"E\": %lld, \"topk\": %lld, "
-              "\"act\": \"%s\", \"precision\": \"%s\", \"same_tokens\": %s, \"threads\": %d, "
+              "\"act\": \"%s\", \"precision\": \"%s\", \"same_tokens\": %s, \"grads\": \"%s\", \"threads\": %d, "
               "\"warmup\": %d, \"steps\": %d, \"ms\": %.3f, \"ms_min\": %.3f, \"ms_max\": %.3f, "
               "\"gflops\": %.3f, \"phases_ms\": {",
               (long long)N, (long long)C, (long long)a.F, (long long)E, (long long)a.k, a.gated ? "swiglu" : "gelu",
-              a.dtype == DType::kF32 ? "fp32" : "bf16", a.same_tokens ? "true" : "false", omp_get_max_threads(),
+              a.dtype == DType::kF32 ? "fp32" : "bf16", a.same_tokens ? "true" : "false",
+              a.accumulate_grads ? "accumulate" : "first-write", omp_get_max_threads(),
               a.warmup, a.steps, ms_med, *std::min_element(totals.begin(), totals.end()),
               *std::max_element(totals.begin(), totals.end()), flops / (ms_med / 1e3) / 1e9);
   for (int p = 0; p < kNumPhases; ++p)

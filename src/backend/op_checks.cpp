@@ -214,7 +214,7 @@ void OpTable::matmul_forward(TensorView out, TensorView inp, TensorView weight, 
 }
 
 void OpTable::matmul_backward(TensorView dinp, TensorView dweight, TensorView dbias, TensorView dout, TensorView inp,
-                              TensorView weight) const {
+                              TensorView weight, GradWrite dweight_write) const {
   const char* op = "matmul_backward";
   const Device dev = device();
   LOOM_CHECK(weight.ndim() == 2, "[matmul_backward] weight must be (N, K), got ", weight.desc());
@@ -242,7 +242,7 @@ void OpTable::matmul_backward(TensorView dinp, TensorView dweight, TensorView db
     check_dtype(op, dbias, cd, true, "dbias");
     on_device(dev, dbias, op, "dbias");
   }
-  do_matmul_backward(dinp, dweight, dbias, dout, inp, weight);
+  do_matmul_backward(dinp, dweight, dbias, dout, inp, weight, dweight_write);
 }
 
 void OpTable::embedding_forward(TensorView out, TensorView tokens, TensorView wte, TensorView wpe,

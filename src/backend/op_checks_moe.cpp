@@ -129,7 +129,8 @@ void OpTable::grouped_matmul_forward(TensorView out, TensorView inp, TensorView 
 }
 
 void OpTable::grouped_matmul_backward(TensorView dinp, TensorView dweight, TensorView dout, TensorView inp,
-                                      TensorView weight, const std::vector<int64_t>& group_sizes) const {
+                                      TensorView weight, const std::vector<int64_t>& group_sizes,
+                                      GradWrite dweight_write) const {
   const char* op = "grouped_matmul_backward";
   const GroupedShape s = check_grouped(device(), op, inp, weight, group_sizes);
   const DType cd = weight.dtype();
@@ -142,7 +143,7 @@ void OpTable::grouped_matmul_backward(TensorView dinp, TensorView dweight, Tenso
     LOOM_CHECK(dweight.dtype() == cd || dweight.dtype() == DType::kF32, "[", op, "] dweight must be ",
                dtype_name(cd), cd != DType::kF32 ? " (the compute dtype) or f32" : "", ", got ", dweight.desc());
   }
-  do_grouped_matmul_backward(dinp, dweight, dout, inp, weight, group_sizes);
+  do_grouped_matmul_backward(dinp, dweight, dout, inp, weight, group_sizes, dweight_write);
 }
 
 }  // namespace loom

@@ -427,6 +427,10 @@ void GPTModel::embedding_backward(const GPTBatch& batch) {
   Parameter* wpe = embedding_->position_embeddings();
   vocab_local_tokens(tp_tokens_, tp_outside_, batch.tokens, d.vocab_start, d.Vl);
   if (wpe) embedding_positions(tp_positions_, batch.position_ids);
+  // A scatter-add into the word embedding's gradient, which a tied output layer's matmul may write too: any
+  // later matmul write this step must add to it.
+  clear_grad_zero(embedding_->word_embeddings());
+  if (wpe) clear_grad_zero(*wpe);
   vocab_parallel_embedding_backward(ctx_, embedding_->word_embeddings().grad, wpe ? wpe->grad.view() : TensorView(),
                                     dout, tp_tokens_, tp_outside_, tp_positions_);
 }

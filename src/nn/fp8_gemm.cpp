@@ -46,7 +46,7 @@ void Fp8Gemm::forward(const DeviceContext& ctx, TensorView out, TensorView inp, 
 }
 
 void Fp8Gemm::backward(const DeviceContext& ctx, TensorView dinp, TensorView dweight, TensorView dbias,
-                       TensorView dout, TensorView inp, TensorView weight) const {
+                       TensorView dout, TensorView inp, TensorView weight, GradWrite dweight_write) const {
   LOOM_CHECK(fwd_ != nullptr && bwd_ != nullptr, "[Fp8Gemm] backward on a site without scaling groups");
   const TensorView g2 = as_2d(dout);
   const int64_t M = g2.size(0), N = g2.size(1), K = weight.size(1);
@@ -56,15 +56,15 @@ void Fp8Gemm::backward(const DeviceContext& ctx, TensorView dinp, TensorView dwe
     ctx.ops().fp8_gemm(dinp, g, bwd_->scale_inv(grad_slot_), weight_qt_, fwd_->scale_inv(weight_slot_),
                        TensorView(), false);
   if (dweight.defined()) {
-    if (wgrad_) {  // dW (N, K) += deq(g^T) (N, M) · deq(x^T) (K, M)^T
+    if (wgrad_) {  // dW (N, K) (+)= deq(g^T) (N, M) · deq(x^T) (K, M)^T
       const Tensor x = quantize(ctx, as_2d(inp), *fwd_, input_slot_);
       Tensor gt = ctx.empty({N, M}, g.dtype()), xt = ctx.empty({K, M}, x.dtype());
       ctx.ops().transpose(gt, g);
       ctx.ops().transpose(xt, x);
       ctx.ops().fp8_gemm(dweight, gt, bwd_->scale_inv(grad_slot_), xt, fwd_->scale_inv(input_slot_), TensorView(),
-                         true);
+                         dweight_write == GradWrite::kAccumulate);
     } else {
-      ctx.ops().matmul_backward(TensorView(), dweight, TensorView(), dout, inp, weight);
+      ctx.ops().matmul_backward(TensorView(), dweight, TensorView(), dout, inp, weight, dweight_write);
     }
   }
   if (dbias.defined()) ctx.ops().bias_backward(dbias, g2);

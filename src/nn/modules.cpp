@@ -35,8 +35,9 @@ void Linear::forward(const DeviceContext& ctx, TensorView out, TensorView inp) c
 }
 
 void Linear::backward(const DeviceContext& ctx, TensorView dinp, TensorView dout, TensorView inp) const {
+  const GradWrite write = weight_->grad.defined() ? take_grad_write(ctx, *weight_) : GradWrite::kAccumulate;
   ctx.ops().matmul_backward(dinp, weight_->grad, bias_ ? bias_->grad.view() : TensorView(), dout, inp,
-                            weight_->compute);
+                            weight_->compute, write);
 }
 
 NormKind parse_norm_kind(const std::string& s) {
@@ -115,6 +116,9 @@ void Embedding::forward(const DeviceContext& ctx, TensorView out, TensorView tok
 }
 
 void Embedding::backward(const DeviceContext& ctx, TensorView dout, TensorView tokens, TensorView position_ids) const {
+  // A scatter-add: a tied output layer's matmul that writes this gradient later in the step must add to it.
+  clear_grad_zero(*word_);
+  if (position_) clear_grad_zero(*position_);
   ctx.ops().embedding_backward(word_->grad, position_ ? position_->grad.view() : TensorView(), dout, tokens,
                                position_ ? position_ids : TensorView());
 }

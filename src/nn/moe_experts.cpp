@@ -82,13 +82,15 @@ void GroupedMLP::backward(const DeviceContext& ctx, TensorView dinp, TensorView 
   const DType dt = inp.dtype();
   const OpTable& ops = ctx.ops();
   Tensor dact = ctx.empty({M, F_}, dt), dfc1 = ctx.empty({M, F1}, dt);
-  ops.grouped_matmul_backward(dact, fc2_grad(), dout.reshape({M, C_}), s.act_out, fc2_weight(), group_sizes);
+  // Each weight gradient is stored rather than added when it is the step's first write (take_grad_write).
+  ops.grouped_matmul_backward(dact, fc2_grad(), dout.reshape({M, C_}), s.act_out, fc2_weight(), group_sizes,
+                              take_grad_write(ctx, fc2_));
   if (M > 0) {
     if (gated_) ops.glu_backward(dfc1, s.fc1_out, dact, GluKind::kSwiGLU);
     else ops.gelu_backward(dfc1, s.fc1_out, dact);
   }
   ops.grouped_matmul_backward(dinp.reshape({M, C_}), fc1_grad(), dfc1, inp.reshape({M, C_}), fc1_weight(),
-                              group_sizes);
+                              group_sizes, take_grad_write(ctx, fc1_));
 }
 
 }  // namespace loom

@@ -183,6 +183,10 @@ void DistributedOptimizer::start_step() {
       b.units_done = 0;
       b.reduced = false;
     }
+    // Every gradient the model writes now holds zeros: the set's buffer (zeroed by the last step's update,
+    // by complete() outside the owned ranges, or just above) or a bucket buffer bound from ctx.zeros. So
+    // each gradient's first write of the step may store instead of add (Parameter::grad_zero).
+    ch.set->mark_grads_zero();
   }
   im.grads_dirty = false;
 }

@@ -16,13 +16,15 @@ void gemm_forward(const DeviceContext& ctx, const std::optional<Fp8Gemm>& fp8, T
   ctx.ops().matmul_forward(out, inp, w.compute, bias);
 }
 
-void gemm_backward(const DeviceContext& ctx, const std::optional<Fp8Gemm>& fp8, TensorView dinp, const Parameter& w,
+// The weight gradient is stored rather than added when it is the step's first write (take_grad_write).
+void gemm_backward(const DeviceContext& ctx, const std::optional<Fp8Gemm>& fp8, TensorView dinp, Parameter& w,
                    TensorView dbias, TensorView dout, TensorView inp) {
+  const GradWrite write = w.grad.defined() ? take_grad_write(ctx, w) : GradWrite::kAccumulate;
   if (fp8) {
-    fp8->backward(ctx, dinp, w.grad, dbias, dout, inp, w.compute);
+    fp8->backward(ctx, dinp, w.grad, dbias, dout, inp, w.compute, write);
     return;
   }
-  ctx.ops().matmul_backward(dinp, w.grad, dbias, dout, inp, w.compute);
+  ctx.ops().matmul_backward(dinp, w.grad, dbias, dout, inp, w.compute, write);
 }
 
 // One adapter's dropped input and h = scale · A · x, the partial h all-reduced over `reduce` (row-parallel

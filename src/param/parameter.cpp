@@ -2,6 +2,9 @@
 #include "loom/param/parameter.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <utility>
 
 #include "loom/core/rng.h"
@@ -201,6 +204,50 @@ Parameter* ParameterSet::find(const std::string& name) {
 void ParameterSet::zero_grads(const DeviceContext& ctx) const {
   LOOM_CHECK(grads_.defined(), "[ParameterSet] zero_grads() on a set allocated without gradients");
   ctx.ops().fill_(grads_, 0.0f);
+}
+
+// ---- first writes of a step ----
+
+namespace {
+std::atomic<bool>& overwrite_checks() {
+  static std::atomic<bool> on{[] {
+    const char* v = std::getenv("LOOM_CHECK_GRAD_OVERWRITE");
+    return v != nullptr && std::strcmp(v, "0") != 0 && *v != '\0';
+  }()};
+  return on;
+}
+
+void check_zero(const DeviceContext& ctx, const Parameter& p) {
+  if (!p.grad.defined() || !grad_overwrite_checks()) return;
+  const int64_t zeros = ctx.ops().count_zeros(p.grad);
+  LOOM_CHECK(zeros == p.grad.numel(), "[ParameterSet] the gradient of ", p.name, " is marked as holding zeros but ",
+             p.grad.numel() - zeros, " of its ", p.grad.numel(), " elements are not: a writer added to it before "
+             "the first matmul without clear_grad_zero()");
+}
+}  // namespace
+
+bool grad_overwrite_checks() { return overwrite_checks().load(std::memory_order_relaxed); }
+void set_grad_overwrite_checks(bool on) { overwrite_checks().store(on, std::memory_order_relaxed); }
+
+GradWrite take_grad_write(const DeviceContext& ctx, Parameter& p) {
+  if (!p.grad_zero) return GradWrite::kAccumulate;
+  p.grad_zero = false;
+  check_zero(ctx, p);
+  return GradWrite::kOverwrite;
+}
+
+GradWrite take_grad_write(const DeviceContext& ctx, const std::vector<Parameter*>& ps) {
+  bool all = !ps.empty();
+  for (Parameter* p : ps) {
+    all = all && p->grad_zero;
+    if (p->grad_zero) check_zero(ctx, *p);
+    p->grad_zero = false;
+  }
+  return all ? GradWrite::kOverwrite : GradWrite::kAccumulate;
+}
+
+void ParameterSet::mark_grads_zero() {
+  for (Parameter& p : params_) p.grad_zero = true;
 }
 
 }  // namespace loom

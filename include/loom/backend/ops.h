@@ -2,7 +2,9 @@
 //
 // Conventions (the contract in DESIGN.md):
 //   - arguments: outputs first, then inputs, then saved state, then sizes/params;
-//   - parameter gradients ACCUMULATE (+=) so micro-batches add up;
+//   - parameter gradients ACCUMULATE (+=) so micro-batches add up; the weight gradients of the matmuls
+//     (matmul_backward, grouped_matmul_backward) may instead be stored (GradWrite::kOverwrite) into a
+//     buffer known to hold zeros, the step's first write, which skips reading it (see GradWrite);
 //   - activation gradients OVERWRITE (=), except the residual stream, which accumulates (+=) — the ops
 //     that write into the residual stream (layernorm_backward's dinp) say so;
 //   - an empty TensorView means "absent" for optional arguments;
@@ -20,6 +22,14 @@
 #include "loom/core/tensor.h"
 
 namespace loom {
+
+// How an op writes a parameter gradient: kAccumulate adds to what the buffer holds (+=, so micro-batches
+// add up); kOverwrite stores the result (=) without reading the buffer. kOverwrite is for a buffer known to
+// hold zeros (a step's first write; loom/param/parameter.h's take_grad_overwrite decides), where both give
+// the same values (0 + x = x, except that a -0 result stays -0) and kOverwrite saves reading the old values:
+// a weight gradient over few rows (an expert's token group, a short micro-batch) is bound by that traffic.
+// An empty product (no rows) writes zeros under kOverwrite and leaves the buffer as it is under kAccumulate.
+enum class GradWrite { kAccumulate, kOverwrite };
 
 struct AttentionParams {
   int64_t num_heads = 0;     // NH: query heads
@@ -112,10 +122,10 @@ class OpTable {
   // accumulation in f32. Leading dims of inp/out are flattened (inp may be (B, T, K)).
   void matmul_forward(TensorView out, TensorView inp, TensorView weight, TensorView bias) const;
   // dinp (M, K) = dout · weight            (overwrite; skipped when dinp is empty)
-  // dweight (N, K) += dout^T · inp        (accumulate; skipped when empty)
+  // dweight (N, K) += dout^T · inp        (accumulate, or = with GradWrite::kOverwrite; skipped when empty)
   // dbias (N) += column sums of dout      (accumulate; skipped when empty)
   void matmul_backward(TensorView dinp, TensorView dweight, TensorView dbias, TensorView dout, TensorView inp,
-                       TensorView weight) const;
+                       TensorView weight, GradWrite dweight_write = GradWrite::kAccumulate) const;
 
   // ---- embedding -------------------------------------------------------------------------------
   // out (B, T, C) = wte[tokens[b, t]] + wpe[pos[b, t]]  (wpe (maxpos, C) optional). tokens i32 (B, T).
@@ -250,10 +260,12 @@ class OpTable {
   // dtype rules of matmul_forward (no bias); an empty group computes nothing.
   void grouped_matmul_forward(TensorView out, TensorView inp, TensorView weight,
                               const std::vector<int64_t>& group_sizes) const;
-  // dinp (M, K) (overwrite; skipped when empty; compute dtype or f32) and dweight (G, N, K) (ACCUMULATE;
-  // skipped when empty), per group as matmul_backward. An empty group adds nothing to its dweight[g].
+  // dinp (M, K) (overwrite; skipped when empty; compute dtype or f32) and dweight (G, N, K) (ACCUMULATE, or
+  // = with GradWrite::kOverwrite; skipped when empty), per group as matmul_backward. An empty group adds
+  // nothing to its dweight[g] (kAccumulate) or zeroes it (kOverwrite).
   void grouped_matmul_backward(TensorView dinp, TensorView dweight, TensorView dout, TensorView inp, TensorView weight,
-                               const std::vector<int64_t>& group_sizes) const;
+                               const std::vector<int64_t>& group_sizes,
+                               GradWrite dweight_write = GradWrite::kAccumulate) const;
 
   // ---- cross-entropy ----------------------------------------------------------------------------
   // logits (N, Vp) f32/bf16/f16 (arithmetic in f32), targets i32 (N), columns >= vocab_size are padding and excluded.
@@ -329,7 +341,7 @@ class OpTable {
   // its checks, with the same arguments (defaults filled in).
   virtual void do_matmul_forward(TensorView out, TensorView inp, TensorView weight, TensorView bias) const = 0;
   virtual void do_matmul_backward(TensorView dinp, TensorView dweight, TensorView dbias, TensorView dout,
-                                  TensorView inp, TensorView weight) const = 0;
+                                  TensorView inp, TensorView weight, GradWrite dweight_write) const = 0;
   virtual void do_embedding_forward(TensorView out, TensorView tokens, TensorView wte, TensorView wpe,
                                     TensorView position_ids) const = 0;
   virtual void do_embedding_backward(TensorView dwte, TensorView dwpe, TensorView dout, TensorView tokens,
@@ -384,7 +396,8 @@ class OpTable {
   virtual void do_grouped_matmul_forward(TensorView out, TensorView inp, TensorView weight,
                                          const std::vector<int64_t>& group_sizes) const = 0;
   virtual void do_grouped_matmul_backward(TensorView dinp, TensorView dweight, TensorView dout, TensorView inp,
-                                          TensorView weight, const std::vector<int64_t>& group_sizes) const = 0;
+                                          TensorView weight, const std::vector<int64_t>& group_sizes,
+                                          GradWrite dweight_write) const = 0;
   virtual void do_cross_entropy_forward_backward(TensorView losses, TensorView logits, TensorView targets,
                                                  int64_t vocab_size, TensorView loss_mask,
                                                  float dlogits_scale) const = 0;

@@ -43,9 +43,10 @@ class Fp8Gemm {
   // out = inp · weight^T + bias (see the header comment); inp, weight in the compute dtype, bias null or
   // in the compute dtype, out in the compute dtype or f32.
   void forward(const DeviceContext& ctx, TensorView out, TensorView inp, TensorView weight, TensorView bias) const;
-  // dinp overwritten (skipped when empty); dweight, dbias accumulate (skipped when empty).
+  // dinp overwritten (skipped when empty); dweight, dbias accumulate (skipped when empty), dweight stored
+  // instead with GradWrite::kOverwrite (the OpTable's matmul_backward rule).
   void backward(const DeviceContext& ctx, TensorView dinp, TensorView dweight, TensorView dbias, TensorView dout,
-                TensorView inp, TensorView weight) const;
+                TensorView inp, TensorView weight, GradWrite dweight_write = GradWrite::kAccumulate) const;
 
  private:
   // q(x) with slot `slot` of `group` (fp8, x's shape), recording x's amax.

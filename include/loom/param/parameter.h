@@ -9,7 +9,10 @@
 //                    master weights (round to nearest even), which the owner calls after every write to
 //                    values() — optimizer step, checkpoint load, golden fixture load;
 //   grads()          gradients in the grad dtype: f32 main grads (Megatron's default, also for --bf16) or
-//                    f16 (--fp16 without --accumulate-allreduce-grads-in-fp32). Backward accumulates.
+//                    f16 (--fp16 without --accumulate-allreduce-grads-in-fp32). Backward accumulates,
+//                    except that a matmul may store the step's first write of a weight gradient whose
+//                    buffer is known to hold zeros (Parameter::grad_zero, take_grad_write) instead of
+//                    adding it, which saves reading the buffer.
 #pragma once
 #include <deque>
 #include <unordered_map>
@@ -18,6 +21,7 @@
 #include <vector>
 
 #include "loom/backend/device_context.h"
+#include "loom/backend/ops.h"
 #include "loom/core/tensor.h"
 
 namespace loom {
@@ -66,7 +70,29 @@ struct Parameter {
   Tensor value;                // f32 master, view into ParameterSet::values()
   Tensor compute;              // view into ParameterSet::compute_values(); modules read this one
   Tensor grad;                 // view into ParameterSet::grads(), grad dtype
+  // The gradient buffer is known to hold zeros, so its first writer may store instead of add
+  // (GradWrite::kOverwrite: the buffer is not read, and over few rows that read is much of a weight
+  // gradient's cost). Set for every parameter the optimizer trains at the start of each step
+  // (DistributedOptimizer::start_step, where every gradient the model will write has been zeroed);
+  // cleared by the first write: take_grad_write for the matmuls, clear_grad_zero for any other writer
+  // that may come before a matmul on the same gradient (the embedding of a tied output layer). Stays false
+  // outside the trainer's steps (every op then accumulates, as it always may).
+  bool grad_zero = false;
 };
+
+// How the next write of p's gradient goes: kOverwrite when p.grad_zero is set, which it clears, else
+// kAccumulate. With LOOM_CHECK_GRAD_OVERWRITE=1 in the environment a kOverwrite first checks that the
+// buffer holds zeros and fails otherwise (reads the buffer: a debugging aid that tests turn on to catch a
+// writer that added to the gradient before a matmul and did not clear the flag).
+GradWrite take_grad_write(const DeviceContext& ctx, Parameter& p);
+// The same for parameters one op writes together (a grouped GEMM's experts): kOverwrite only when every
+// one of them holds zeros; every flag is cleared.
+GradWrite take_grad_write(const DeviceContext& ctx, const std::vector<Parameter*>& ps);
+// Marks p's gradient as written (for writers that always accumulate).
+inline void clear_grad_zero(Parameter& p) { p.grad_zero = false; }
+// Whether LOOM_CHECK_GRAD_OVERWRITE checks run (read once from the environment; tests may switch them).
+bool grad_overwrite_checks();
+void set_grad_overwrite_checks(bool on);
 
 // Called by the model around its units of work so that data-parallel / ZeRO code can overlap
 // communication with compute and gather sharded parameters just in time. Unit u is a contiguous range of
@@ -154,6 +180,9 @@ class ParameterSet {
   const Tensor& compute_values() const { return compute_; }
   const Tensor& grads() const { return grads_; }
   void zero_grads(const DeviceContext& ctx) const;
+  // Sets every parameter's grad_zero: the caller has made sure that every gradient buffer holds zeros
+  // (or will be bound to zeros before it is written) until the next write.
+  void mark_grads_zero();
 
  private:
   std::deque<Parameter> params_;  // deque: references stay valid while modules add parameters

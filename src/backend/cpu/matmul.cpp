@@ -4,6 +4,7 @@
 //   forward  out  (M, N)  = inp (M, K) · W^T        W^T viewed as (K, N) with strides (1, K)
 //   dinp          (M, K)  = dout (M, N) · W          W is (N, K) row-major
 //   dweight       (N, K) += dout^T (N, M) · inp      dout^T viewed with strides (1, N); sum post-op accumulates
+//                                                   (GradWrite::kOverwrite: no post-op, the old values unread)
 // dtypes: inp/weight/dout (and bias) share the compute dtype (f32, bf16 or f16); out and dinp are in it or
 // f32; dweight/dbias accumulate into f32 main grads or into the compute dtype (f32 sum, one rounding).
 //   f32  -> dnnl_sgemm, cut into shape-fixed pieces (matmul_sgemm.cpp; the matmul primitive's brgemm
@@ -84,7 +85,7 @@ struct Gemm {
 //   5x their width, on at least 256 rows: the LM head's (K = vocabulary), a GLU fc1's (K = 2 x ffn: Llama,
 //   a Mixtral expert); 1.2-1.8x faster. At 3-4x (GPT-2's qkv and fc1) brgemm is ~13% faster, below 256
 //   rows they are even. M is the runtime dimension.
-// - kReduction: weight gradients dW += dout^T · x into f32 over more than 512 tokens: gemm:jit is 1.1-1.75x
+// - kReduction: weight gradients dW (+)= dout^T · x into f32 over more than 512 tokens: gemm:jit is 1.1-1.75x
 //   faster in every shape tried from 768 tokens on (GPT-2's qkv/proj/fc1/fc2 and LM head, Llama's, small
 //   256-1200-wide ones). Over 256-512 tokens (MoE expert groups, short steps) brgemm is as fast or up to 2x
 //   faster and stays. K is the runtime dimension.
@@ -92,12 +93,15 @@ struct Gemm {
 //   too wherever the gradient is large: over 128-512 tokens, 1.2-1.7x on 3072-7168 x 1024 gradients (a
 //   Mixtral expert's fc1 over 128 tokens 4.33 -> 2.51 ms, fc2 1.94 -> 1.08), while on 1024 x 1024 brgemm
 //   stays ~5-9% ahead. So there a weight gradient of at least 2^21 elements takes it from 128 tokens on.
+//   The same holds when the gradient is stored rather than accumulated (GradWrite::kOverwrite): gemm:jit
+//   again, which then skips reading the old gradient (a Mixtral MoE layer over 512 tokens 107 -> 101 ms,
+//   where brgemm without the sum post-op took 109).
 enum class RuntimeDim { kNone, kRows, kReduction };
 
 RuntimeDim runtime_dim(const GemmKey& k) {
   if (k.ta != DType::kBF16 || k.tb != DType::kBF16 || k.bias || k.trans_b) return RuntimeDim::kNone;
   if (!k.trans_a && !k.accumulate && k.M >= 256 && k.K >= 5 * k.N) return RuntimeDim::kRows;
-  if (k.trans_a && k.accumulate && k.tc == DType::kF32) {
+  if (k.trans_a && k.tc == DType::kF32) {  // only weight gradients have a transposed A
     if (k.K > 512) return RuntimeDim::kReduction;
     if (!matmul_uses_amx() && k.K >= 128 && k.M * k.N >= (int64_t(1) << 21)) return RuntimeDim::kReduction;
   }
@@ -468,7 +472,7 @@ void CpuOps::do_matmul_forward(TensorView out, TensorView inp, TensorView weight
 }
 
 void CpuOps::do_matmul_backward(TensorView dinp, TensorView dweight, TensorView dbias, TensorView dout,
-                                TensorView inp, TensorView weight) const {
+                                TensorView inp, TensorView weight, GradWrite dweight_write) const {
   const int64_t N = weight.size(0), K = weight.size(1), M = dout.shape().rows();
   const DType cd = dout.dtype();
   auto run = [&](const GemmKey& key, const void* a, const void* b, void* c) {
@@ -485,9 +489,12 @@ void CpuOps::do_matmul_backward(TensorView dinp, TensorView dweight, TensorView 
           dinp.raw());
     }
   }
+  const bool overwrite = dweight_write == GradWrite::kOverwrite;
   if (dweight && M > 0 && N > 0 && K > 0)
-    run(GemmKey{N, K, M, true, false, N, K, cd, cd, dweight.dtype(), false, true}, dout.raw(), inp.raw(),
+    run(GemmKey{N, K, M, true, false, N, K, cd, cd, dweight.dtype(), false, !overwrite}, dout.raw(), inp.raw(),
         dweight.raw());
+  else if (dweight && overwrite)  // an empty product stores zeros
+    fill_(dweight, 0.0f);
   if (dbias) bias_backward(dbias, dout.reshape({M, N}));
 }
 

@@ -294,8 +294,10 @@ void CpuOps::do_grouped_matmul_forward(TensorView out, TensorView inp, TensorVie
 }
 
 void CpuOps::do_grouped_matmul_backward(TensorView dinp, TensorView dweight, TensorView dout, TensorView inp,
-                                        TensorView weight, const std::vector<int64_t>& group_sizes) const {
+                                        TensorView weight, const std::vector<int64_t>& group_sizes,
+                                        GradWrite dweight_write) const {
   const int64_t N = weight.size(1), K = weight.size(2);
+  const bool overwrite = dweight_write == GradWrite::kOverwrite;
   if (all_f32({dinp, dweight, dout, inp, weight}) && N > 0 && K > 0) {
     std::vector<SgemmTask> tasks;
     const float *dy = dout.data<float>(), *x = inp.data<float>(), *w = weight.data<float>();
@@ -307,8 +309,11 @@ void CpuOps::do_grouped_matmul_backward(TensorView dinp, TensorView dweight, Ten
       const float* wg = w + int64_t(g) * N * K;
       if (dx)  // dinp_g (m, K) = dout_g (m, N) · W_g
         add_pieces(tasks, {false, false, false, m, K, N, dy + o * N, N, wg, K, dx + o * K, K});
-      if (dw && m > 0)  // dW_g (N, K) += dout_g^T (N, m) · inp_g (m, K)
-        add_pieces(tasks, {true, false, true, N, K, m, dy + o * N, N, x + o * K, K, dw + int64_t(g) * N * K, K});
+      if (dw && m > 0)  // dW_g (N, K) (+)= dout_g^T (N, m) · inp_g (m, K)
+        add_pieces(tasks, {true, false, !overwrite, N, K, m, dy + o * N, N, x + o * K, K, dw + int64_t(g) * N * K,
+                           K});
+      else if (dw && overwrite)  // an empty group's gradient is zero
+        std::fill(dw + int64_t(g) * N * K, dw + int64_t(g + 1) * N * K, 0.0f);
       o += m;
     }
     run_tasks(tasks);
@@ -322,17 +327,19 @@ void CpuOps::do_grouped_matmul_backward(TensorView dinp, TensorView dweight, Ten
     const TensorView dw = dweight ? dweight.slice_flat(int64_t(g) * N * K, {N, K}) : TensorView();
     if (m > 0 && (!pad || padded_rows(m) == m)) {  // one product for both, in place
       do_matmul_backward(dinp ? dinp.slice_flat(o * K, {m, K}) : TensorView(), dw, TensorView(),
-                         dout.slice_flat(o * N, {m, N}), inp.slice_flat(o * K, {m, K}), w);
+                         dout.slice_flat(o * N, {m, N}), inp.slice_flat(o * K, {m, K}), w, dweight_write);
     } else if (m > 0) {
       if (dinp)
         group_rows_product(dinp, dout, o, m, pad, [&](TensorView dx, TensorView dy) {
-          do_matmul_backward(dx, TensorView(), TensorView(), dy, TensorView(), w);
+          do_matmul_backward(dx, TensorView(), TensorView(), dy, TensorView(), w, GradWrite::kAccumulate);
         });
       if (dw) {
         const int64_t p = padded_rows(m);
         do_matmul_backward(TensorView(), dw, TensorView(), zero_padded_rows(2, dout, o, m, p),
-                           zero_padded_rows(3, inp, o, m, p), w);
+                           zero_padded_rows(3, inp, o, m, p), w, dweight_write);
       }
+    } else if (dw && overwrite) {  // an empty group's gradient is zero
+      fill_(dw, 0.0f);
     }
     o += m;
   }

@@ -17,8 +17,8 @@ void CudaOps::do_matmul_forward(TensorView out, TensorView inp, TensorView weigh
   cuda::matmul_forward(ctx_, out, inp, weight, bias);
 }
 void CudaOps::do_matmul_backward(TensorView dinp, TensorView dweight, TensorView dbias, TensorView dout, TensorView inp,
-                                 TensorView weight) const {
-  cuda::matmul_backward(ctx_, dinp, dweight, dbias, dout, inp, weight);
+                                 TensorView weight, GradWrite dweight_write) const {
+  cuda::matmul_backward(ctx_, dinp, dweight, dbias, dout, inp, weight, dweight_write);
 }
 void CudaOps::do_embedding_forward(TensorView out, TensorView tokens, TensorView wte, TensorView wpe,
                                    TensorView position_ids) const {
@@ -128,8 +128,9 @@ void CudaOps::do_grouped_matmul_forward(TensorView out, TensorView inp, TensorVi
   cuda::grouped_matmul_forward(ctx_, out, inp, weight, group_sizes);
 }
 void CudaOps::do_grouped_matmul_backward(TensorView dinp, TensorView dweight, TensorView dout, TensorView inp,
-                                         TensorView weight, const std::vector<int64_t>& group_sizes) const {
-  cuda::grouped_matmul_backward(ctx_, dinp, dweight, dout, inp, weight, group_sizes);
+                                         TensorView weight, const std::vector<int64_t>& group_sizes,
+                                         GradWrite dweight_write) const {
+  cuda::grouped_matmul_backward(ctx_, dinp, dweight, dout, inp, weight, group_sizes, dweight_write);
 }
 void CudaOps::do_cross_entropy_forward_backward(TensorView losses, TensorView logits, TensorView targets,
                                                 int64_t vocab_size, TensorView loss_mask, float dlogits_scale) const {

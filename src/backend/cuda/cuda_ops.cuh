@@ -18,7 +18,7 @@ class CudaOps final : public OpTable {
   // The computations; arguments were checked by the OpTable entry points (src/backend/op_checks*.cpp).
   void do_matmul_forward(TensorView out, TensorView inp, TensorView weight, TensorView bias) const override;
   void do_matmul_backward(TensorView dinp, TensorView dweight, TensorView dbias, TensorView dout, TensorView inp,
-                          TensorView weight) const override;
+                          TensorView weight, GradWrite dweight_write) const override;
   void do_embedding_forward(TensorView out, TensorView tokens, TensorView wte, TensorView wpe,
                             TensorView position_ids) const override;
   void do_embedding_backward(TensorView dwte, TensorView dwpe, TensorView dout, TensorView tokens,
@@ -71,7 +71,8 @@ class CudaOps final : public OpTable {
   void do_grouped_matmul_forward(TensorView out, TensorView inp, TensorView weight,
                                  const std::vector<int64_t>& group_sizes) const override;
   void do_grouped_matmul_backward(TensorView dinp, TensorView dweight, TensorView dout, TensorView inp,
-                                  TensorView weight, const std::vector<int64_t>& group_sizes) const override;
+                                  TensorView weight, const std::vector<int64_t>& group_sizes,
+                                  GradWrite dweight_write) const override;
   void do_cross_entropy_forward_backward(TensorView losses, TensorView logits, TensorView targets, int64_t vocab_size,
                                          TensorView loss_mask, float dlogits_scale) const override;
   void do_adamw_update(TensorView param, TensorView grad, TensorView m, TensorView v, const AdamWParams& p,

@@ -387,7 +387,7 @@ void matmul_forward(const CudaContext& ctx, TensorView out, TensorView inp, Tens
 }
 
 void matmul_backward(const CudaContext& ctx, TensorView dinp, TensorView dweight, TensorView dbias, TensorView dout,
-                     TensorView inp, TensorView weight) {
+                     TensorView inp, TensorView weight, GradWrite dweight_write) {
   const char* op = "matmul_backward";
   const int64_t N = weight.size(0), K = weight.size(1);
   const int64_t M = dout.shape().rows();
@@ -403,12 +403,16 @@ void matmul_backward(const CudaContext& ctx, TensorView dinp, TensorView dweight
       detail::lt_matmul(ctx, g, op);
     }
   }
+  const bool overwrite = dweight_write == GradWrite::kOverwrite;
   if (dweight && M > 0 && N > 0 && K > 0) {
     const detail::LtGemm g{.m = K, .n = N, .k = M, .trans_b = true,
                            .a = inp.raw(), .a_type = cd, .lda = K,
                            .b = dout.raw(), .b_type = cd, .ldb = N,
-                           .d = dweight.raw(), .d_type = dweight.dtype(), .ldd = K, .accumulate = true};
+                           .d = dweight.raw(), .d_type = dweight.dtype(), .ldd = K, .accumulate = !overwrite};
     detail::lt_matmul(ctx, g, op);
+  } else if (dweight && overwrite && dweight.numel() > 0) {  // an empty product stores zeros
+    LOOM_CUDA_CHECK(cudaMemsetAsync(dweight.raw(), 0, size_t(dweight.numel()) * dtype_size(dweight.dtype()),
+                                    ctx.compute_stream()));
   }
   if (dbias) column_sum_accumulate(ctx, dbias, dout, M, N);
 }

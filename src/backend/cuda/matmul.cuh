@@ -2,7 +2,8 @@
 // Contracts are the OpTable's (loom/backend/ops.h); the CPU twin is src/backend/cpu/matmul.cpp.
 //   forward  out (M, N)      = inp (M, K) · weight (N, K)^T + bias (N)
 //   backward dinp (M, K)     = dout · weight            (overwrite)
-//            dweight (N, K) += dout^T · inp            (accumulate, f32 or the compute dtype)
+//            dweight (N, K) += dout^T · inp            (accumulate, f32 or the compute dtype; = with
+//                                                       GradWrite::kOverwrite: beta 0, zeros when M = 0)
 //            dbias (N)      += column sums of dout     (accumulate; fixed-order two-stage reduction)
 // Products run on the tensor cores through cuBLASLt with f32 accumulation (CUBLAS_COMPUTE_32F, no TF32
 // for f32 operands, so results track the CPU reference to f32 rounding). Host-only header.
@@ -13,13 +14,14 @@
 #include <cstdint>
 
 #include "backend/cuda/cuda_context.cuh"
+#include "loom/backend/ops.h"
 #include "loom/core/tensor.h"
 
 namespace loom::cuda {
 
 void matmul_forward(const CudaContext& ctx, TensorView out, TensorView inp, TensorView weight, TensorView bias);
 void matmul_backward(const CudaContext& ctx, TensorView dinp, TensorView dweight, TensorView dbias, TensorView dout,
-                     TensorView inp, TensorView weight);
+                     TensorView inp, TensorView weight, GradWrite dweight_write = GradWrite::kAccumulate);
 
 namespace detail {
 

@@ -174,16 +174,17 @@ void grouped_matmul_forward(const CudaContext& ctx, TensorView out, TensorView i
 }
 
 void grouped_matmul_backward(const CudaContext& ctx, TensorView dinp, TensorView dweight, TensorView dout,
-                             TensorView inp, TensorView weight, const std::vector<int64_t>& group_sizes) {
+                             TensorView inp, TensorView weight, const std::vector<int64_t>& group_sizes,
+                             GradWrite dweight_write) {
   const int64_t N = weight.size(1), K = weight.size(2);
   int64_t o = 0;
   for (size_t g = 0; g < group_sizes.size(); ++g) {
     const int64_t m = group_sizes[g];
-    if (m > 0)
-      matmul_backward(ctx, dinp ? dinp.slice_flat(o * K, {m, K}) : TensorView(),
-                      dweight ? dweight.slice_flat(int64_t(g) * N * K, {N, K}) : TensorView(), TensorView(),
+    const TensorView dw = dweight ? dweight.slice_flat(int64_t(g) * N * K, {N, K}) : TensorView();
+    if (m > 0 || (dw && dweight_write == GradWrite::kOverwrite))  // an empty group's kOverwrite stores zeros
+      matmul_backward(ctx, dinp && m > 0 ? dinp.slice_flat(o * K, {m, K}) : TensorView(), dw, TensorView(),
                       dout.slice_flat(o * N, {m, N}), inp.slice_flat(o * K, {m, K}),
-                      weight.slice_flat(int64_t(g) * N * K, {N, K}));
+                      weight.slice_flat(int64_t(g) * N * K, {N, K}), dweight_write);
     o += m;
   }
 }

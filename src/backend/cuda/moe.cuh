@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_context.cuh"
+#include "loom/backend/ops.h"
 #include "loom/core/tensor.h"
 
 namespace loom::cuda {
@@ -24,6 +25,7 @@ void moe_unpermute_backward(const CudaContext& ctx, TensorView dinp, TensorView 
 void grouped_matmul_forward(const CudaContext& ctx, TensorView out, TensorView inp, TensorView weight,
                             const std::vector<int64_t>& group_sizes);
 void grouped_matmul_backward(const CudaContext& ctx, TensorView dinp, TensorView dweight, TensorView dout,
-                             TensorView inp, TensorView weight, const std::vector<int64_t>& group_sizes);
+                             TensorView inp, TensorView weight, const std::vector<int64_t>& group_sizes,
+                             GradWrite dweight_write);
 
 }  // namespace loom::cuda

@@ -1,7 +1,8 @@
 // CUDA matmul (cuBLASLt) against the CPU reference: forward and backward on odd shapes (M, N, K in
 // {1, 5, 17, 64, 217}), every input dtype (f32, bf16, f16) with outputs in the compute dtype or f32, biases in
 // either, dweight/dbias f32 main grads or the compute dtype; overwrite vs accumulate (outputs the op overwrites
-// start as NaN on the GPU, accumulated ones start from the same random values on both sides); empty optional
+// start as NaN on the GPU, accumulated ones start from the same random values on both sides; a dweight stored
+// with GradWrite::kOverwrite starts as NaN on both); empty optional
 // arguments; zero-sized dimensions; flattened leading dims; unaligned views; determinism; argument errors.
 // Skips without a visible GPU.
 #include <gtest/gtest.h>
@@ -124,6 +125,30 @@ TEST(CudaMatmul, BackwardAccumulatesAcrossCalls) {
     expect_close(d_dw, dw_ref, 1e-4f, what + " dweight");
     expect_close(d_db, db_ref, 1e-4f, what + " dbias");
   }
+}
+
+// GradWrite::kOverwrite stores dweight (beta 0: the NaN it starts as must not show) as the CPU does; over no
+// rows it stores zeros; dbias still accumulates.
+TEST(CudaMatmul, BackwardOverwritesTheWeightGradient) {
+  REQUIRE_GPU();
+  auto& ctx = cuda_ctx();
+  uint64_t seed = 9000;
+  for (DType cd : kComputeDtypes)
+    for (DType grad_dt : out_dtypes(cd))
+      for (const Mnk& s : {Mnk{17, 64, 5}, Mnk{217, 217, 217}, Mnk{0, 5, 17}}) {
+        const std::string what = std::string("overwrite ") + dtype_name(cd) + " grads " + dtype_name(grad_dt) + " " +
+                                 shape_str(s);
+        Tensor dout = random_host({s.M, s.N}, cd, seed++), inp = random_host({s.M, s.K}, cd, seed++);
+        Tensor w = random_host({s.N, s.K}, cd, seed++), db0 = random_host({s.N}, grad_dt, seed++);
+        Tensor dw_ref = Tensor::empty({s.N, s.K}, grad_dt), db_ref = host_clone(db0);
+        for (int64_t i = 0; i < dw_ref.numel(); ++i) host_set(dw_ref, i, NAN);
+        cpu_ref().matmul_backward(TensorView(), dw_ref, db_ref, dout, inp, w, GradWrite::kOverwrite);
+        Tensor d_dw = nan_device({s.N, s.K}, grad_dt), d_db = to_device(db0);
+        cuda::matmul_backward(ctx, TensorView(), d_dw, d_db, to_device(dout), to_device(inp), to_device(w),
+                              GradWrite::kOverwrite);
+        expect_close(d_dw, dw_ref, tol_for(grad_dt), what + " dweight");
+        expect_close(d_db, db_ref, tol_for(grad_dt), what + " dbias");
+      }
 }
 
 // Each output of the backward is optional; absent ones are skipped and the others still computed.

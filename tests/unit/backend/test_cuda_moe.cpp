@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #if defined(LOOM_HAVE_CUDA)
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -76,6 +77,13 @@ TEST(CudaMoe, GroupedMatmulMatchesCpu) {
     expect_close_host(to_host(out_d), out, tol, "grouped forward");
     expect_close_host(to_host(dinp_d), dinp, tol, "grouped dinp");
     expect_close_host(to_host(dw_d), dw, tol, "grouped dweight (accumulate)");
+    // kOverwrite: every group's slice stored (the empty group's zeroed) over NaN, as on the CPU.
+    Tensor dw_over = Tensor::empty({G, N, K}, DType::kF32);
+    for (int64_t i = 0; i < dw_over.numel(); ++i) dw_over.data<float>()[i] = NAN;
+    Tensor dw_over_d = to_device(dw_over);
+    cpu_ref().grouped_matmul_backward(TensorView(), dw_over, dout, inp, w, sizes, GradWrite::kOverwrite);
+    cuda_ops().grouped_matmul_backward(TensorView(), dw_over_d, dout_d, inp_d, w_d, sizes, GradWrite::kOverwrite);
+    expect_close_host(to_host(dw_over_d), dw_over, tol, "grouped dweight (overwrite)");
   }
 }
 

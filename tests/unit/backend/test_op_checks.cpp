@@ -27,7 +27,7 @@ class CountingOps final : public OpTable {
  private:
   void do_matmul_forward(TensorView out, TensorView inp, TensorView weight, TensorView bias) const override { ++calls; }
   void do_matmul_backward(TensorView dinp, TensorView dweight, TensorView dbias, TensorView dout, TensorView inp,
-                          TensorView weight) const override { ++calls; }
+                          TensorView weight, GradWrite) const override { ++calls; }
   void do_embedding_forward(TensorView out, TensorView tokens, TensorView wte, TensorView wpe,
                             TensorView position_ids) const override { ++calls; }
   void do_embedding_backward(TensorView dwte, TensorView dwpe, TensorView dout, TensorView tokens,
@@ -105,7 +105,8 @@ class CountingOps final : public OpTable {
   void do_grouped_matmul_forward(TensorView out, TensorView inp, TensorView weight,
                                  const std::vector<int64_t>& group_sizes) const override { ++calls; }
   void do_grouped_matmul_backward(TensorView dinp, TensorView dweight, TensorView dout, TensorView inp,
-                                  TensorView weight, const std::vector<int64_t>& group_sizes) const override {
+                                  TensorView weight, const std::vector<int64_t>& group_sizes,
+                                  GradWrite) const override {
     ++calls;
   }
 };

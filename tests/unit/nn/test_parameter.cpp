@@ -190,3 +190,75 @@ TEST(Modules, LinearReadsComputeCopy) {
   lin.backward(*ctx, TensorView(), dy, x);
   EXPECT_EQ(ps.grads().data<float>()[1], 4.0f);
 }
+
+// A step's first write of a linear weight's gradient stores it (GradWrite::kOverwrite) once the gradients
+// are marked as zero, later writes add; writers that always add (the embedding's scatter) clear the mark
+// so that a matmul after them adds too; the LOOM_CHECK_GRAD_OVERWRITE check catches a marked gradient that
+// does not hold zeros, naming the parameter.
+TEST(ParameterSet, FirstWriteOfAStepStoresTheWeightGradient) {
+  auto ctx = make_cpu_context();
+  ParameterSet ps;
+  Linear lin(ps, "fc", 4, 3, true, 0.5f);
+  Embedding emb(ps, 6, 4, 0, 0.5f);
+  ps.allocate(*ctx);
+  ps.initialize(7);
+  Tensor x = Tensor::empty({5, 4}, DType::kF32), dy = Tensor::empty({5, 3}, DType::kF32);
+  Tensor dx = Tensor::empty({5, 4}, DType::kF32);
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = 0.1f * float(i % 7) - 0.3f;
+  for (int64_t i = 0; i < dy.numel(); ++i) dy.data<float>()[i] = 0.05f * float(i % 5) - 0.1f;
+  Parameter& w = *ps.find("fc.weight");
+  Parameter& b = *ps.find("fc.bias");
+  auto grad_of = [](const Parameter& p) {
+    return std::vector<float>(p.grad.data<float>(), p.grad.data<float>() + p.grad.numel());
+  };
+  // The reference: plain accumulation into zeroed gradients, twice.
+  lin.backward(*ctx, dx, dy, x);
+  const std::vector<float> once = grad_of(w), once_b = grad_of(b);
+  lin.backward(*ctx, dx, dy, x);
+  const std::vector<float> twice = grad_of(w);
+  ps.zero_grads(*ctx);
+  ps.mark_grads_zero();
+  EXPECT_TRUE(w.grad_zero && b.grad_zero);
+  lin.backward(*ctx, dx, dy, x);
+  EXPECT_FALSE(w.grad_zero) << "the matmul took the mark";
+  EXPECT_TRUE(b.grad_zero) << "the bias gradient (a column sum) always adds and leaves the mark";
+  EXPECT_EQ(grad_of(w), once);
+  EXPECT_EQ(grad_of(b), once_b);
+  lin.backward(*ctx, dx, dy, x);
+  EXPECT_EQ(grad_of(w), twice) << "the second write adds";
+
+  // take_grad_write: kOverwrite once per mark; a group only when every member is marked.
+  ps.zero_grads(*ctx);
+  ps.mark_grads_zero();
+  EXPECT_EQ(take_grad_write(*ctx, w), GradWrite::kOverwrite);
+  EXPECT_EQ(take_grad_write(*ctx, w), GradWrite::kAccumulate);
+  Parameter& wte = *ps.find("embedding.word_embeddings.weight");
+  EXPECT_EQ(take_grad_write(*ctx, std::vector<Parameter*>{&w, &wte}), GradWrite::kAccumulate);
+  EXPECT_FALSE(wte.grad_zero) << "a group's take clears every member's mark";
+
+  // The embedding's scatter-add clears its weight's mark: a tied output layer after it must add.
+  ps.mark_grads_zero();
+  Tensor tokens = Tensor::empty({1, 2}, DType::kI32), demb = Tensor::empty({1, 2, 4}, DType::kF32);
+  tokens.data<int32_t>()[0] = 1;
+  tokens.data<int32_t>()[1] = 4;
+  for (int64_t i = 0; i < demb.numel(); ++i) demb.data<float>()[i] = 1.0f;
+  emb.backward(*ctx, demb, tokens, TensorView());
+  EXPECT_FALSE(wte.grad_zero);
+  EXPECT_EQ(take_grad_write(*ctx, wte), GradWrite::kAccumulate);
+
+  // The debugging check: a marked gradient that holds a non-zero fails, naming the parameter.
+  const bool checks = grad_overwrite_checks();
+  set_grad_overwrite_checks(true);
+  w.grad_zero = true;
+  w.grad.data<float>()[3] = 1.0f;
+  try {
+    take_grad_write(*ctx, w);
+    ADD_FAILURE() << "a marked gradient holding a non-zero passed the check";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fc.weight"), std::string::npos) << e.what();
+  }
+  w.grad.data<float>()[3] = 0.0f;
+  w.grad_zero = true;
+  EXPECT_NO_THROW(take_grad_write(*ctx, w));
+  set_grad_overwrite_checks(checks);
+}

@@ -100,5 +100,43 @@ TEST(StepRunner, GradientSeedIsMegatronsLoss) {
   EXPECT_EQ(steps.micro_batch_dloss(*b, 1.0), 0.0f);
 }
 
+// Every step marks the gradients as zero (DistributedOptimizer::start_step), so each linear weight's first
+// write stores its gradient: with LOOM_CHECK_GRAD_OVERWRITE's check on, every such write finds its buffer
+// holding zeros (none was added to before it: also the tied word embedding, which the output layer's matmul
+// and the embedding's scatter both write, over two micro-batches), for the ZeRO layouts of a world of one
+// and bf16; after each step the linear weights' marks are taken and the norms' (always-adding writers) are
+// not. (That a stored gradient equals the added one is tests/unit/backend/test_cpu_grad_write.cpp's; that
+// training matches PyTorch with it, the golden tests'.)
+TEST(StepRunner, FirstWritesOfAStepStoreTheLinearGradients) {
+  const bool checks = grad_overwrite_checks();
+  set_grad_overwrite_checks(true);
+  for (const std::string extra : {"", "--untie-embeddings-and-output-weights",
+                                  "--data-parallel-sharding-strategy optim_grads",
+                                  "--data-parallel-sharding-strategy optim_grads_params", "--bf16"}) {
+    SCOPED_TRACE(extra);
+    TrainingRun run;
+    build_tiny_run(run, extra);
+    Timers timers(0);
+    StepRunner steps(run, timers);
+    Loader loader(run.train_ds, run.loader_config(0));
+    for (int i = 0; i < 2; ++i) {
+      StepOutcome s;
+      ASSERT_NO_THROW(s = steps.step(loader));
+      EXPECT_FALSE(s.skipped);
+      int linears = 0;
+      for (const Parameter& p : run.models().front()->params().all()) {
+        const bool linear = p.name.find("linear_") != std::string::npos && p.name.ends_with(".weight");
+        if (linear) {
+          ++linears;
+          EXPECT_FALSE(p.grad_zero) << p.name << ": the step's first write did not take the mark";
+        }
+        if (p.name.find("layernorm") != std::string::npos) EXPECT_TRUE(p.grad_zero) << p.name;
+      }
+      EXPECT_GE(linears, 8);
+    }
+  }
+  set_grad_overwrite_checks(checks);
+}
+
 }  // namespace
 }  // namespace loom
