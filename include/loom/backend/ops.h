@@ -25,7 +25,7 @@ namespace loom {
 
 // How an op writes a parameter gradient: kAccumulate adds to what the buffer holds (+=, so micro-batches
 // add up); kOverwrite stores the result (=) without reading the buffer. kOverwrite is for a buffer known to
-// hold zeros (a step's first write; loom/param/parameter.h's take_grad_overwrite decides), where both give
+// hold zeros (a step's first write; loom/param/parameter.h's take_grad_write decides), where both give
 // the same values (0 + x = x, except that a -0 result stays -0) and kOverwrite saves reading the old values:
 // a weight gradient over few rows (an expert's token group, a short micro-batch) is bound by that traffic.
 // An empty product (no rows) writes zeros under kOverwrite and leaves the buffer as it is under kAccumulate.
