@@ -35,9 +35,8 @@ void Linear::forward(const DeviceContext& ctx, TensorView out, TensorView inp) c
 }
 
 void Linear::backward(const DeviceContext& ctx, TensorView dinp, TensorView dout, TensorView inp) const {
-  const GradWrite write = weight_->grad.defined() ? take_grad_write(ctx, *weight_) : GradWrite::kAccumulate;
   ctx.ops().matmul_backward(dinp, weight_->grad, bias_ ? bias_->grad.view() : TensorView(), dout, inp,
-                            weight_->compute, write);
+                            weight_->compute, take_grad_write(ctx, *weight_));
 }
 
 NormKind parse_norm_kind(const std::string& s) {

@@ -19,7 +19,7 @@ void gemm_forward(const DeviceContext& ctx, const std::optional<Fp8Gemm>& fp8, T
 // The weight gradient is stored rather than added when it is the step's first write (take_grad_write).
 void gemm_backward(const DeviceContext& ctx, const std::optional<Fp8Gemm>& fp8, TensorView dinp, Parameter& w,
                    TensorView dbias, TensorView dout, TensorView inp) {
-  const GradWrite write = w.grad.defined() ? take_grad_write(ctx, w) : GradWrite::kAccumulate;
+  const GradWrite write = take_grad_write(ctx, w);
   if (fp8) {
     fp8->backward(ctx, dinp, w.grad, dbias, dout, inp, w.compute, write);
     return;

@@ -230,7 +230,7 @@ bool grad_overwrite_checks() { return overwrite_checks().load(std::memory_order_
 void set_grad_overwrite_checks(bool on) { overwrite_checks().store(on, std::memory_order_relaxed); }
 
 GradWrite take_grad_write(const DeviceContext& ctx, Parameter& p) {
-  if (!p.grad_zero) return GradWrite::kAccumulate;
+  if (!p.grad_zero || !p.grad.defined()) return GradWrite::kAccumulate;
   p.grad_zero = false;
   check_zero(ctx, p);
   return GradWrite::kOverwrite;

@@ -246,6 +246,16 @@ TEST(ParameterSet, FirstWriteOfAStepStoresTheWeightGradient) {
   EXPECT_FALSE(wte.grad_zero);
   EXPECT_EQ(take_grad_write(*ctx, wte), GradWrite::kAccumulate);
 
+  // A parameter without a gradient bound (inference, ZeRO-2/3 outside its bucket's backward): nothing is
+  // written, kAccumulate, and the mark stays.
+  ParameterSet nograd;
+  Linear lin2(nograd, "fc2", 4, 3, false, 0.5f);
+  nograd.allocate(*ctx, DType::kF32, DType::kF32, /*with_grads=*/false);
+  nograd.mark_grads_zero();
+  Parameter& w2 = *nograd.find("fc2.weight");
+  EXPECT_EQ(take_grad_write(*ctx, w2), GradWrite::kAccumulate);
+  EXPECT_TRUE(w2.grad_zero);
+
   // The debugging check: a marked gradient that holds a non-zero fails, naming the parameter.
   const bool checks = grad_overwrite_checks();
   set_grad_overwrite_checks(true);
