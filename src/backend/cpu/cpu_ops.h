@@ -106,6 +106,10 @@ bool matmul_caches_shapes(DType dt);
 // How many of those primitives are cached now, and the most that are kept (least recently used dropped).
 size_t matmul_cached_primitives();
 size_t matmul_max_cached_primitives();
+// How many primitives have been built since the process started (each cache miss builds one; a shape
+// dropped from the cache and asked for again is built again). Tests count new shapes with it: the cached
+// count stops growing once the cache is full.
+size_t matmul_built_primitives();
 // Whether oneDNN runs bf16 products on AMX here (its effective ISA, which DNNL_MAX_CPU_ISA can lower): some
 // of matmul.cpp's kernel choices differ by it. Fixed for the process.
 bool matmul_uses_amx();

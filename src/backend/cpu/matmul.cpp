@@ -201,6 +201,11 @@ class DnnlRuntime {
     return packed_products_;
   }
 
+  size_t built_primitives() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return built_;
+  }
+
   // C (M, N) [+]= A (M, K) · B (K, N) [+ bias (1, N)], A and B described by strides, C row-major.
   void gemm(const GemmKey& key, const void* a, const void* b, void* c, const void* bias) {
     if (key.ta == DType::kF32 && key.tb == DType::kF32 && key.tc == DType::kF32 && !key.bias) {
@@ -248,6 +253,7 @@ class DnnlRuntime {
       return it->second.gemm;
     }
     Gemm g = build(key);
+    ++built_;
     if (cache_.size() >= kMaxPrimitives) {
       cache_.erase(lru_.back());
       lru_.pop_back();
@@ -343,6 +349,7 @@ class DnnlRuntime {
   std::unique_ptr<uint16_t, FreeDeleter> packed_;
   size_t packed_bytes_ = 0;
   size_t packed_products_ = 0;
+  size_t built_ = 0;
 };
 
 // oneDNN's matmul primitive takes bf16 (AMX / AVX512-BF16); f16 needs AVX512-FP16 + AMX-FP16 kernels this
@@ -429,6 +436,8 @@ bool matmul_uses_avx512_bf16() {
 }
 
 size_t matmul_max_cached_primitives() { return DnnlRuntime::kMaxPrimitives; }
+
+size_t matmul_built_primitives() { return DnnlRuntime::get().built_primitives(); }
 
 size_t matmul_packed_products() { return DnnlRuntime::get().packed_products(); }
 

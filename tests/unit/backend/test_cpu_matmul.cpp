@@ -158,7 +158,7 @@ TEST(CpuMatmul, Bf16LongReductionInputGradients) {
   if (!cpu::matmul_caches_shapes(DType::kBF16)) GTEST_SKIP() << "bf16 runs without cached primitives on this CPU";
   const int64_t N = 2048, K = 64;  // weight (N, K); the product's reduction runs over N, 32x its width K
   const Tensor wf = randn({N, K}, 21), w = to_bf16(wf), wr = bf16_rounded(wf);
-  const size_t cached_before = cpu::matmul_cached_primitives();
+  const size_t built_before = cpu::matmul_built_primitives();
   for (int64_t M : {256, 300, 1000}) {
     const Tensor df = randn({M, N}, 22), dout = to_bf16(df), dr = bf16_rounded(df);
     std::vector<double> ref(size_t(M * K), 0.0);
@@ -177,7 +177,7 @@ TEST(CpuMatmul, Bf16LongReductionInputGradients) {
     omp_set_num_threads(2);
     EXPECT_TRUE(outs[0] == outs[1] && outs[0] == outs[2]) << "M=" << M << ": bits depend on the thread count";
   }
-  EXPECT_EQ(cpu::matmul_cached_primitives(), cached_before + 1) << "one runtime-row primitive for every M";
+  EXPECT_EQ(cpu::matmul_built_primitives(), built_before + 1) << "one runtime-row primitive for every M";
 }
 
 // bf16 weight gradients dW += dout^T · x over more than 512 tokens (GPT-2's and Llama's linears) also run
@@ -217,9 +217,9 @@ void check_bf16_weight_gradient(DeviceContext& ctx, int64_t N, int64_t K, int64_
 TEST(CpuMatmul, Bf16LargeWeightGradients) {
   auto ctx = make_cpu_context();
   if (!cpu::matmul_caches_shapes(DType::kBF16)) GTEST_SKIP() << "bf16 runs without cached primitives on this CPU";
-  const size_t cached_before = cpu::matmul_cached_primitives();
+  const size_t built_before = cpu::matmul_built_primitives();
   for (int64_t M : {1024, 1100}) check_bf16_weight_gradient(*ctx, 1024, 1024, M, 30, 37);  // 2^20 outputs
-  EXPECT_EQ(cpu::matmul_cached_primitives(), cached_before + 1) << "one runtime-reduction primitive for every M";
+  EXPECT_EQ(cpu::matmul_built_primitives(), built_before + 1) << "one runtime-reduction primitive for every M";
 }
 
 // Large weight gradients over a few hundred tokens (MoE expert groups, short steps): on CPUs without AMX they
@@ -228,9 +228,9 @@ TEST(CpuMatmul, Bf16LargeWeightGradients) {
 TEST(CpuMatmul, Bf16LargeWeightGradientsOverFewTokens) {
   auto ctx = make_cpu_context();
   if (!cpu::matmul_caches_shapes(DType::kBF16)) GTEST_SKIP() << "bf16 runs without cached primitives on this CPU";
-  const size_t cached_before = cpu::matmul_cached_primitives();
+  const size_t built_before = cpu::matmul_built_primitives();
   for (int64_t M : {128, 300, 512}) check_bf16_weight_gradient(*ctx, 3072, 1024, M, 40, 97);  // 3 x 2^20 outputs
-  EXPECT_EQ(cpu::matmul_cached_primitives(), cached_before + (cpu::matmul_uses_amx() ? 3 : 1))
+  EXPECT_EQ(cpu::matmul_built_primitives(), built_before + (cpu::matmul_uses_amx() ? 3 : 1))
       << (cpu::matmul_uses_amx() ? "one brgemm primitive per token count" : "one runtime-reduction primitive");
 }
 
@@ -253,7 +253,9 @@ TEST(CpuMatmul, Bf16PrimitiveCacheIsBounded) {
     ASSERT_LE(cpu::matmul_cached_primitives(), size_t(max)) << "after M = " << M;
   }
   EXPECT_EQ(cpu::matmul_cached_primitives(), size_t(max));
+  const size_t built = cpu::matmul_built_primitives();
   const Tensor again = product(1);  // M = 1's primitive was the least recently used: dropped, built again
+  EXPECT_EQ(cpu::matmul_built_primitives(), built + 1);
   EXPECT_EQ(std::memcmp(first.raw(), again.raw(), size_t(first.nbytes())), 0);
 }
 
