@@ -16,13 +16,22 @@
 # iteration; ms = median of the timed ones. MOE_BENCH_REPEATS (1) > 1 runs every pair that many times,
 # alternating Loom and PyTorch, and reports the median of the per-run medians with their range.
 #
+# Next to them, the experts' GEMM ceiling (when $CEILING_BIN exists): loom_bench_ceiling times the six products
+# of one expert (fc1 = gate and up projections together, fc2 = down; forward, input gradient, weight gradient)
+# over the mean group of N·k/E rows at oneDNN's best variant, with the weights hot in cache; E times that is
+# what the layer's expert GEMMs take at best, before routing, activation, permutation, or the cold weights
+# of the real layer (the groups' sizes vary around the mean: an approximation). The report gives Loom's
+# fraction of it and the fraction a 2x-faster-than-PyTorch layer would need; above 100% no implementation on
+# these GEMMs can be twice as fast as PyTorch on this machine.
+#
 # PyTorch runs at its best: its fp32 matmuls on the fastest OPENBLAS_CORETYPE (bench/torch_coretype.sh's
 # probe) and with OMP_WAIT_POLICY=passive. Debian's torch runs its own ops on OpenMP threads and its fp32
 # matmuls on OpenBLAS's pthreads; with the default (active) policy the OpenMP workers keep spinning on the
 # cores OpenBLAS's threads need after every parallel region, and the fp32 MoE block takes ~2.5x as long
 # (mixtral-512: ~1,300 ms against ~520 ms; bf16, on oneDNN's OpenMP, is unaffected). Loom keeps the default.
 #
-# Environment: LOOM_MOE_BIN [build/bench/loom_bench_moe] PYTHON [/usr/bin/python3] BENCH_THREADS [2]
+# Environment: LOOM_MOE_BIN [build/bench/loom_bench_moe] CEILING_BIN [build/bench/loom_bench_ceiling]
+#   PYTHON [/usr/bin/python3] BENCH_THREADS [2]
 #   MOE_BENCH_SHAPES MOE_BENCH_PRECISIONS MOE_BENCH_WARMUP MOE_BENCH_STEPS MOE_BENCH_REPEATS
 #   MOE_BENCH_OUT [out/moe_bench_latest.md] BENCH_TORCH_CORETYPE [auto] (see bench/torch_coretype.sh)
 #   BENCH_TORCH_OMP_WAIT_POLICY [passive] (PyTorch's OMP_WAIT_POLICY; "unset" leaves the environment's)
@@ -32,6 +41,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-/usr/bin/python3}"
 LOOM_MOE_BIN="${LOOM_MOE_BIN:-$ROOT/build/bench/loom_bench_moe}"
+CEILING_BIN="${CEILING_BIN:-$(dirname "$LOOM_MOE_BIN")/loom_bench_ceiling}"
 THREADS="${BENCH_THREADS:-2}"
 SHAPES="${MOE_BENCH_SHAPES:-mixtral-512 mixtral-2048 fine-2048}"
 PRECISIONS="${MOE_BENCH_PRECISIONS:-fp32 bf16}"
@@ -40,6 +50,8 @@ STEPS="${MOE_BENCH_STEPS:-5}"
 REPEATS="${MOE_BENCH_REPEATS:-1}"
 MD_OUT="${MOE_BENCH_OUT:-$ROOT/out/moe_bench_latest.md}"
 
+[[ -x "$CEILING_BIN" ]] ||
+  echo "[moe-bench] WARNING: $CEILING_BIN missing (cmake --build build --target loom_bench_ceiling): no GEMM ceiling in the report" >&2
 [[ -x "$LOOM_MOE_BIN" ]] ||
   { echo "[moe-bench] ERROR: $LOOM_MOE_BIN not found (cmake --build build --target loom_bench_moe; or set LOOM_MOE_BIN)" >&2; exit 1; }
 "$PYTHON" -c "import torch" 2>/dev/null ||
@@ -72,6 +84,15 @@ def agg(shape, prec, impl):
 f = lambda x: f"{x:,.1f}"
 out = ["| shape | precision | Loom ms | PyTorch ms | Loom GFLOP/s | PyTorch GFLOP/s | speed (PyTorch / Loom) | target >= 2x |",
        "|---|---|---:|---:|---:|---:|---:|---|"]
+ceil_rows = []
+for shape, prec in runs:
+    ce = next((r for r in rows if r["shape"] == shape and r["precision"] == prec and r["impl"] == "ceiling"), None)
+    lo, pt = agg(shape, prec, "loom"), agg(shape, prec, "pytorch")
+    if ce and not ce.get("failed") and lo and pt:
+        need = pt["ms"] / 2
+        frac = ce["experts_ms"] / need
+        ceil_rows.append(f"| {shape} | {prec} | {ce['rows']} | {f(ce['experts_ms'])} | {ce['experts_ms'] / lo['ms']:.0%} "
+                         f"| {f(need)} | {frac:.0%} | {'beyond the ceiling' if frac > 1 else 'within it'} |")
 for shape, prec in runs:
     lo, pt = agg(shape, prec, "loom"), agg(shape, prec, "pytorch")
     cell = lambda a: "FAILED" if a is None else f"{f(a['ms'])} ({f(a['lo'])}-{f(a['hi'])})"
@@ -95,6 +116,11 @@ if reps > 1:
         if lo and pt:
             out.append(f"- {shape} {prec}: " + ", ".join(f(x) for x in lo["meds"]) + " / "
                        + ", ".join(f(x) for x in pt["meds"]))
+if ceil_rows:
+    out += ["", "The experts' GEMM ceiling (E x one expert's six products over the mean group, weights hot; see the script's "
+            "header) against Loom and against what 2x PyTorch would take:", "",
+            "| shape | precision | rows per expert | expert GEMMs at the ceiling ms | Loom of it | 2x PyTorch needs ms "
+            "| 2x needs of the ceiling | |", "|---|---|---:|---:|---:|---:|---:|---|"] + ceil_rows
 phases = ["router_fwd", "permute_fwd", "experts_fwd", "unpermute_fwd", "unpermute_bwd", "experts_bwd",
           "permute_bwd", "router_bwd"]
 out += ["", "Loom by phase (median ms over the timed iterations; of the first run when repeated):", "",
@@ -136,6 +162,30 @@ record() {  # IMPL SHAPE PREC LOG STATUS
   fi
 }
 
+# The experts' GEMM ceiling of SHAPE in PREC (see the header), one JSON record in $RESULTS.
+ceiling() {  # SHAPE PREC --tokens N --hidden C --ffn F --experts E --topk K
+  local shape="$1" prec="$2" n c f e k
+  shift 2
+  while (($#)); do
+    case "$1" in --tokens) n="$2" ;; --hidden) c="$2" ;; --ffn) f="$2" ;; --experts) e="$2" ;; --topk) k="$2" ;; esac
+    shift 2
+  done
+  local rows=$(((n * k + e - 1) / e)) dt=f32 log="$WORK/ceiling_${shape}_${prec}.log"
+  [[ "$prec" == bf16 ]] && dt=bf16
+  echo "[moe-bench] $shape $prec: expert GEMM ceiling, OMP_NUM_THREADS=$THREADS $CEILING_BIN --dtype $dt --batch 1 --seq $rows --hidden $c --ffn $f --glu --layers 1 --heads 8 --vocab 1024 --reps 5"
+  if OMP_NUM_THREADS="$THREADS" "$CEILING_BIN" --dtype "$dt" --batch 1 --seq "$rows" --hidden "$c" --ffn "$f" --glu \
+      --layers 1 --heads 8 --vocab 1024 --reps 5 >"$log" 2>"$log.table" && grep -q '^{' "$log"; then
+    "$PYTHON" -c '
+import json, sys
+r = json.loads([l for l in open(sys.argv[1]) if l.startswith("{")][-1])
+ms = sum(p["ms"] for p in r["products"] if p["name"].split()[0] in ("fc1", "fc2"))
+print(json.dumps({"shape": sys.argv[2], "precision": sys.argv[3], "impl": "ceiling", "rows": int(sys.argv[4]),
+                  "experts_ms": ms * int(sys.argv[5])}))' "$log" "$shape" "$prec" "$rows" "$e" | tee -a "$RESULTS"
+  else
+    echo "[moe-bench] WARNING: the ceiling probe failed for $shape $prec:" >&2; tail -n 5 "$log.table" >&2
+  fi
+}
+
 for shape in $SHAPES; do
   read -r -a sizes <<<"$(shape_args "$shape")"
   for prec in $PRECISIONS; do
@@ -144,6 +194,9 @@ for shape in $SHAPES; do
       bf16) loom_prec=(--dtype bf16) torch_prec=(--bf16) ;;
       *) echo "[moe-bench] ERROR: unknown precision '$prec' (fp32 | bf16)" >&2; exit 1 ;;
     esac
+    if [[ -x "$CEILING_BIN" ]]; then
+      ceiling "$shape" "$prec" "${sizes[@]}"
+    fi
     for ((rep = 1; rep <= REPEATS; ++rep)); do
       log="$WORK/loom_${shape}_${prec}_$rep.log"
       echo "[moe-bench] $shape $prec run $rep/$REPEATS: OMP_NUM_THREADS=$THREADS $LOOM_MOE_BIN ${sizes[*]} ${loom_prec[*]} --warmup $WARMUP --steps $STEPS"

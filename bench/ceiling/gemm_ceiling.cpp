@@ -11,13 +11,16 @@
 // Variants timed per product (the fastest is the ceiling):
 //   f32:  dnnl_sgemm on all threads; the matmul primitive with plain (strided) operands
 //   bf16: the matmul primitive with plain operands, and with the weight operand in the layout oneDNN
-//         prefers (format_tag::any; the one-off reorder is not timed), f32 output for weight gradients
-//         (accumulated with a sum post-op, as Loom accumulates its f32 main grads), bf16 otherwise; with a
-//         runtime row count for products with a row-major A that overwrite C, and with a runtime
-//         reduction for weight gradients (both run oneDNN's gemm:jit instead of brgemm)
+//         prefers (format_tag::any; the one-off reorder is not timed), f32 output for weight gradients,
+//         bf16 otherwise; with a runtime row count for products with a row-major A that overwrite C, and
+//         with a runtime reduction for weight gradients (both run oneDNN's gemm:jit instead of brgemm)
+// Weight gradients are timed adding into the f32 main grad (a sum post-op; sgemm's beta 1) and storing it
+// (Loom stores on a step's first write of each weight gradient, adds on later micro-batches): the faster
+// counts, as for any other variant.
 // Attention products are timed as batched matmuls over B x heads with the full T x T score matrix; the
 // causal half of that time is what the ceiling charges (the bench's FLOP formula counts causal work).
-// Prints a table on stderr and one JSON line on stdout: {"dtype", "threads", "ceiling_ms", "flop", "ceiling_gflops"}.
+// Prints a table on stderr and one JSON line on stdout: {"dtype", "threads", "ceiling_ms", "flop", "ceiling_gflops",
+// "products": [{"name", "ms" (best, one product), "count" (per step), "flop" (one product)}, ...]}.
 #include <dnnl.h>
 #include <omp.h>
 
@@ -169,8 +172,9 @@ struct Runner {
   // runtime: 'M' or 'K' described as a runtime dimension (oneDNN 2.6 then runs its gemm-based kernel,
   // gemm:jit, instead of brgemm; Loom does so for long-reduction input gradients and large weight
   // gradients), executed with the real size; batch 1 only.
+  // add: C += (the sum post-op), else C = ; weight gradients are timed both ways.
   double primitive(const Product& p, memory::data_type in, memory::data_type out, bool weights_any, int reps,
-                   char runtime = 0) {
+                   char runtime, bool add) {
     const memory::desc a = strided(p.batch, p.M, p.K, p.ta, in);
     const memory::desc b_plain = strided(p.batch, p.K, p.N, p.tb, in);
     const memory::desc b = weights_any ? memory::desc(b_plain.dims(), in, memory::format_tag::any) : b_plain;
@@ -184,7 +188,7 @@ struct Runner {
     const memory::desc pb = runtime ? memory::desc({rk, p.N}, in, sb) : b;
     const memory::desc pc = runtime ? memory::desc({rm, p.N}, out, memory::dims{p.N, 1}) : c;
     dnnl::primitive_attr attr;
-    if (p.accumulate) {
+    if (add) {
       dnnl::post_ops po;
       po.append_sum(1.0f);
       attr.set_post_ops(po);
@@ -204,7 +208,7 @@ struct Runner {
 };
 
 // f32 through dnnl_sgemm (row-major, all threads; batched products: one sgemm per batch entry).
-double sgemm(const Product& p, int reps) {
+double sgemm(const Product& p, int reps, bool add) {
   const size_t a_n = size_t(p.M * p.K), b_n = size_t(p.K * p.N), c_n = size_t(p.M * p.N);
   Buffer Ab(4 * a_n * size_t(p.batch)), Bb(4 * b_n * size_t(p.batch)), Cb(4 * c_n * size_t(p.batch));
   const float* A = reinterpret_cast<const float*>(Ab.p);
@@ -213,8 +217,8 @@ double sgemm(const Product& p, int reps) {
   const int64_t lda = p.ta ? p.M : p.K, ldb = p.tb ? p.K : p.N;
   return time_ms(reps, [&] {
     if (p.batch == 1) {
-      dnnl_sgemm(p.ta ? 'T' : 'N', p.tb ? 'T' : 'N', p.M, p.N, p.K, 1.0f, A, lda, B, ldb, p.accumulate ? 1.0f : 0.0f,
-                 C, p.N);
+      dnnl_sgemm(p.ta ? 'T' : 'N', p.tb ? 'T' : 'N', p.M, p.N, p.K, 1.0f, A, lda, B, ldb, add ? 1.0f : 0.0f, C,
+                 p.N);
       return;
     }
 #pragma omp parallel for schedule(static)
@@ -237,6 +241,7 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "%-13s %6s %6s %6s %6s %5s  %9s %9s  %s\n", "product", "batch", "M", "N", "K", "count",
                "best ms", "GFLOP/s", "variant");
   double total_ms = 0, total_flop = 0;
+  std::string products;  // the JSON line's per-product list
   for (const Product& p : step_products(a)) {
     double best = 1e300;
     std::string how;
@@ -248,19 +253,29 @@ int main(int argc, char** argv) {
       variants += buf;
     };
     if (bf16) {
-      const auto out = p.accumulate ? memory::data_type::f32 : memory::data_type::bf16;
-      consider(r.primitive(p, memory::data_type::bf16, out, false, a.reps), "matmul plain");
-      if (p.weight_b) consider(r.primitive(p, memory::data_type::bf16, out, true, a.reps), "matmul blocked B");
+      const auto bf = memory::data_type::bf16;
+      const auto out = p.accumulate ? memory::data_type::f32 : bf;
+      consider(r.primitive(p, bf, out, false, a.reps, 0, p.accumulate), "matmul plain");
+      if (p.weight_b) consider(r.primitive(p, bf, out, true, a.reps, 0, false), "matmul blocked B");
       if (p.batch == 1 && !p.ta && !p.accumulate)
-        consider(r.primitive(p, memory::data_type::bf16, out, false, a.reps, 'M'), "matmul runtime M");
-      if (p.batch == 1 && p.accumulate)
-        consider(r.primitive(p, memory::data_type::bf16, out, false, a.reps, 'K'), "matmul runtime K");
+        consider(r.primitive(p, bf, out, false, a.reps, 'M', false), "matmul runtime M");
+      if (p.batch == 1 && p.accumulate) {
+        consider(r.primitive(p, bf, out, false, a.reps, 'K', true), "matmul runtime K");
+        consider(r.primitive(p, bf, out, false, a.reps, 0, false), "matmul plain, stored");
+        consider(r.primitive(p, bf, out, false, a.reps, 'K', false), "matmul runtime K, stored");
+      }
     } else {
-      consider(sgemm(p, a.reps), "sgemm");
-      consider(r.primitive(p, memory::data_type::f32, memory::data_type::f32, false, a.reps), "matmul plain");
+      consider(sgemm(p, a.reps, p.accumulate), "sgemm");
+      if (p.accumulate) consider(sgemm(p, a.reps, false), "sgemm, stored");
+      consider(r.primitive(p, memory::data_type::f32, memory::data_type::f32, false, a.reps, 0, p.accumulate),
+               "matmul plain");
     }
     total_ms += best * p.count;
     total_flop += flops(p) * p.count;
+    char item[160];
+    std::snprintf(item, sizeof item, "%s{\"name\": \"%s\", \"ms\": %.4f, \"count\": %.1f, \"flop\": %.0f}",
+                  products.empty() ? "" : ", ", p.name.c_str(), best, p.count, flops(p));
+    products += item;
     std::fprintf(stderr, "%-13s %6lld %6lld %6lld %6lld %5.1f  %9.3f %9.1f  %s\n", p.name.c_str(),
                  (long long)p.batch, (long long)p.M, (long long)p.N, (long long)p.K, p.count, best,
                  flops(p) / best / 1e6, (a.all ? variants : how).c_str());
@@ -268,7 +283,9 @@ int main(int argc, char** argv) {
   // A full training step runs each product's forward, input-gradient and weight-gradient GEMMs once.
   std::fprintf(stderr, "GEMMs of one step at the ceiling: %.1f ms for %.1f GFLOP = %.1f GFLOP/s\n", total_ms,
                total_flop / 1e9, total_flop / total_ms / 1e6);
-  std::printf("{\"dtype\": \"%s\", \"threads\": %d, \"ceiling_ms\": %.3f, \"flop\": %.0f, \"ceiling_gflops\": %.2f}\n",
-              a.dtype.c_str(), omp_get_max_threads(), total_ms, total_flop, total_flop / total_ms / 1e6);
+  std::printf(
+      "{\"dtype\": \"%s\", \"threads\": %d, \"ceiling_ms\": %.3f, \"flop\": %.0f, \"ceiling_gflops\": %.2f, "
+      "\"products\": [%s]}\n",
+      a.dtype.c_str(), omp_get_max_threads(), total_ms, total_flop, total_flop / total_ms / 1e6, products.c_str());
   return 0;
 }
