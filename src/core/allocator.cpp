@@ -1,15 +1,86 @@
 #include "loom/core/allocator.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
+#include <mutex>
 #include <new>
+#include <unordered_map>
+#include <vector>
 
 #include "loom/core/check.h"
 
 namespace loom {
 
+namespace {
+
+void* aligned_block(size_t bytes) { return std::aligned_alloc(64, bytes == 0 ? 64 : bytes); }
+
+size_t large_class(size_t bytes) {
+  return (bytes + CpuAllocator::kLargeGranule - 1) / CpuAllocator::kLargeGranule * CpuAllocator::kLargeGranule;
+}
+
+int64_t default_cache_limit() {
+  if (const char* e = std::getenv("LOOM_CPU_ALLOC_CACHE_MB")) {
+    char* end = nullptr;
+    const long long mb = std::strtoll(e, &end, 10);
+    LOOM_CHECK(end != e && *end == '\0' && mb >= 0, "[allocator] LOOM_CPU_ALLOC_CACHE_MB='", e,
+               "': expected a number of MiB >= 0 (0 turns the CPU allocator's cache off)");
+    return int64_t(mb) << 20;
+  }
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  const int64_t eighth = pages > 0 && page > 0 ? int64_t(pages) * int64_t(page) / 8 : int64_t(1) << 30;
+  return std::min<int64_t>(int64_t(4) << 30, eighth);
+}
+
+bool default_poison() {
+  const char* e = std::getenv("LOOM_CPU_ALLOC_POISON");
+  return e && std::strcmp(e, "1") == 0;
+}
+
+}  // namespace
+
+struct CpuAllocator::Cache {
+  mutable std::mutex mu;
+  std::unordered_map<size_t, std::vector<void*>> free;  // class size -> cached blocks
+  int64_t cached = 0;
+  int64_t limit = default_cache_limit();
+  std::atomic<bool> poison{default_poison()};
+};
+
+CpuAllocator::CpuAllocator() : cache_(new Cache) {}
+
+CpuAllocator::~CpuAllocator() {
+  release_cached_locked();
+  delete cache_;
+}
+
 void* CpuAllocator::allocate(size_t bytes) {
   const size_t rounded = (bytes + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+  void* p = nullptr;
+  const bool large = rounded >= kCacheMin;
+  if (large) {
+    const size_t cls = large_class(rounded);
+    {
+      std::lock_guard<std::mutex> lock(cache_->mu);
+      auto it = cache_->free.find(cls);
+      if (it != cache_->free.end() && !it->second.empty()) {
+        p = it->second.back();
+        it->second.pop_back();
+        cache_->cached -= int64_t(cls);
+      }
+    }
+    if (!p) p = aligned_block(cls);
+    if (!p) {  // out of memory: give the cache back to the system and try once more
+      empty_cache();
+      p = aligned_block(cls);
+    }
+    if (p && cache_->poison.load(std::memory_order_relaxed)) std::memset(p, 0xFF, rounded);
+  } else {
+    p = aligned_block(rounded);
+  }
   if (!p) throw std::bad_alloc();
   const int64_t cur = current_.fetch_add(int64_t(bytes)) + int64_t(bytes);
   int64_t peak = peak_.load();
@@ -21,28 +92,76 @@ void* CpuAllocator::allocate(size_t bytes) {
 
 void CpuAllocator::deallocate(void* p, size_t bytes) {
   if (!p) return;
-  std::free(p);
   current_.fetch_sub(int64_t(bytes));
+  const size_t rounded = (bytes + 63) / 64 * 64;
+  if (rounded >= kCacheMin) {
+    const size_t cls = large_class(rounded);
+    std::lock_guard<std::mutex> lock(cache_->mu);
+    if (cache_->cached + int64_t(cls) <= cache_->limit) {
+      cache_->free[cls].push_back(p);
+      cache_->cached += int64_t(cls);
+      return;
+    }
+  }
+  std::free(p);
 }
 
 AllocStats CpuAllocator::stats() const {
   AllocStats s;
   s.current_bytes = current_.load();
   s.peak_bytes = peak_.load();
-  s.reserved_bytes = s.current_bytes;
+  s.reserved_bytes = s.current_bytes + cached_bytes();
   s.num_allocs = count_.load();
   return s;
 }
 
 void CpuAllocator::reset_peak() { peak_.store(current_.load()); }
 
+void CpuAllocator::empty_cache() {
+  std::lock_guard<std::mutex> lock(cache_->mu);
+  release_cached_locked();
+}
+
+void CpuAllocator::release_cached_locked() {
+  for (auto& [cls, blocks] : cache_->free) {
+    for (void* b : blocks) std::free(b);
+    cache_->cached -= int64_t(cls) * int64_t(blocks.size());
+    blocks.clear();
+  }
+}
+
+int64_t CpuAllocator::cached_bytes() const {
+  std::lock_guard<std::mutex> lock(cache_->mu);
+  return cache_->cached;
+}
+
+int64_t CpuAllocator::cache_limit() const {
+  std::lock_guard<std::mutex> lock(cache_->mu);
+  return cache_->limit;
+}
+
+void CpuAllocator::set_cache_limit(int64_t bytes) {
+  std::lock_guard<std::mutex> lock(cache_->mu);
+  cache_->limit = std::max<int64_t>(0, bytes);
+  if (cache_->cached > cache_->limit) release_cached_locked();
+}
+
+bool CpuAllocator::poison() const { return cache_->poison.load(); }
+
+void CpuAllocator::set_poison(bool on) { cache_->poison.store(on); }
+
 namespace {
 Allocator* g_cuda_allocator = nullptr;
 }
 
+CpuAllocator& cpu_allocator() {
+  // Never destroyed: tensors in other static objects may be freed after it would be.
+  static CpuAllocator* const instance = new CpuAllocator;
+  return *instance;
+}
+
 Allocator& allocator_for(Device d) {
-  static CpuAllocator cpu;
-  if (d.type == DeviceType::kCPU) return cpu;
+  if (d.type == DeviceType::kCPU) return cpu_allocator();
   LOOM_CHECK(g_cuda_allocator != nullptr, "[allocator] no allocator registered for ", d.str(),
              " (create its DeviceContext first)");
   return *g_cuda_allocator;

@@ -26,19 +26,56 @@ class Allocator {
   virtual void reset_peak() = 0;
 };
 
-// 64-byte aligned host memory, counted.
+// 64-byte aligned host memory, counted. Blocks of at least kCacheMin bytes are cached: glibc's malloc
+// serves blocks over 32 MiB (and, after heap trimming, smaller ones too) with fresh mmap'd pages and gives
+// them back on free, so a step that allocates the same large temporaries every time (a mixture-of-experts
+// layer's permuted rows and expert activations) page-faults and zeroes all of them again each step:
+// 8-25k faults and 5-6% of an MoE layer's forward + backward on a 2-core VM (bench/RESULTS.md). A freed
+// large block is kept in a free list of its size class (a multiple of kLargeGranule) and handed out again
+// for a request of exactly that class, as the CUDA allocator does; at most cache_limit() bytes are kept
+// (a block that would go past it is freed), and the whole cache is released and the allocation retried
+// when the system has no memory left. Handed-out memory is uninitialised either way (fresh mmap'd pages
+// happen to read as zeros, reused blocks hold old data); with LOOM_CPU_ALLOC_POISON=1 every large block is
+// filled with 0xFF bytes (NaN as f32/bf16/f16) when handed out, to catch code that reads memory it did not
+// write. Thread-safe.
 class CpuAllocator final : public Allocator {
  public:
+  static constexpr size_t kCacheMin = size_t(1) << 20;
+  static constexpr size_t kLargeGranule = size_t(2) << 20;
+
+  CpuAllocator();
+  CpuAllocator(const CpuAllocator&) = delete;
+  CpuAllocator& operator=(const CpuAllocator&) = delete;
+  ~CpuAllocator() override;
+
   void* allocate(size_t bytes) override;
   void deallocate(void* p, size_t bytes) override;
+  // current/peak count requested bytes of live blocks; reserved adds the cached blocks (at class size).
   AllocStats stats() const override;
   void reset_peak() override;
 
+  // Frees every cached block. Live blocks are untouched.
+  void empty_cache();
+  int64_t cached_bytes() const;
+  // The most bytes the cache keeps: LOOM_CPU_ALLOC_CACHE_MB (0 turns caching off), default the smaller of
+  // 4 GiB and an eighth of the machine's memory. set_cache_limit changes it (tests; frees what is over).
+  int64_t cache_limit() const;
+  void set_cache_limit(int64_t bytes);
+  // Whether large blocks are filled with 0xFF when handed out (LOOM_CPU_ALLOC_POISON=1; tests may switch it).
+  bool poison() const;
+  void set_poison(bool on);
+
  private:
+  void release_cached_locked();
+
   std::atomic<int64_t> current_{0}, peak_{0}, count_{0};
+  struct Cache;
+  Cache* cache_;  // the free lists (allocator.cpp)
 };
 
 Allocator& allocator_for(Device d);
+// The process's CPU allocator (what allocator_for(cpu) returns).
+CpuAllocator& cpu_allocator();
 // Called once by a device backend when it starts; the allocator must outlive all its tensors.
 void register_allocator(DeviceType type, Allocator* alloc);
 

@@ -4,11 +4,14 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "loom/core/allocator.h"
@@ -301,6 +304,95 @@ TEST(CoreAllocator, CurrentPeakAndCountAccounting) {
   EXPECT_NE(z, nullptr);
   a.deallocate(z, 0);
   EXPECT_THROW(allocator_for(Device{DeviceType::kCUDA, 0}), Error);  // nothing registered in this test
+}
+
+// Large blocks (>= kCacheMin) are cached per 2 MiB class and handed out again for a request of the same
+// class (no fresh pages to fault in and zero every step); reserved counts the cache; a block past the
+// limit is freed; empty_cache gives everything back; small blocks are not cached.
+TEST(CoreAllocator, CpuCachesLargeBlocksPerSizeClass) {
+  CpuAllocator a;
+  a.set_cache_limit(int64_t(64) << 20);
+  a.set_poison(false);
+  const size_t mb = size_t(1) << 20;
+  void* p = a.allocate(3 * mb + 100);  // class 4 MiB
+  std::memset(p, 0x5A, 3 * mb + 100);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u);
+  a.deallocate(p, 3 * mb + 100);
+  EXPECT_EQ(a.cached_bytes(), int64_t(4 * mb));
+  EXPECT_EQ(a.stats().current_bytes, 0);
+  EXPECT_EQ(a.stats().reserved_bytes, int64_t(4 * mb));
+  void* q = a.allocate(4 * mb);  // same class: the same block, old contents and all
+  EXPECT_EQ(q, p);
+  EXPECT_EQ(static_cast<unsigned char*>(q)[12345], 0x5A);
+  EXPECT_EQ(a.cached_bytes(), 0);
+  EXPECT_EQ(a.stats().current_bytes, int64_t(4 * mb));
+  void* r = a.allocate(5 * mb);  // another class: a new block
+  EXPECT_NE(r, q);
+  a.deallocate(q, 4 * mb);
+  a.deallocate(r, 5 * mb);
+  EXPECT_EQ(a.cached_bytes(), int64_t(10 * mb));
+  EXPECT_EQ(a.stats().reserved_bytes, int64_t(10 * mb));
+
+  void* small = a.allocate(mb - 64);  // under kCacheMin: straight to and from malloc
+  a.deallocate(small, mb - 64);
+  EXPECT_EQ(a.cached_bytes(), int64_t(10 * mb));
+
+  void* big = a.allocate(60 * mb);  // 60 MiB would take the cache past its 64 MiB: freed, not kept
+  a.deallocate(big, 60 * mb);
+  EXPECT_EQ(a.cached_bytes(), int64_t(10 * mb));
+  a.empty_cache();
+  EXPECT_EQ(a.cached_bytes(), 0);
+  EXPECT_EQ(a.stats().reserved_bytes, 0);
+
+  a.set_cache_limit(0);  // off: every block goes back
+  void* s = a.allocate(8 * mb);
+  a.deallocate(s, 8 * mb);
+  EXPECT_EQ(a.cached_bytes(), 0);
+  EXPECT_EQ(a.stats().num_allocs, 6);
+}
+
+// With poisoning on (LOOM_CPU_ALLOC_POISON=1, or set_poison), every large block is handed out filled with
+// 0xFF, fresh or reused: code that reads memory it did not write sees NaNs instead of zeros or old data.
+TEST(CoreAllocator, CpuPoisonFillsLargeBlocks) {
+  CpuAllocator a;
+  a.set_cache_limit(int64_t(64) << 20);
+  a.set_poison(true);
+  const size_t n = (size_t(2) << 20) / sizeof(float);
+  auto* f = static_cast<float*>(a.allocate(n * sizeof(float)));
+  EXPECT_TRUE(std::isnan(f[0]) && std::isnan(f[n / 2]) && std::isnan(f[n - 1]));
+  std::fill(f, f + n, 1.0f);
+  a.deallocate(f, n * sizeof(float));
+  auto* g = static_cast<float*>(a.allocate(n * sizeof(float)));
+  EXPECT_EQ(static_cast<void*>(g), static_cast<void*>(f));  // the cached block, poisoned again
+  EXPECT_TRUE(std::isnan(g[0]) && std::isnan(g[n - 1]));
+  a.deallocate(g, n * sizeof(float));
+}
+
+// The process's CPU allocator is shared by every thread: concurrent large allocations and frees keep the
+// accounting exact and never hand one block to two owners.
+TEST(CoreAllocator, CpuCacheIsThreadSafe) {
+  CpuAllocator a;
+  a.set_cache_limit(int64_t(256) << 20);
+  a.set_poison(false);
+  std::vector<std::thread> threads;
+  std::atomic<int> clashes{0};
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 200; ++i) {
+        const size_t bytes = (size_t(1 + (i + t) % 3) << 20) + 64;
+        auto* p = static_cast<int*>(a.allocate(bytes));
+        p[0] = t * 1000 + i;
+        std::this_thread::yield();
+        if (p[0] != t * 1000 + i) clashes.fetch_add(1);
+        a.deallocate(p, bytes);
+      }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(clashes.load(), 0);
+  EXPECT_EQ(a.stats().current_bytes, 0);
+  EXPECT_EQ(a.stats().num_allocs, 800);
+  EXPECT_EQ(a.stats().reserved_bytes, a.cached_bytes());
+  EXPECT_LE(a.cached_bytes(), int64_t(4 * 6) << 20);  // at most 4 blocks of each of the 3 classes (2, 4, 4 MiB)
 }
 
 // ---- Philox ------------------------------------------------------------------------------------------

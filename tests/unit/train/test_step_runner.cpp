@@ -130,7 +130,9 @@ TEST(StepRunner, FirstWritesOfAStepStoreTheLinearGradients) {
           ++linears;
           EXPECT_FALSE(p.grad_zero) << p.name << ": the step's first write did not take the mark";
         }
-        if (p.name.find("layernorm") != std::string::npos) EXPECT_TRUE(p.grad_zero) << p.name;
+        if (p.name.find("layernorm") != std::string::npos) {
+          EXPECT_TRUE(p.grad_zero) << p.name;
+        }
       }
       EXPECT_GE(linears, 8);
     }
