@@ -45,6 +45,7 @@ bool default_poison() {
 struct CpuAllocator::Cache {
   mutable std::mutex mu;
   std::unordered_map<size_t, std::vector<void*>> free;  // class size -> cached blocks
+  std::unordered_map<void*, size_t> live;                // large blocks handed out -> requested bytes
   int64_t cached = 0;
   int64_t limit = default_cache_limit();
   std::atomic<bool> poison{default_poison()};
@@ -77,7 +78,10 @@ void* CpuAllocator::allocate(size_t bytes) {
       empty_cache();
       p = aligned_block(cls);
     }
-    if (p && cache_->poison.load(std::memory_order_relaxed)) std::memset(p, 0xFF, rounded);
+    if (!p) throw std::bad_alloc();
+    if (cache_->poison.load(std::memory_order_relaxed)) std::memset(p, 0xFF, rounded);
+    std::lock_guard<std::mutex> lock(cache_->mu);
+    cache_->live.emplace(p, bytes);
   } else {
     p = aligned_block(rounded);
   }
@@ -92,11 +96,21 @@ void* CpuAllocator::allocate(size_t bytes) {
 
 void CpuAllocator::deallocate(void* p, size_t bytes) {
   if (!p) return;
-  current_.fetch_sub(int64_t(bytes));
   const size_t rounded = (bytes + 63) / 64 * 64;
-  if (rounded >= kCacheMin) {
+  if (rounded < kCacheMin) {
+    current_.fetch_sub(int64_t(bytes));
+    std::free(p);
+    return;
+  }
+  {
     const size_t cls = large_class(rounded);
     std::lock_guard<std::mutex> lock(cache_->mu);
+    auto it = cache_->live.find(p);
+    LOOM_CHECK(it != cache_->live.end(), "[allocator] free of ", p, ", which is not a live block (double free?)");
+    LOOM_CHECK(it->second == bytes, "[allocator] block ", p, " allocated with ", it->second, " bytes, freed with ",
+               bytes);
+    cache_->live.erase(it);
+    current_.fetch_sub(int64_t(bytes));
     if (cache_->cached + int64_t(cls) <= cache_->limit) {
       cache_->free[cls].push_back(p);
       cache_->cached += int64_t(cls);

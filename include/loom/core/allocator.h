@@ -37,7 +37,7 @@ class Allocator {
 // when the system has no memory left. Handed-out memory is uninitialised either way (fresh mmap'd pages
 // happen to read as zeros, reused blocks hold old data); with LOOM_CPU_ALLOC_POISON=1 every large block is
 // filled with 0xFF bytes (NaN as f32/bf16/f16) when handed out, to catch code that reads memory it did not
-// write. Thread-safe.
+// write. A large block must be freed with the size it was allocated with (checked). Thread-safe.
 class CpuAllocator final : public Allocator {
  public:
   static constexpr size_t kCacheMin = size_t(1) << 20;

@@ -349,6 +349,11 @@ TEST(CoreAllocator, CpuCachesLargeBlocksPerSizeClass) {
   a.deallocate(s, 8 * mb);
   EXPECT_EQ(a.cached_bytes(), 0);
   EXPECT_EQ(a.stats().num_allocs, 6);
+
+  void* t = a.allocate(2 * mb);  // a large block freed with another size, or twice, fails a check
+  EXPECT_THROW(a.deallocate(t, 3 * mb), Error);
+  a.deallocate(t, 2 * mb);
+  EXPECT_THROW(a.deallocate(t, 2 * mb), Error);
 }
 
 // With poisoning on (LOOM_CPU_ALLOC_POISON=1, or set_poison), every large block is handed out filled with
