@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <new>
 #include <unordered_map>
@@ -44,8 +45,11 @@ bool default_poison() {
 
 struct CpuAllocator::Cache {
   mutable std::mutex mu;
-  std::unordered_map<size_t, std::vector<void*>> free;  // class size -> cached blocks
-  std::unordered_map<void*, size_t> live;                // large blocks handed out -> requested bytes
+  std::map<size_t, std::vector<void*>> free;  // class size -> cached blocks
+  struct Live {
+    size_t bytes, cls;  // requested bytes; the class of the block (>= the request's)
+  };
+  std::unordered_map<void*, Live> live;  // large blocks handed out
   int64_t cached = 0;
   int64_t limit = default_cache_limit();
   std::atomic<bool> poison{default_poison()};
@@ -63,16 +67,30 @@ void* CpuAllocator::allocate(size_t bytes) {
   void* p = nullptr;
   const bool large = rounded >= kCacheMin;
   if (large) {
-    const size_t cls = large_class(rounded);
+    const size_t want = large_class(rounded);
+    size_t cls = want;
+    std::vector<void*> stale;
     {
       std::lock_guard<std::mutex> lock(cache_->mu);
-      auto it = cache_->free.find(cls);
-      if (it != cache_->free.end() && !it->second.empty()) {
+      // The smallest cached class that fits with at most a quarter (and 2 MiB) to spare.
+      for (auto it = cache_->free.lower_bound(want); it != cache_->free.end(); ++it) {
+        if (it->first > want + std::max(want / 4, kLargeGranule)) break;
+        if (it->second.empty()) continue;
         p = it->second.back();
         it->second.pop_back();
+        cls = it->first;
         cache_->cached -= int64_t(cls);
+        break;
+      }
+      if (!p) {  // a miss: what is cached in smaller classes is left from a smaller workload; give it back
+        for (auto it = cache_->free.begin(); it != cache_->free.end() && it->first < want; ++it) {
+          cache_->cached -= int64_t(it->first) * int64_t(it->second.size());
+          stale.insert(stale.end(), it->second.begin(), it->second.end());
+          it->second.clear();
+        }
       }
     }
+    for (void* b : stale) std::free(b);
     if (!p) p = aligned_block(cls);
     if (!p) {  // out of memory: give the cache back to the system and try once more
       empty_cache();
@@ -81,7 +99,7 @@ void* CpuAllocator::allocate(size_t bytes) {
     if (!p) throw std::bad_alloc();
     if (cache_->poison.load(std::memory_order_relaxed)) std::memset(p, 0xFF, rounded);
     std::lock_guard<std::mutex> lock(cache_->mu);
-    cache_->live.emplace(p, bytes);
+    cache_->live.emplace(p, Cache::Live{bytes, cls});
   } else {
     p = aligned_block(rounded);
   }
@@ -103,12 +121,12 @@ void CpuAllocator::deallocate(void* p, size_t bytes) {
     return;
   }
   {
-    const size_t cls = large_class(rounded);
     std::lock_guard<std::mutex> lock(cache_->mu);
     auto it = cache_->live.find(p);
     LOOM_CHECK(it != cache_->live.end(), "[allocator] free of ", p, ", which is not a live block (double free?)");
-    LOOM_CHECK(it->second == bytes, "[allocator] block ", p, " allocated with ", it->second, " bytes, freed with ",
-               bytes);
+    LOOM_CHECK(it->second.bytes == bytes, "[allocator] block ", p, " allocated with ", it->second.bytes,
+               " bytes, freed with ", bytes);
+    const size_t cls = it->second.cls;
     cache_->live.erase(it);
     current_.fetch_sub(int64_t(bytes));
     if (cache_->cached + int64_t(cls) <= cache_->limit) {

@@ -13,6 +13,7 @@
 #include <ostream>
 #include <sstream>
 
+#include "loom/core/allocator.h"
 #include "loom/core/rng.h"
 #include "loom/model/inference.h"
 #include "loom/train/lora_io.h"
@@ -279,6 +280,7 @@ void run_generate(const GenerateConfig& cfg, std::ostream& out, std::ostream& lo
   const auto t_load = Clock::now();
   std::unique_ptr<GPTModel> model =
       load_model_for_inference(cfg.load, *ctx, cfg.bf16 ? DType::kBF16 : DType::kF32, cfg.pretrained_checkpoint, &log);
+  cpu_allocator().empty_cache();  // the load's large temporaries are not asked for again
   log << "loaded " << cfg.load << " (" << mcfg.num_layers << " layers, hidden " << mcfg.hidden_size << ", "
       << mcfg.num_parameters() << " parameters, "
       << (mcfg.is_moe() ? std::to_string(mcfg.num_active_parameters()) + " active (" +

@@ -14,6 +14,7 @@
 #include <source_location>
 #include <string>
 
+#include "loom/core/allocator.h"
 #include "loom/core/exit_signals.h"
 #include "loom/data/npy_packed_dataset.h"
 #include "loom/train/mlperf_log.h"
@@ -194,6 +195,7 @@ TrainResult Trainer::run() {
   setup_model_and_optimizer(run_, log_);
   CheckpointManager checkpoints(run_, log_);
   checkpoints.load();
+  cpu_allocator().empty_cache();  // model building's and the load's large temporaries are not asked for again
   const TrainConfig& cfg = run_.cfg;
   TrainingProgress& progress = run_.progress;
   result_.start_iteration = progress.iteration;

@@ -30,11 +30,14 @@ class Allocator {
 // serves blocks over 32 MiB (and, after heap trimming, smaller ones too) with fresh mmap'd pages and gives
 // them back on free, so a step that allocates the same large temporaries every time (a mixture-of-experts
 // layer's permuted rows and expert activations) page-faults and zeroes all of them again each step:
-// 8-25k faults and 5-6% of an MoE layer's forward + backward on a 2-core VM (bench/RESULTS.md). A freed
+// 8-25k faults and 3-7% of an MoE layer's forward + backward on a 2-core VM (bench/RESULTS.md). A freed
 // large block is kept in a free list of its size class (a multiple of kLargeGranule) and handed out again
-// for a request of exactly that class, as the CUDA allocator does; at most cache_limit() bytes are kept
-// (a block that would go past it is freed), and the whole cache is released and the allocation retried
-// when the system has no memory left. Handed-out memory is uninitialised either way (fresh mmap'd pages
+// for a request of that class or of one at most a quarter (and 2 MiB) smaller. A request that finds none
+// (a miss) gives the cached blocks of smaller classes back to the system first: a workload that grows
+// (generation without a KV cache, a longer sequence) would otherwise leave them cached for nothing, while a
+// training step, which asks for the same sizes every time, has no misses after its first steps. At most
+// cache_limit() bytes are kept (a block that would go past it is freed), and the whole cache is released
+// and the allocation retried when the system has no memory left. Handed-out memory is uninitialised either way (fresh mmap'd pages
 // happen to read as zeros, reused blocks hold old data); with LOOM_CPU_ALLOC_POISON=1 every large block is
 // filled with 0xFF bytes (NaN as f32/bf16/f16) when handed out, to catch code that reads memory it did not
 // write. A large block must be freed with the size it was allocated with (checked). Thread-safe.

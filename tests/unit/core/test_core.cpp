@@ -307,8 +307,10 @@ TEST(CoreAllocator, CurrentPeakAndCountAccounting) {
 }
 
 // Large blocks (>= kCacheMin) are cached per 2 MiB class and handed out again for a request of the same
-// class (no fresh pages to fault in and zero every step); reserved counts the cache; a block past the
-// limit is freed; empty_cache gives everything back; small blocks are not cached.
+// class, or of a class at most a quarter (and 2 MiB) smaller (no fresh pages to fault in and zero every
+// step); a miss gives back the cached blocks of smaller classes; reserved counts the cache; a block past
+// the limit is freed; empty_cache gives everything back; small blocks are not cached; a large block freed
+// with another size, or twice, fails a check.
 TEST(CoreAllocator, CpuCachesLargeBlocksPerSizeClass) {
   CpuAllocator a;
   a.set_cache_limit(int64_t(64) << 20);
@@ -326,20 +328,39 @@ TEST(CoreAllocator, CpuCachesLargeBlocksPerSizeClass) {
   EXPECT_EQ(static_cast<unsigned char*>(q)[12345], 0x5A);
   EXPECT_EQ(a.cached_bytes(), 0);
   EXPECT_EQ(a.stats().current_bytes, int64_t(4 * mb));
-  void* r = a.allocate(5 * mb);  // another class: a new block
+  void* r = a.allocate(9 * mb);  // class 10 MiB: a new block
   EXPECT_NE(r, q);
   a.deallocate(q, 4 * mb);
-  a.deallocate(r, 5 * mb);
-  EXPECT_EQ(a.cached_bytes(), int64_t(10 * mb));
-  EXPECT_EQ(a.stats().reserved_bytes, int64_t(10 * mb));
+  a.deallocate(r, 9 * mb);
+  EXPECT_EQ(a.cached_bytes(), int64_t(14 * mb));
+  EXPECT_EQ(a.stats().reserved_bytes, int64_t(14 * mb));
+
+  void* r2 = a.allocate(8 * mb);  // class 8: the 10 MiB block fits with 2 MiB to spare
+  EXPECT_EQ(r2, r);
+  EXPECT_EQ(a.cached_bytes(), int64_t(4 * mb));
+  a.deallocate(r2, 8 * mb);  // filed under its own class again
+  EXPECT_EQ(a.cached_bytes(), int64_t(14 * mb));
+  void* r3 = a.allocate(10 * mb);
+  EXPECT_EQ(r3, r);
+  a.deallocate(r3, 10 * mb);
 
   void* small = a.allocate(mb - 64);  // under kCacheMin: straight to and from malloc
   a.deallocate(small, mb - 64);
-  EXPECT_EQ(a.cached_bytes(), int64_t(10 * mb));
+  EXPECT_EQ(a.cached_bytes(), int64_t(14 * mb));
 
-  void* big = a.allocate(60 * mb);  // 60 MiB would take the cache past its 64 MiB: freed, not kept
-  a.deallocate(big, 60 * mb);
+  void* s6 = a.allocate(6 * mb);  // a miss (10 MiB would waste 4): the 4 MiB block, smaller, goes back
+  EXPECT_NE(s6, r);
   EXPECT_EQ(a.cached_bytes(), int64_t(10 * mb));
+  a.deallocate(s6, 6 * mb);
+  EXPECT_EQ(a.cached_bytes(), int64_t(16 * mb));
+
+  void* big = a.allocate(50 * mb);  // a miss: both smaller classes go back; 50 MiB then fits the limit
+  EXPECT_EQ(a.cached_bytes(), 0);
+  a.deallocate(big, 50 * mb);
+  EXPECT_EQ(a.cached_bytes(), int64_t(50 * mb));
+  void* over = a.allocate(20 * mb);  // a miss below the cached class: 50 MiB stays; 20 + 50 > 64: freed
+  a.deallocate(over, 20 * mb);
+  EXPECT_EQ(a.cached_bytes(), int64_t(50 * mb));
   a.empty_cache();
   EXPECT_EQ(a.cached_bytes(), 0);
   EXPECT_EQ(a.stats().reserved_bytes, 0);
@@ -348,9 +369,9 @@ TEST(CoreAllocator, CpuCachesLargeBlocksPerSizeClass) {
   void* s = a.allocate(8 * mb);
   a.deallocate(s, 8 * mb);
   EXPECT_EQ(a.cached_bytes(), 0);
-  EXPECT_EQ(a.stats().num_allocs, 6);
+  EXPECT_EQ(a.stats().num_allocs, 10);
 
-  void* t = a.allocate(2 * mb);  // a large block freed with another size, or twice, fails a check
+  void* t = a.allocate(2 * mb);
   EXPECT_THROW(a.deallocate(t, 3 * mb), Error);
   a.deallocate(t, 2 * mb);
   EXPECT_THROW(a.deallocate(t, 2 * mb), Error);
