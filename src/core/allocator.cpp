@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "loom/core/check.h"
+#include "loom/core/env.h"
 
 namespace loom {
 
@@ -36,11 +37,6 @@ int64_t default_cache_limit() {
   return std::min<int64_t>(int64_t(4) << 30, eighth);
 }
 
-bool default_poison() {
-  const char* e = std::getenv("LOOM_CPU_ALLOC_POISON");
-  return e && std::strcmp(e, "1") == 0;
-}
-
 }  // namespace
 
 struct CpuAllocator::Cache {
@@ -52,7 +48,7 @@ struct CpuAllocator::Cache {
   std::unordered_map<void*, Live> live;  // large blocks handed out
   int64_t cached = 0;
   int64_t limit = default_cache_limit();
-  std::atomic<bool> poison{default_poison()};
+  std::atomic<bool> poison{env_flag("LOOM_CPU_ALLOC_POISON")};
 };
 
 CpuAllocator::CpuAllocator() : cache_(new Cache) {}
@@ -167,18 +163,11 @@ int64_t CpuAllocator::cached_bytes() const {
   return cache_->cached;
 }
 
-int64_t CpuAllocator::cache_limit() const {
-  std::lock_guard<std::mutex> lock(cache_->mu);
-  return cache_->limit;
-}
-
 void CpuAllocator::set_cache_limit(int64_t bytes) {
   std::lock_guard<std::mutex> lock(cache_->mu);
   cache_->limit = std::max<int64_t>(0, bytes);
   if (cache_->cached > cache_->limit) release_cached_locked();
 }
-
-bool CpuAllocator::poison() const { return cache_->poison.load(); }
 
 void CpuAllocator::set_poison(bool on) { cache_->poison.store(on); }
 

@@ -3,10 +3,9 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <utility>
 
+#include "loom/core/env.h"
 #include "loom/core/rng.h"
 
 namespace loom {
@@ -210,10 +209,7 @@ void ParameterSet::zero_grads(const DeviceContext& ctx) const {
 
 namespace {
 std::atomic<bool>& overwrite_checks() {
-  static std::atomic<bool> on{[] {
-    const char* v = std::getenv("LOOM_CHECK_GRAD_OVERWRITE");
-    return v != nullptr && std::strcmp(v, "0") != 0 && *v != '\0';
-  }()};
+  static std::atomic<bool> on{env_flag("LOOM_CHECK_GRAD_OVERWRITE")};
   return on;
 }
 

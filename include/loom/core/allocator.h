@@ -36,11 +36,12 @@ class Allocator {
 // (a miss) gives the cached blocks of smaller classes back to the system first: a workload that grows
 // (generation without a KV cache, a longer sequence) would otherwise leave them cached for nothing, while a
 // training step, which asks for the same sizes every time, has no misses after its first steps. At most
-// cache_limit() bytes are kept (a block that would go past it is freed), and the whole cache is released
-// and the allocation retried when the system has no memory left. Handed-out memory is uninitialised either way (fresh mmap'd pages
-// happen to read as zeros, reused blocks hold old data); with LOOM_CPU_ALLOC_POISON=1 every large block is
-// filled with 0xFF bytes (NaN as f32/bf16/f16) when handed out, to catch code that reads memory it did not
-// write. A large block must be freed with the size it was allocated with (checked). Thread-safe.
+// LOOM_CPU_ALLOC_CACHE_MB of idle blocks are kept (a block that would go past it is freed), and the whole
+// cache is released and the allocation retried when the system has no memory left. Handed-out memory is
+// uninitialised either way (fresh mmap'd pages happen to read as zeros, reused blocks hold old data); with
+// LOOM_CPU_ALLOC_POISON=1 every large block is filled with 0xFF bytes (NaN as f32/bf16/f16) when handed
+// out, to catch code that reads memory it did not write. A large block must be freed with the size it was
+// allocated with (checked). Thread-safe.
 class CpuAllocator final : public Allocator {
  public:
   static constexpr size_t kCacheMin = size_t(1) << 20;
@@ -60,12 +61,11 @@ class CpuAllocator final : public Allocator {
   // Frees every cached block. Live blocks are untouched.
   void empty_cache();
   int64_t cached_bytes() const;
-  // The most bytes the cache keeps: LOOM_CPU_ALLOC_CACHE_MB (0 turns caching off), default the smaller of
-  // 4 GiB and an eighth of the machine's memory. set_cache_limit changes it (tests; frees what is over).
-  int64_t cache_limit() const;
+  // The most bytes the cache keeps is LOOM_CPU_ALLOC_CACHE_MB (0 turns caching off), by default the smaller
+  // of 4 GiB and an eighth of the machine's memory; this changes it (tests; frees what is over).
   void set_cache_limit(int64_t bytes);
-  // Whether large blocks are filled with 0xFF when handed out (LOOM_CPU_ALLOC_POISON=1; tests may switch it).
-  bool poison() const;
+  // Whether large blocks are filled with 0xFF when handed out (LOOM_CPU_ALLOC_POISON, loom/core/env.h's
+  // rule; tests may switch it).
   void set_poison(bool on);
 
  private:

@@ -81,7 +81,8 @@ struct Parameter {
 };
 
 // How the next write of p's gradient goes: kOverwrite when p.grad_zero is set, which it clears, else
-// kAccumulate (also when p has no gradient bound: nothing is written, the mark stays). With LOOM_CHECK_GRAD_OVERWRITE=1 in the environment a kOverwrite first checks that the
+// kAccumulate (also when p has no gradient bound: nothing is written, the mark stays). With
+// LOOM_CHECK_GRAD_OVERWRITE=1 in the environment (loom/core/env.h's rule) a kOverwrite first checks that the
 // buffer holds zeros and fails otherwise (reads the buffer: a debugging aid that tests turn on to catch a
 // writer that added to the gradient before a matmul and did not clear the flag).
 GradWrite take_grad_write(const DeviceContext& ctx, Parameter& p);

@@ -37,12 +37,13 @@ std::string shape_str(const Mnk& s) {
   return "M=" + std::to_string(s.M) + " N=" + std::to_string(s.N) + " K=" + std::to_string(s.K);
 }
 
-// A device tensor full of NaN: an output the op must overwrite completely.
-Tensor nan_device(Shape s, DType dt) {
+// A host tensor full of NaN, and the same on the device: an output the op must overwrite completely.
+Tensor nan_host(Shape s, DType dt) {
   Tensor h = Tensor::empty(s, dt);
   for (int64_t i = 0; i < h.numel(); ++i) host_set(h, i, NAN);
-  return to_device(h);
+  return h;
 }
+Tensor nan_device(Shape s, DType dt) { return to_device(nan_host(s, dt)); }
 
 // The out dtypes for a compute dtype: itself, and f32 when different.
 std::vector<DType> out_dtypes(DType cd) {
@@ -140,8 +141,7 @@ TEST(CudaMatmul, BackwardOverwritesTheWeightGradient) {
                                  shape_str(s);
         Tensor dout = random_host({s.M, s.N}, cd, seed++), inp = random_host({s.M, s.K}, cd, seed++);
         Tensor w = random_host({s.N, s.K}, cd, seed++), db0 = random_host({s.N}, grad_dt, seed++);
-        Tensor dw_ref = Tensor::empty({s.N, s.K}, grad_dt), db_ref = host_clone(db0);
-        for (int64_t i = 0; i < dw_ref.numel(); ++i) host_set(dw_ref, i, NAN);
+        Tensor dw_ref = nan_host({s.N, s.K}, grad_dt), db_ref = host_clone(db0);
         cpu_ref().matmul_backward(TensorView(), dw_ref, db_ref, dout, inp, w, GradWrite::kOverwrite);
         Tensor d_dw = nan_device({s.N, s.K}, grad_dt), d_db = to_device(db0);
         cuda::matmul_backward(ctx, TensorView(), d_dw, d_db, to_device(dout), to_device(inp), to_device(w),
