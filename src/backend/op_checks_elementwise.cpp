@@ -30,6 +30,18 @@ DType common_dtype(Device dev, const char* op, std::initializer_list<std::pair<c
   return dt;
 }
 
+// An extra output written alongside the others (gelu_backward's / glu_backward's recomputed activation): it
+// must not share a byte with any of them.
+void check_disjoint(const char* op, const char* name, TensorView t,
+                    std::initializer_list<std::pair<const char*, TensorView>> others) {
+  const auto* a = static_cast<const char*>(t.raw());
+  for (const auto& [other_name, o] : others) {
+    const auto* b = static_cast<const char*>(o.raw());
+    LOOM_CHECK(a + t.nbytes() <= b || b + o.nbytes() <= a, "[", op, "] ", name, " ", t.desc(), " overlaps ",
+               other_name, " ", o.desc(), ": it must be a separate buffer");
+  }
+}
+
 // ---- gated MLP --------------------------------------------------------------------------------------------
 
 // inp (N, 2F) f32/bf16/f16; `half` (N, F) (out, or dout) and `full` (N, 2F) (dinp, optional) in inp's dtype.
@@ -133,9 +145,14 @@ void OpTable::gelu_forward(TensorView out, TensorView inp) const {
   do_gelu_forward(out, inp);
 }
 
-void OpTable::gelu_backward(TensorView dinp, TensorView inp, TensorView dout) const {
-  common_dtype(device(), "gelu_backward", {{"dinp", dinp}, {"inp", inp}, {"dout", dout}});
-  do_gelu_backward(dinp, inp, dout);
+void OpTable::gelu_backward(TensorView dinp, TensorView inp, TensorView dout, TensorView out) const {
+  const char* op = "gelu_backward";
+  common_dtype(device(), op, {{"dinp", dinp}, {"inp", inp}, {"dout", dout}});
+  if (out.defined()) {
+    common_dtype(device(), op, {{"dinp", dinp}, {"out", out}});
+    check_disjoint(op, "out", out, {{"inp", inp}, {"dinp", dinp}, {"dout", dout}});
+  }
+  do_gelu_backward(dinp, inp, dout, out);
 }
 
 void OpTable::bias_add_forward(TensorView out, TensorView bias) const {
@@ -174,11 +191,15 @@ void OpTable::glu_forward(TensorView out, TensorView inp, GluKind kind) const {
   do_glu_forward(out, inp, kind);
 }
 
-void OpTable::glu_backward(TensorView dinp, TensorView inp, TensorView dout, GluKind kind) const {
+void OpTable::glu_backward(TensorView dinp, TensorView inp, TensorView dout, GluKind kind, TensorView out) const {
   const char* op = "glu_backward";
   require(device(), dinp, op, "dinp");
   check_glu(device(), op, inp, "dout", dout, dinp);
-  do_glu_backward(dinp, inp, dout, kind);
+  if (out.defined()) {
+    check_glu(device(), op, inp, "out", out, TensorView());
+    check_disjoint(op, "out", out, {{"inp", inp}, {"dinp", dinp}, {"dout", dout}});
+  }
+  do_glu_backward(dinp, inp, dout, kind, out);
 }
 
 void OpTable::dropout_forward(TensorView out, TensorView inp, float p, uint64_t seed, uint64_t stream,

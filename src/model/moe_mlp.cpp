@@ -121,13 +121,22 @@ void MoeMlp::shared_backward(const DeviceContext& ctx, const MoeCall& m, TensorV
     ctx.ops().matmul_backward(dgx, shared_gate->grad, TensorView(), dz, x.reshape({Nl, C_}), shared_gate->compute);
   }
   Tensor act = ctx.empty({N, S_local_}, cd), dact = ctx.empty({N, S_local_}, cd);
-  activation_forward(ctx, gated_, act, s.sh_fc, N, S_local_);
   Tensor full = ctx.empty({N, C_}, cd);
-  shared_fc2->backward(ctx, dact, dsh, act, RowEpilogue{}, full);
   Tensor dfc = ctx.empty(s.sh_fc.shape(), cd);
-  if (gated_) ctx.ops().glu_backward(dfc.reshape({N, 2 * S_local_}), s.sh_fc.reshape({N, 2 * S_local_}),
-                                     dact.reshape({N, S_local_}), GluKind::kSwiGLU);
-  else ctx.ops().gelu_backward(dfc, s.sh_fc, dact);
+  // The activation is recomputed for shared_fc2's weight gradient; where that backward splits, from the pass
+  // that takes its gradient (as TransformerLayer::mlp_backward).
+  auto activation_backward = [&](TensorView act_out) {
+    if (gated_) ctx.ops().glu_backward(dfc.reshape({N, 2 * S_local_}), s.sh_fc.reshape({N, 2 * S_local_}),
+                                       dact.reshape({N, S_local_}), GluKind::kSwiGLU, act_out);
+    else ctx.ops().gelu_backward(dfc, s.sh_fc, dact, act_out);
+  };
+  if (shared_fc2->splits_backward()) {
+    shared_fc2->backward(ctx, dact, dsh, act, RowEpilogue{}, full, {}, [&] { activation_backward(act); });
+  } else {
+    activation_forward(ctx, gated_, act, s.sh_fc, N, S_local_);
+    shared_fc2->backward(ctx, dact, dsh, act, RowEpilogue{}, full);
+    activation_backward(TensorView());
+  }
   shared_fc1->backward(ctx, dx, dfc, x, m.sp_gathered, m.sp_grad);
   if (dgx.defined()) ctx.ops().residual_forward(dx, dx, dgx);
 }

@@ -68,21 +68,34 @@ void TransformerLayer::backward(const TransformerLayerContext& c, TransformerLay
 void TransformerLayer::mlp_backward(const TransformerLayerContext& c, TransformerLayerSaved& s) const {
   const DeviceContext& ctx = c.ctx;
   const OpTable& ops = ctx.ops();
-  mlp_activation(ctx, c.act, s.fc);  // recompute instead of saving B·T·F per layer
-  // dfc = d(act)
-  fc2->backward(ctx, c.dfc, c.dres, c.act, epilogue(c, mlp_dropout_site), c.branch, lora_mask(c, fc2_lora_site));
+  // The activation is recomputed instead of saving B·T·F per layer: fc2's weight gradient reads it. Where
+  // fc2's backward can be split (splits_backward), the activation's backward writes it from the same pass
+  // that takes dfc = d(act) from fc2's input gradient (one exponential per element instead of two); else it
+  // is recomputed first.
+  const bool fused = fc2->splits_backward();
+  // dfc1 = d(fc1 output): in place over dfc (GeLU), or over fc1's output (gated: d[gate | up] is twice as
+  // wide as dfc; the op allows dinp to alias inp, and nothing reads fc1's output after this point).
   TensorView dfc1 = c.dfc;
-  if (activation_ == MlpActivation::kGeLU) {
-    ops.gelu_backward(c.dfc, s.fc, c.dfc);
-  } else {
-    // d[gate | up] is twice as wide as dfc; it overwrites fc1's output in place (the op allows dinp to
-    // alias inp), which nothing reads after this point.
+  auto activation_backward = [&](TensorView act_out) {
+    if (activation_ == MlpActivation::kGeLU) {
+      ops.gelu_backward(c.dfc, s.fc, c.dfc, act_out);
+      return;
+    }
     const int64_t F = ffn_local_, N = c.dfc.numel() / F;
     const GluKind kind = activation_ == MlpActivation::kGeGLU   ? GluKind::kGeGLU
                          : activation_ == MlpActivation::kReGLU ? GluKind::kReGLU
                                                                 : GluKind::kSwiGLU;
-    ops.glu_backward(s.fc.reshape({N, 2 * F}), s.fc.reshape({N, 2 * F}), c.dfc.reshape({N, F}), kind);
+    ops.glu_backward(s.fc.reshape({N, 2 * F}), s.fc.reshape({N, 2 * F}), c.dfc.reshape({N, F}), kind,
+                     act_out.defined() ? act_out.reshape({N, F}) : TensorView());
     dfc1 = s.fc;
+  };
+  if (fused) {
+    fc2->backward(ctx, c.dfc, c.dres, c.act, epilogue(c, mlp_dropout_site), c.branch, lora_mask(c, fc2_lora_site),
+                  [&] { activation_backward(c.act); });
+  } else {
+    mlp_activation(ctx, c.act, s.fc);
+    fc2->backward(ctx, c.dfc, c.dres, c.act, epilogue(c, mlp_dropout_site), c.branch, lora_mask(c, fc2_lora_site));
+    activation_backward(TensorView());
   }
   fc1->backward(ctx, c.dln, dfc1, s.ln2, c.sp_gathered, c.sp_grad, lora_mask(c, fc1_lora_site));
 }

@@ -18,7 +18,14 @@ void gemm_forward(const DeviceContext& ctx, const std::optional<Fp8Gemm>& fp8, T
 
 // The weight gradient is stored rather than added when it is the step's first write (take_grad_write).
 void gemm_backward(const DeviceContext& ctx, const std::optional<Fp8Gemm>& fp8, TensorView dinp, Parameter& w,
-                   TensorView dbias, TensorView dout, TensorView inp) {
+                   TensorView dbias, TensorView dout, TensorView inp, const std::function<void()>& between = {}) {
+  if (between) {  // the input gradient, then `between` (which may write inp), then the weight's and bias's
+    LOOM_CHECK(!fp8, "[linear] an FP8 GEMM's backward cannot be split around its weight gradient");
+    ctx.ops().matmul_backward(dinp, TensorView(), TensorView(), dout, inp, w.compute);
+    between();
+    ctx.ops().matmul_backward(TensorView(), w.grad, dbias, dout, inp, w.compute, take_grad_write(ctx, w));
+    return;
+  }
   const GradWrite write = take_grad_write(ctx, w);
   if (fp8) {
     fp8->backward(ctx, dinp, w.grad, dbias, dout, inp, w.compute, write);
@@ -177,7 +184,10 @@ TensorView RowParallelLinear::forward(const DeviceContext& ctx, TensorView full,
 }
 
 void RowParallelLinear::backward(const DeviceContext& ctx, TensorView dinput, TensorView dout, TensorView input,
-                                 const RowEpilogue& epilogue, TensorView full, const DropoutMask& lora_dropout) const {
+                                 const RowEpilogue& epilogue, TensorView full, const DropoutMask& lora_dropout,
+                                 const std::function<void()>& before_weight_grad) const {
+  LOOM_CHECK(!before_weight_grad || splits_backward(), "[", name_, "] backward cannot run a callback before the "
+             "weight gradient with an FP8 GEMM or LoRA adapters (splits_backward() is false)");
   const Communicator* reduce = region_.size() > 1 ? region_.tp : nullptr;
   Parameter* b = linear_.bias();
   if (!region_.sequence_parallel) {
@@ -187,7 +197,8 @@ void RowParallelLinear::backward(const DeviceContext& ctx, TensorView dinput, Te
       epilogue.backward(full, d);
       d = full;
     }
-    gemm_backward(ctx, fp8_, dinput, linear_.weight(), b ? b->grad.view() : TensorView(), d, input);
+    gemm_backward(ctx, fp8_, dinput, linear_.weight(), b ? b->grad.view() : TensorView(), d, input,
+                  before_weight_grad);
     lora_backward(ctx, lora_, dinput, d, input, lora_dropout, reduce);
     return;
   }
@@ -196,7 +207,7 @@ void RowParallelLinear::backward(const DeviceContext& ctx, TensorView dinput, Te
   const TensorView rows = full.reshape({N, C});
   reduce_or_scatter_from_tp_backward(region_, rows, dout);
   if (epilogue.active) epilogue.backward(rows, rows);
-  gemm_backward(ctx, fp8_, dinput, linear_.weight(), TensorView(), rows, input);
+  gemm_backward(ctx, fp8_, dinput, linear_.weight(), TensorView(), rows, input, before_weight_grad);
   lora_backward(ctx, lora_, dinput, rows, input, lora_dropout, reduce);
   if (b && b->grad.defined()) ctx.ops().bias_backward(b->grad, rows.slice_flat(int64_t(region_.rank()) * Nl * C, {Nl, C}));
 }

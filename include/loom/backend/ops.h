@@ -163,7 +163,10 @@ class OpTable {
   // inp (N, 2F) = [gate | up]; out (N, F) = act(gate) · up.
   void glu_forward(TensorView out, TensorView inp, GluKind kind) const;
   // dinp (N, 2F) = [dgate | dup] (overwrite; dinp may alias inp) from dout (N, F) and the forward's inp.
-  void glu_backward(TensorView dinp, TensorView inp, TensorView dout, GluKind kind) const;
+  // out (N, F), when given, also receives act(gate) · up, the bits glu_forward writes (a backward that
+  // recomputes the activation for the next layer's weight gradient gets it from the same pass); out must
+  // not overlap inp, dinp or dout.
+  void glu_backward(TensorView dinp, TensorView inp, TensorView dout, GluKind kind, TensorView out = {}) const;
   // Rotates the q and k heads of qkv (B, T, NKV·(NH/NKV + 2)·HS) in place; v is untouched.
   void rope_forward(TensorView qkv, TensorView cos, TensorView sin, const AttentionParams& p, const RopeParams& r,
                     TensorView position_ids = {}) const;
@@ -175,8 +178,9 @@ class OpTable {
   void residual_forward(TensorView out, TensorView a, TensorView b) const;  // out = a + b
   // GeLU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
   void gelu_forward(TensorView out, TensorView inp) const;
-  // dinp = gelu'(inp) * dout (overwrite; dinp may alias dout).
-  void gelu_backward(TensorView dinp, TensorView inp, TensorView dout) const;
+  // dinp = gelu'(inp) * dout (overwrite; dinp may alias dout). out, when given, also receives gelu(inp), the
+  // bits gelu_forward writes, from the same pass; out must not overlap inp, dinp or dout.
+  void gelu_backward(TensorView dinp, TensorView inp, TensorView dout, TensorView out = {}) const;
   void bias_add_forward(TensorView out, TensorView bias) const;  // out (N, C) += bias (C)
   void bias_backward(TensorView dbias, TensorView dout) const;   // dbias (C) += colsum(dout)
 
@@ -360,14 +364,15 @@ class OpTable {
   virtual void do_residual_rmsnorm_forward(TensorView residual, TensorView out, TensorView rstd, TensorView a,
                                            TensorView b, TensorView weight, float eps) const = 0;
   virtual void do_glu_forward(TensorView out, TensorView inp, GluKind kind) const = 0;
-  virtual void do_glu_backward(TensorView dinp, TensorView inp, TensorView dout, GluKind kind) const = 0;
+  virtual void do_glu_backward(TensorView dinp, TensorView inp, TensorView dout, GluKind kind,
+                               TensorView out) const = 0;
   virtual void do_rope_forward(TensorView qkv, TensorView cos, TensorView sin, const AttentionParams& p,
                                const RopeParams& r, TensorView position_ids) const = 0;
   virtual void do_rope_backward(TensorView dqkv, TensorView cos, TensorView sin, const AttentionParams& p,
                                 const RopeParams& r, TensorView position_ids) const = 0;
   virtual void do_residual_forward(TensorView out, TensorView a, TensorView b) const = 0;
   virtual void do_gelu_forward(TensorView out, TensorView inp) const = 0;
-  virtual void do_gelu_backward(TensorView dinp, TensorView inp, TensorView dout) const = 0;
+  virtual void do_gelu_backward(TensorView dinp, TensorView inp, TensorView dout, TensorView out) const = 0;
   virtual void do_bias_add_forward(TensorView out, TensorView bias) const = 0;
   virtual void do_bias_backward(TensorView dbias, TensorView dout) const = 0;
   virtual void do_dropout_forward(TensorView out, TensorView inp, float p, uint64_t seed, uint64_t stream,

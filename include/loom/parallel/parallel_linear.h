@@ -129,8 +129,15 @@ class RowParallelLinear : public Fp8GemmOwner {
                      TensorView shard, const DropoutMask& lora_dropout = {}) const;
   // dinput (N, in_local) overwritten; dW, db accumulate. `dout` in the residual layout; `full` (N, out)
   // scratch (the epilogue's backward and the SP all-gather write it).
+  // before_weight_grad (only where splits_backward()): called once dinput is complete and before `input` is
+  // read, so the caller may write `input` there (an MLP recomputing its activation in the pass that takes
+  // the activation's gradient from dinput).
   void backward(const DeviceContext& ctx, TensorView dinput, TensorView dout, TensorView input,
-                const RowEpilogue& epilogue, TensorView full, const DropoutMask& lora_dropout = {}) const;
+                const RowEpilogue& epilogue, TensorView full, const DropoutMask& lora_dropout = {},
+                const std::function<void()>& before_weight_grad = {}) const;
+  // Whether backward can run before_weight_grad: no FP8 GEMM (its backward takes both products at once) and
+  // no LoRA adapter (whose input gradient needs `input`).
+  bool splits_backward() const { return !fp8_ && lora_.empty(); }
 
   Parameter& weight() const { return linear_.weight(); }
   Parameter* bias() const { return linear_.bias(); }

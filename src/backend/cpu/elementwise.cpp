@@ -143,6 +143,33 @@ void lowp_map(L, uint16_t* out, std::array<const uint16_t*, NIn> in, int64_t n, 
   }
 }
 
+// lowp_map with two outputs: kernel(out1, out2, in..., len), each narrowed once. As there, an output may be
+// an input (each block's inputs are widened before its outputs are narrowed); the outputs are distinct.
+template <typename L, size_t NIn, typename Kernel>
+void lowp_map2(L, uint16_t* out1, uint16_t* out2, std::array<const uint16_t*, NIn> in, int64_t n,
+               int64_t parallel_min, Kernel&& kernel) {
+  const int64_t nchunks = (n + kLowpChunk - 1) / kLowpChunk;
+#pragma omp parallel for schedule(static) if (n > parallel_min)
+  for (int64_t ch = 0; ch < nchunks; ++ch) {
+    const int64_t i1 = std::min(n, (ch + 1) * kLowpChunk);
+    alignas(64) float f[NIn][kLowpBlock];
+    alignas(64) float o1[kLowpBlock];
+    alignas(64) float o2[kLowpBlock];
+    std::array<const float*, NIn> fp;
+    for (size_t k = 0; k < NIn; ++k) fp[k] = f[k];
+    for (int64_t i = ch * kLowpChunk; i < i1; i += kLowpBlock) {
+      const int64_t len = std::min(kLowpBlock, i1 - i);
+      for (size_t k = 0; k < NIn; ++k) L::widen(f[k], in[k] + i, len);
+      if (len == kLowpBlock)
+        std::apply([&](auto... ins) { kernel(o1, o2, ins..., kLowpBlock); }, fp);
+      else
+        std::apply([&](auto... ins) { kernel(o1, o2, ins..., len); }, fp);
+      L::narrow(out1 + i, o1, len);
+      L::narrow(out2 + i, o2, len);
+    }
+  }
+}
+
 // f32 elementwise ops in chunks of kLowpChunk elements (the bf16/f16 path's split): kernel(out + i, i, len)
 // for every chunk [i, i + len), chunks spread over threads when n > parallel_min.
 template <typename Kernel>
@@ -160,6 +187,27 @@ inline float gelu_grad(float xi, float dy) {
   float a, da;
   fast_gelu_and_grad(xi, a, da);
   return da * dy;
+}
+
+// gelu_backward with its `out`: dx = gelu'(x) · dy and a = gelu(x) from one exponential per element (the
+// bits of gelu_grad and fast_gelu / simd16::gelu: the same sigmoid, the same products).
+inline void gelu_grad_and_value(float* dx, float* a, const float* x, const float* dy, int64_t len) {
+#if defined(__AVX512F__)
+  simd16::for_blocks(len, [&](int64_t i, __mmask16 m) {
+    __m512 av, da;
+    simd16::gelu_and_grad(_mm512_maskz_loadu_ps(m, x + i), av, da);
+    _mm512_mask_storeu_ps(dx + i, m, _mm512_mul_ps(da, _mm512_maskz_loadu_ps(m, dy + i)));
+    _mm512_mask_storeu_ps(a + i, m, av);
+  });
+#else
+  LOOM_SIMD_ACTIVATION
+  for (int64_t i = 0; i < len; ++i) {
+    float ai, da;
+    fast_gelu_and_grad(x[i], ai, da);
+    dx[i] = da * dy[i];
+    a[i] = ai;
+  }
+#endif
 }
 
 }  // namespace
@@ -210,9 +258,22 @@ void CpuOps::do_gelu_forward(TensorView out, TensorView inp) const {
   });
 }
 
-void CpuOps::do_gelu_backward(TensorView dinp, TensorView inp, TensorView dout) const {
+void CpuOps::do_gelu_backward(TensorView dinp, TensorView inp, TensorView dout, TensorView out) const {
   const DType dt = dinp.dtype();
   const int64_t n = dinp.numel();
+  if (out.defined()) {  // the recomputed activation from the same pass (one exponential per element, not two)
+    if (dt == DType::kF32) {
+      f32_map(dinp.data<float>(), n, kParallelMin / 8, [&](float* dx, int64_t i, int64_t len) {
+        gelu_grad_and_value(dx, out.data<float>() + i, inp.data<float>() + i, dout.data<float>() + i, len);
+      });
+      return;
+    }
+    with_lowp(dt, [&](auto L) {
+      lowp_map2(L, static_cast<uint16_t*>(dinp.raw()), static_cast<uint16_t*>(out.raw()),
+                std::array<const uint16_t*, 2>{u16(inp), u16(dout)}, n, kParallelMin / 8, gelu_grad_and_value);
+    });
+    return;
+  }
   auto kernel = [](float* dx, const float* x, const float* dy, int64_t len) {
 #if defined(__AVX512F__)
     simd16::for_blocks(len, [&](int64_t i, __mmask16 m) {

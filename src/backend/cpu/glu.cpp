@@ -79,9 +79,11 @@ void forward_chunk(float* out, const float* gate, const float* up, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = act<K>(gate[i]) * up[i];
 }
 
-// dgate/dup may alias gate/up element for element.
-template <GluKind K>
-void backward_chunk(float* dgate, float* dup, const float* gate, const float* up, const float* dy, int64_t n) {
+// dgate/dup may alias gate/up element for element. With kOut, out (never an input) also receives
+// act(gate) · up, forward_chunk's bits (act_and_grad's act is act's: the same sigmoid and products).
+template <GluKind K, bool kOut = false>
+void backward_chunk(float* dgate, float* dup, const float* gate, const float* up, const float* dy, int64_t n,
+                    float* out = nullptr) {
 #if defined(__AVX512F__)
   if constexpr (K != GluKind::kReGLU) {
     simd16::for_blocks(n, [&](int64_t i, __mmask16 m) {  // all three loaded before either store (aliasing)
@@ -91,6 +93,7 @@ void backward_chunk(float* dgate, float* dup, const float* gate, const float* up
       act_and_grad16<K>(g, a, da);
       _mm512_mask_storeu_ps(dgate + i, m, _mm512_mul_ps(_mm512_mul_ps(d, u), da));
       _mm512_mask_storeu_ps(dup + i, m, _mm512_mul_ps(d, a));
+      if constexpr (kOut) _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(a, u));
     });
     return;
   }
@@ -102,6 +105,7 @@ void backward_chunk(float* dgate, float* dup, const float* gate, const float* up
     act_and_grad<K>(g, a, da);
     dgate[i] = d * u * da;
     dup[i] = d * a;
+    if constexpr (kOut) out[i] = a * u;
   }
 }
 
@@ -141,6 +145,48 @@ void for_chunks(const GluShape& s, Task&& task) {
   }
 }
 
+// glu_backward, with kOut also writing `out` (act(gate) · up) from the same pass.
+template <GluKind K, bool kOut>
+void glu_backward_impl(TensorView dinp, TensorView inp, TensorView dout, TensorView out) {
+  const GluShape s = glu_shape(inp);
+  const int64_t F = s.F;
+  if (s.dt == DType::kF32) {
+    float* dx = dinp.data<float>();
+    const float* x = inp.data<float>();
+    const float* dy = dout.data<float>();
+    float* o = kOut ? out.data<float>() : nullptr;
+    for_chunks(s, [&](int64_t r, int64_t c0, int64_t len) {
+      const float* row = x + r * 2 * F;
+      float* drow = dx + r * 2 * F;
+      backward_chunk<K, kOut>(drow + c0, drow + F + c0, row + c0, row + F + c0, dy + r * F + c0, len,
+                              kOut ? o + r * F + c0 : nullptr);
+    });
+    return;
+  }
+  with_lowp(s.dt, [&](auto L) {
+    using Lp = decltype(L);
+    uint16_t* dx = static_cast<uint16_t*>(dinp.raw());
+    const uint16_t* x = static_cast<const uint16_t*>(inp.raw());
+    const uint16_t* dy = static_cast<const uint16_t*>(dout.raw());
+    uint16_t* o = kOut ? static_cast<uint16_t*>(out.raw()) : nullptr;
+    for_chunks(s, [&](int64_t r, int64_t c0, int64_t len) {
+      float* g = thread_scratch(0, size_t(kChunk));
+      float* u = thread_scratch(1, size_t(kChunk));
+      float* d = thread_scratch(2, size_t(kChunk));
+      float* a = kOut ? thread_scratch(3, size_t(kChunk)) : nullptr;
+      const uint16_t* row = x + r * 2 * F;
+      Lp::widen(g, row + c0, len);
+      Lp::widen(u, row + F + c0, len);
+      Lp::widen(d, dy + r * F + c0, len);
+      backward_chunk<K, kOut>(g, u, g, u, d, len, a);  // in place: each element reads its inputs first
+      uint16_t* drow = dx + r * 2 * F;
+      Lp::narrow(drow + c0, g, len);
+      Lp::narrow(drow + F + c0, u, len);
+      if constexpr (kOut) Lp::narrow(o + r * F + c0, a, len);
+    });
+  });
+}
+
 }  // namespace
 
 void CpuOps::do_glu_forward(TensorView out, TensorView inp, GluKind kind) const {
@@ -175,41 +221,11 @@ void CpuOps::do_glu_forward(TensorView out, TensorView inp, GluKind kind) const 
   });
 }
 
-void CpuOps::do_glu_backward(TensorView dinp, TensorView inp, TensorView dout, GluKind kind) const {
-  const GluShape s = glu_shape(inp);
-  const int64_t F = s.F;
+void CpuOps::do_glu_backward(TensorView dinp, TensorView inp, TensorView dout, GluKind kind, TensorView out) const {
   with_kind(kind, [&](auto k) {
     constexpr GluKind K = decltype(k)::value;
-    if (s.dt == DType::kF32) {
-      float* dx = dinp.data<float>();
-      const float* x = inp.data<float>();
-      const float* dy = dout.data<float>();
-      for_chunks(s, [&](int64_t r, int64_t c0, int64_t len) {
-        const float* row = x + r * 2 * F;
-        float* drow = dx + r * 2 * F;
-        backward_chunk<K>(drow + c0, drow + F + c0, row + c0, row + F + c0, dy + r * F + c0, len);
-      });
-      return;
-    }
-    with_lowp(s.dt, [&](auto L) {
-      using Lp = decltype(L);
-      uint16_t* dx = static_cast<uint16_t*>(dinp.raw());
-      const uint16_t* x = static_cast<const uint16_t*>(inp.raw());
-      const uint16_t* dy = static_cast<const uint16_t*>(dout.raw());
-      for_chunks(s, [&](int64_t r, int64_t c0, int64_t len) {
-        float* g = thread_scratch(0, size_t(kChunk));
-        float* u = thread_scratch(1, size_t(kChunk));
-        float* d = thread_scratch(2, size_t(kChunk));
-        const uint16_t* row = x + r * 2 * F;
-        Lp::widen(g, row + c0, len);
-        Lp::widen(u, row + F + c0, len);
-        Lp::widen(d, dy + r * F + c0, len);
-        backward_chunk<K>(g, u, g, u, d, len);  // in place: each element reads its inputs first
-        uint16_t* drow = dx + r * 2 * F;
-        Lp::narrow(drow + c0, g, len);
-        Lp::narrow(drow + F + c0, u, len);
-      });
-    });
+    if (out.defined()) glu_backward_impl<K, true>(dinp, inp, dout, out);
+    else glu_backward_impl<K, false>(dinp, inp, dout, out);
   });
 }
 

@@ -55,7 +55,11 @@ void CudaOps::do_residual_rmsnorm_forward(TensorView residual, TensorView out, T
 void CudaOps::do_glu_forward(TensorView out, TensorView inp, GluKind kind) const {
   cuda::glu_forward(ctx_, out, inp, kind);
 }
-void CudaOps::do_glu_backward(TensorView dinp, TensorView inp, TensorView dout, GluKind kind) const {
+// With `out`, the activation is recomputed by the forward kernel first (dinp may alias inp, so before the
+// backward overwrites it): the same bits as glu_forward by construction. One pass over inp more than a fused
+// kernel would take; the CPU, where that pass is the cost, fuses them.
+void CudaOps::do_glu_backward(TensorView dinp, TensorView inp, TensorView dout, GluKind kind, TensorView out) const {
+  if (out.defined()) cuda::glu_forward(ctx_, out, inp, kind);
   cuda::glu_backward(ctx_, dinp, inp, dout, kind);
 }
 void CudaOps::do_rope_forward(TensorView qkv, TensorView cos, TensorView sin, const AttentionParams& p,
@@ -70,7 +74,8 @@ void CudaOps::do_residual_forward(TensorView out, TensorView a, TensorView b) co
   cuda::residual_forward(ctx_, out, a, b);
 }
 void CudaOps::do_gelu_forward(TensorView out, TensorView inp) const { cuda::gelu_forward(ctx_, out, inp); }
-void CudaOps::do_gelu_backward(TensorView dinp, TensorView inp, TensorView dout) const {
+void CudaOps::do_gelu_backward(TensorView dinp, TensorView inp, TensorView dout, TensorView out) const {
+  if (out.defined()) cuda::gelu_forward(ctx_, out, inp);  // as do_glu_backward's out
   cuda::gelu_backward(ctx_, dinp, inp, dout);
 }
 void CudaOps::do_bias_add_forward(TensorView out, TensorView bias) const { cuda::bias_add_forward(ctx_, out, bias); }

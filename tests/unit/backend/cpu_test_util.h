@@ -119,6 +119,11 @@ inline Tensor lowp_uniform(Shape s, DType dt, uint64_t seed, float lo = -1.0f, f
   return to_lowp(uniform_tensor(s, seed, lo, hi), dt);
 }
 
+// A random tensor of any compute dtype: uniform_tensor for f32, lowp_uniform for bf16/f16.
+inline Tensor uniform_of(Shape s, DType dt, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
+  return dt == DType::kF32 ? uniform_tensor(s, seed, lo, hi) : lowp_uniform(s, dt, seed, lo, hi);
+}
+
 // Exact f32 copy of a bf16/f16 tensor.
 inline Tensor widened(const Tensor& y) {
   Tensor x = Tensor::empty(y.shape(), DType::kF32);

@@ -65,6 +65,36 @@ TEST(CpuElementwise, GeluBackwardMatchesFiniteDifferencesAndOverwrites) {
   }
 }
 
+// gelu_backward's `out`: gelu(inp) from the backward's own pass, gelu_forward's bits, with dinp unchanged
+// (also when dinp aliases dout) in every dtype and thread count; out must be a buffer of its own.
+TEST(CpuElementwise, GeluBackwardWithOutWritesTheForwardsBits) {
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
+    for (int64_t n : {int64_t(1), int64_t(217), int64_t(5000)}) {
+      const std::string t = std::string(dtype_name(dt)) + " n=" + std::to_string(n);
+      Tensor x = uniform_of({n}, dt, 70, -7, 7), dy = uniform_of({n}, dt, 71);
+      Tensor want_out = Tensor::empty({n}, dt), want_dx = Tensor::empty({n}, dt);
+      ops().gelu_forward(want_out, x);
+      ops().gelu_backward(want_dx, x, dy);
+      for (int threads : {1, 2, 3})
+        with_threads(threads, [&] {
+          Tensor out = Tensor::empty({n}, dt), dx = Tensor::empty({n}, dt);
+          ops().gelu_backward(dx, x, dy, out);
+          EXPECT_TRUE(same_bits(out, want_out)) << t << " out, threads " << threads;
+          EXPECT_TRUE(same_bits(dx, want_dx)) << t << " dinp, threads " << threads;
+          Tensor alias = clone(dy), out2 = Tensor::empty({n}, dt);
+          ops().gelu_backward(alias, x, alias, out2);
+          EXPECT_TRUE(same_bits(out2, want_out)) << t << " out (dinp = dout), threads " << threads;
+          EXPECT_TRUE(same_bits(alias, want_dx)) << t << " dinp = dout, threads " << threads;
+        });
+    }
+  Tensor x = uniform_tensor({8}, 72), dy = uniform_tensor({8}, 73), dx = filled({8}, 0);
+  EXPECT_THROW(ops().gelu_backward(dx, x, dy, dy), Error);                            // out = dout
+  EXPECT_THROW(ops().gelu_backward(dx, x, dy, dx), Error);                            // out = dinp
+  EXPECT_THROW(ops().gelu_backward(dx, x, dy, x.slice_flat(0, {8})), Error);          // out = inp
+  EXPECT_THROW(ops().gelu_backward(dx, x, dy, filled({7}, 0)), Error);                // size
+  EXPECT_THROW(ops().gelu_backward(dx, x, dy, lowp_uniform({8}, DType::kBF16, 74)), Error);  // dtype
+}
+
 TEST(CpuElementwise, BiasAddIsExactPerRow) {
   for (int64_t N : kOddSizes)
     for (int64_t C : kOddSizes) {

@@ -214,6 +214,50 @@ TEST(CudaGlu, GeGluWithUnitUpIsGelu) {
   }
 }
 
+// The backward ops' `out` (the activation recomputed alongside the gradient) through the CUDA OpTable: out is
+// the CUDA forward's bytes, dinp the plain backward's, both in place and not, and close to the CPU's.
+TEST(CudaElementwise, BackwardWithOutIsTheForward) {
+  REQUIRE_GPU();
+  const int64_t N = 3, F = 1037;
+  for (DType dt : kDtypes) {
+    const Tensor x = random_host({N, 2 * F}, dt, 61, -6.0f, 6.0f), dy = random_host({N, F}, dt, 62);
+    const Tensor xg = random_host({N, F}, dt, 63, -6.0f, 6.0f);
+    // GeLU
+    Tensor out_ref = Tensor::empty({N, F}, dt), dx_ref = Tensor::empty({N, F}, dt);
+    cpu_ref().gelu_backward(dx_ref, xg, dy, out_ref);
+    Tensor d_x = to_device(xg), d_dy = to_device(dy);
+    Tensor fwd = Tensor::empty({N, F}, dt, ctx().device()), plain = Tensor::empty({N, F}, dt, ctx().device());
+    Tensor out = Tensor::empty({N, F}, dt, ctx().device()), dx = Tensor::empty({N, F}, dt, ctx().device());
+    cuda_ops().gelu_forward(fwd, d_x);
+    cuda_ops().gelu_backward(plain, d_x, d_dy);
+    cuda_ops().gelu_backward(dx, d_x, d_dy, out);
+    EXPECT_TRUE(same_bytes(to_host(out), to_host(fwd))) << "gelu out " << dtype_name(dt);
+    EXPECT_TRUE(same_bytes(to_host(dx), to_host(plain))) << "gelu dinp " << dtype_name(dt);
+    expect_close(out, out_ref, default_tol(dt), std::string("gelu out vs CPU ") + dtype_name(dt));
+    expect_close(dx, dx_ref, default_tol(dt), std::string("gelu dinp vs CPU ") + dtype_name(dt));
+    Tensor out2 = Tensor::empty({N, F}, dt, ctx().device());
+    cuda_ops().gelu_backward(d_dy, d_x, d_dy, out2);  // dinp = dout
+    EXPECT_TRUE(same_bytes(to_host(out2), to_host(fwd))) << "gelu out (in place) " << dtype_name(dt);
+    EXPECT_TRUE(same_bytes(to_host(d_dy), to_host(plain))) << "gelu dinp (in place) " << dtype_name(dt);
+    // GLU, every kind, dinp = inp as the MLP runs it
+    for (GluKind k : kKinds) {
+      const std::string what = kind_name(k) + " " + dtype_name(dt);
+      Tensor gout_ref = Tensor::empty({N, F}, dt), gdx_ref = Tensor::empty({N, 2 * F}, dt);
+      cpu_ref().glu_backward(gdx_ref, x, dy, k, gout_ref);
+      Tensor gx = to_device(x), gdy = to_device(dy);
+      Tensor gfwd = Tensor::empty({N, F}, dt, ctx().device()), gplain = Tensor::empty({N, 2 * F}, dt, ctx().device());
+      cuda_ops().glu_forward(gfwd, gx, k);
+      cuda_ops().glu_backward(gplain, gx, gdy, k);
+      Tensor gout = Tensor::empty({N, F}, dt, ctx().device());
+      cuda_ops().glu_backward(gx, gx, gdy, k, gout);
+      EXPECT_TRUE(same_bytes(to_host(gout), to_host(gfwd))) << "glu out " << what;
+      EXPECT_TRUE(same_bytes(to_host(gx), to_host(gplain))) << "glu dinp " << what;
+      expect_close(gout, gout_ref, default_tol(dt), "glu out vs CPU " + what);
+      expect_close(gx, gdx_ref, default_tol(dt), "glu dinp vs CPU " + what);
+    }
+  }
+}
+
 TEST(CudaGlu, RejectsBadArguments) {
   REQUIRE_GPU();
   Tensor x = to_device(random_host({4, 6}, DType::kF32, 1));

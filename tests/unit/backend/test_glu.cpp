@@ -153,6 +153,31 @@ TEST(CpuGlu, DinpMayAliasInpAndThreadCountDoesNotMatter) {
   }
 }
 
+// glu_backward's `out`: the recomputed activation from the backward's pass is glu_forward's output bit for
+// bit, and dinp is unchanged by asking for it (also in place over inp), in every dtype, kind and thread count.
+TEST(CpuGlu, BackwardWithOutWritesTheForwardsBits) {
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
+    for (GluKind k : kKinds) {
+      const int64_t N = 7, F = 1037;
+      const std::string t = std::string(dtype_name(dt)) + " " + kind_name(k);
+      Tensor x = uniform_of({N, 2 * F}, dt, 60, -7, 7), dy = uniform_of({N, F}, dt, 61);
+      Tensor want_out = Tensor::empty({N, F}, dt), want_dx = Tensor::empty({N, 2 * F}, dt);
+      ops().glu_forward(want_out, x, k);
+      ops().glu_backward(want_dx, x, dy, k);
+      for (int threads : {1, 2, 3})
+        with_threads(threads, [&] {
+          Tensor out = Tensor::empty({N, F}, dt), dx = Tensor::empty({N, 2 * F}, dt);
+          ops().glu_backward(dx, x, dy, k, out);
+          EXPECT_TRUE(same_bits(out, want_out)) << t << " out, threads " << threads;
+          EXPECT_TRUE(same_bits(dx, want_dx)) << t << " dinp, threads " << threads;
+          Tensor alias = clone(x), out2 = Tensor::empty({N, F}, dt);
+          ops().glu_backward(alias, alias, dy, k, out2);
+          EXPECT_TRUE(same_bits(out2, want_out)) << t << " out (dinp = inp), threads " << threads;
+          EXPECT_TRUE(same_bits(alias, want_dx)) << t << " dinp = inp, threads " << threads;
+        });
+    }
+}
+
 // ---- bf16 / f16 ---------------------------------------------------------------------------------------
 
 TEST(LowpGlu, ForwardAndBackwardAreTheRoundedF32Results) {
@@ -181,6 +206,15 @@ TEST(CpuGlu, RejectsMismatchedTensors) {
   EXPECT_THROW(ops().glu_forward(lowp_uniform({4, 3}, DType::kBF16, 52), x, GluKind::kSwiGLU), Error);
   EXPECT_THROW(ops().glu_backward(filled({4, 3}, 0), x, out, GluKind::kGeGLU), Error);  // dinp (N, F)
   EXPECT_THROW(ops().glu_backward(TensorView(), x, out, GluKind::kGeGLU), Error);
+  // out: (N, F) in inp's dtype, and a buffer of its own (it is written while the others are read).
+  Tensor dx = filled({4, 6}, 0);
+  EXPECT_THROW(ops().glu_backward(dx, x, out, GluKind::kSwiGLU, filled({4, 6}, 0)), Error);
+  EXPECT_THROW(ops().glu_backward(dx, x, out, GluKind::kSwiGLU, lowp_uniform({4, 3}, DType::kBF16, 53)), Error);
+  EXPECT_THROW(ops().glu_backward(dx, x, out, GluKind::kSwiGLU, out), Error);                   // out = dout
+  EXPECT_THROW(ops().glu_backward(dx, x, out, GluKind::kSwiGLU, x.slice_flat(0, {4, 3})), Error);  // in inp
+  EXPECT_THROW(ops().glu_backward(dx, x, out, GluKind::kSwiGLU, dx.slice_flat(12, {4, 3})), Error);  // in dinp
+  Tensor ok = filled({4, 3}, 0);
+  EXPECT_NO_THROW(ops().glu_backward(dx, x, out, GluKind::kSwiGLU, ok));
 }
 
 }  // namespace

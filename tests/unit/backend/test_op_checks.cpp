@@ -46,14 +46,16 @@ class CountingOps final : public OpTable {
   void do_residual_rmsnorm_forward(TensorView residual, TensorView out, TensorView rstd, TensorView a, TensorView b,
                                    TensorView weight, float eps) const override { ++calls; }
   void do_glu_forward(TensorView out, TensorView inp, GluKind kind) const override { ++calls; }
-  void do_glu_backward(TensorView dinp, TensorView inp, TensorView dout, GluKind kind) const override { ++calls; }
+  void do_glu_backward(TensorView dinp, TensorView inp, TensorView dout, GluKind kind, TensorView out) const override {
+    ++calls;
+  }
   void do_rope_forward(TensorView qkv, TensorView cos, TensorView sin, const AttentionParams& p, const RopeParams& r,
                        TensorView position_ids) const override { ++calls; }
   void do_rope_backward(TensorView dqkv, TensorView cos, TensorView sin, const AttentionParams& p, const RopeParams& r,
                         TensorView position_ids) const override { ++calls; }
   void do_residual_forward(TensorView out, TensorView a, TensorView b) const override { ++calls; }
   void do_gelu_forward(TensorView out, TensorView inp) const override { ++calls; }
-  void do_gelu_backward(TensorView dinp, TensorView inp, TensorView dout) const override { ++calls; }
+  void do_gelu_backward(TensorView dinp, TensorView inp, TensorView dout, TensorView out) const override { ++calls; }
   void do_bias_add_forward(TensorView out, TensorView bias) const override { ++calls; }
   void do_bias_backward(TensorView dbias, TensorView dout) const override { ++calls; }
   void do_dropout_forward(TensorView out, TensorView inp, float p, uint64_t seed, uint64_t stream,
