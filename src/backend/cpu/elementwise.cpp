@@ -270,7 +270,10 @@ void CpuOps::do_gelu_backward(TensorView dinp, TensorView inp, TensorView dout, 
     }
     with_lowp(dt, [&](auto L) {
       lowp_map2(L, static_cast<uint16_t*>(dinp.raw()), static_cast<uint16_t*>(out.raw()),
-                std::array<const uint16_t*, 2>{u16(inp), u16(dout)}, n, kParallelMin / 8, gelu_grad_and_value);
+                std::array<const uint16_t*, 2>{u16(inp), u16(dout)}, n, kParallelMin / 8,
+                [](float* dx, float* a, const float* x, const float* dy, int64_t len) {
+                  gelu_grad_and_value(dx, a, x, dy, len);
+                });
     });
     return;
   }
