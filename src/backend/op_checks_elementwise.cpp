@@ -31,11 +31,12 @@ DType common_dtype(Device dev, const char* op, std::initializer_list<std::pair<c
 }
 
 // An extra output written alongside the others (gelu_backward's / glu_backward's recomputed activation): it
-// must not share a byte with any of them.
+// must not share a byte with any of them (empty tensors share none).
 void check_disjoint(const char* op, const char* name, TensorView t,
                     std::initializer_list<std::pair<const char*, TensorView>> others) {
   const auto* a = static_cast<const char*>(t.raw());
   for (const auto& [other_name, o] : others) {
+    if (t.nbytes() == 0 || o.nbytes() == 0) continue;
     const auto* b = static_cast<const char*>(o.raw());
     LOOM_CHECK(a + t.nbytes() <= b || b + o.nbytes() <= a, "[", op, "] ", name, " ", t.desc(), " overlaps ",
                other_name, " ", o.desc(), ": it must be a separate buffer");

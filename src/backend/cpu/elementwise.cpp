@@ -116,58 +116,47 @@ const uint16_t* u16(const TensorView& t) { return static_cast<const uint16_t*>(t
 constexpr int64_t kLowpChunk = 1024;
 constexpr int64_t kLowpBlock = 128;
 
-// Runs kernel(out, in..., len) over n low-precision elements, 16 at a time: the inputs are widened into
-// stack vectors, the f32 result narrowed into out, so the conversions stay in registers/L1 and fuse with
-// the kernel (a full block calls it with the constant 16, which compiles to straight-line SIMD code).
-// Threads take chunks of kLowpChunk elements. out may alias an input.
-template <typename L, size_t NIn, typename Kernel>
-void lowp_map(L, uint16_t* out, std::array<const uint16_t*, NIn> in, int64_t n, int64_t parallel_min,
-              Kernel&& kernel) {
+// Runs kernel(out..., in..., len) over n low-precision elements, 16 at a time: the inputs are widened into
+// stack vectors, each f32 result narrowed into its output, so the conversions stay in registers/L1 and fuse
+// with the kernel (a full block calls it with the constant 16, which compiles to straight-line SIMD code).
+// Threads take chunks of kLowpChunk elements. An output may alias an input (each block's inputs are widened
+// before its outputs are narrowed); the outputs are distinct.
+template <typename L, size_t NOut, size_t NIn, typename Kernel>
+void lowp_map_n(L, std::array<uint16_t*, NOut> out, std::array<const uint16_t*, NIn> in, int64_t n,
+                int64_t parallel_min, Kernel&& kernel) {
   const int64_t nchunks = (n + kLowpChunk - 1) / kLowpChunk;
 #pragma omp parallel for schedule(static) if (n > parallel_min)
   for (int64_t ch = 0; ch < nchunks; ++ch) {
     const int64_t i1 = std::min(n, (ch + 1) * kLowpChunk);
     alignas(64) float f[NIn][kLowpBlock];
-    alignas(64) float o[kLowpBlock];
+    alignas(64) float o[NOut][kLowpBlock];
     std::array<const float*, NIn> fp;
+    std::array<float*, NOut> op;
     for (size_t k = 0; k < NIn; ++k) fp[k] = f[k];
+    for (size_t k = 0; k < NOut; ++k) op[k] = o[k];
     for (int64_t i = ch * kLowpChunk; i < i1; i += kLowpBlock) {
       const int64_t len = std::min(kLowpBlock, i1 - i);
       for (size_t k = 0; k < NIn; ++k) L::widen(f[k], in[k] + i, len);
-      if (len == kLowpBlock)
-        std::apply([&](auto... ins) { kernel(o, ins..., kLowpBlock); }, fp);
-      else
-        std::apply([&](auto... ins) { kernel(o, ins..., len); }, fp);
-      L::narrow(out + i, o, len);
+      std::apply(
+          [&](auto... outs) {
+            std::apply(
+                [&](auto... ins) {
+                  if (len == kLowpBlock) kernel(outs..., ins..., kLowpBlock);
+                  else kernel(outs..., ins..., len);
+                },
+                fp);
+          },
+          op);
+      for (size_t k = 0; k < NOut; ++k) L::narrow(out[k] + i, o[k], len);
     }
   }
 }
 
-// lowp_map with two outputs: kernel(out1, out2, in..., len), each narrowed once. As there, an output may be
-// an input (each block's inputs are widened before its outputs are narrowed); the outputs are distinct.
+// One output: kernel(out, in..., len).
 template <typename L, size_t NIn, typename Kernel>
-void lowp_map2(L, uint16_t* out1, uint16_t* out2, std::array<const uint16_t*, NIn> in, int64_t n,
-               int64_t parallel_min, Kernel&& kernel) {
-  const int64_t nchunks = (n + kLowpChunk - 1) / kLowpChunk;
-#pragma omp parallel for schedule(static) if (n > parallel_min)
-  for (int64_t ch = 0; ch < nchunks; ++ch) {
-    const int64_t i1 = std::min(n, (ch + 1) * kLowpChunk);
-    alignas(64) float f[NIn][kLowpBlock];
-    alignas(64) float o1[kLowpBlock];
-    alignas(64) float o2[kLowpBlock];
-    std::array<const float*, NIn> fp;
-    for (size_t k = 0; k < NIn; ++k) fp[k] = f[k];
-    for (int64_t i = ch * kLowpChunk; i < i1; i += kLowpBlock) {
-      const int64_t len = std::min(kLowpBlock, i1 - i);
-      for (size_t k = 0; k < NIn; ++k) L::widen(f[k], in[k] + i, len);
-      if (len == kLowpBlock)
-        std::apply([&](auto... ins) { kernel(o1, o2, ins..., kLowpBlock); }, fp);
-      else
-        std::apply([&](auto... ins) { kernel(o1, o2, ins..., len); }, fp);
-      L::narrow(out1 + i, o1, len);
-      L::narrow(out2 + i, o2, len);
-    }
-  }
+void lowp_map(L, uint16_t* out, std::array<const uint16_t*, NIn> in, int64_t n, int64_t parallel_min,
+              Kernel&& kernel) {
+  lowp_map_n(L{}, std::array<uint16_t*, 1>{out}, in, n, parallel_min, kernel);
 }
 
 // f32 elementwise ops in chunks of kLowpChunk elements (the bf16/f16 path's split): kernel(out + i, i, len)
@@ -269,11 +258,11 @@ void CpuOps::do_gelu_backward(TensorView dinp, TensorView inp, TensorView dout, 
       return;
     }
     with_lowp(dt, [&](auto L) {
-      lowp_map2(L, static_cast<uint16_t*>(dinp.raw()), static_cast<uint16_t*>(out.raw()),
-                std::array<const uint16_t*, 2>{u16(inp), u16(dout)}, n, kParallelMin / 8,
-                [](float* dx, float* a, const float* x, const float* dy, int64_t len) {
-                  gelu_grad_and_value(dx, a, x, dy, len);
-                });
+      lowp_map_n(L, std::array<uint16_t*, 2>{static_cast<uint16_t*>(dinp.raw()), static_cast<uint16_t*>(out.raw())},
+                 std::array<const uint16_t*, 2>{u16(inp), u16(dout)}, n, kParallelMin / 8,
+                 [](float* dx, float* a, const float* x, const float* dy, int64_t len) {
+                   gelu_grad_and_value(dx, a, x, dy, len);
+                 });
     });
     return;
   }
