@@ -32,7 +32,7 @@
 #   BENCH_OUT [out/bench_latest.md; out/bench_latest_bf16.md with bf16]
 #   BENCH_TORCH_CORETYPE [auto]   OPENBLAS_CORETYPE for the PyTorch side: auto = fastest of unset/SkylakeX/Haswell
 #   CEILING_BIN [$BUILD_DIR/bench/loom_bench_ceiling]
-#   BENCH_PAIRS [1]  times the (GEMM ceiling, Loom) pair is run, in turn, per shape: the "Loom of ceiling" is
+#   BENCH_PAIRS [3]  times the (GEMM ceiling, Loom) pair is run, in turn, per shape: the "Loom of ceiling" is
 #                    then the median of the pairs' fractions, each pair's listed under the table (on a
 #                    shared VM both sides drift by a few % within minutes, so one pair decides a close
 #                    verdict by chance). The PyTorch side and the main table use the first pair's Loom run.
@@ -260,7 +260,7 @@ esac
 export BENCH_PRECISION="$PRECISION"
 THREADS="${BENCH_THREADS:-2}"
 SHAPES="${BENCH_SHAPES:-4x64 8x256}"
-PAIRS="${BENCH_PAIRS:-1}"
+PAIRS="${BENCH_PAIRS:-3}"
 [[ "$PAIRS" =~ ^[1-9][0-9]*$ ]] || { echo "[bench] ERROR: BENCH_PAIRS must be a positive integer, got '$PAIRS'" >&2; exit 1; }
 PAIRS_NOTE=""; [[ $PAIRS -eq 1 ]] || PAIRS_NOTE=1
 L="${BENCH_LAYERS:-12}" C="${BENCH_HIDDEN:-768}" NH="${BENCH_HEADS:-12}" V="${BENCH_VOCAB:-50257}"
@@ -348,8 +348,8 @@ RESULTS="$WORK/results.jsonl"
 : >"$RESULTS"
 failed=0
 
-# Default iteration counts keep the whole run at about 3-5 minutes on 2 cores (PyTorch takes about
-# 1.9 s/step at 4x64 and 7.3 s/step at 8x256).
+# Default iteration counts keep the whole run at about 4-5 minutes on 2 cores with three (ceiling, Loom)
+# pairs per shape (PyTorch takes about 1.9 s/step at 4x64 and 7.3 s/step at 8x256).
 counts_for() {  # SHAPE -> "WARMUP STEPS"
   local shape="$1" w s
   case "$shape" in
