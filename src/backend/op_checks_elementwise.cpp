@@ -31,16 +31,12 @@ DType common_dtype(Device dev, const char* op, std::initializer_list<std::pair<c
 }
 
 // An extra output written alongside the others (gelu_backward's / glu_backward's recomputed activation): it
-// must not share a byte with any of them (empty tensors share none).
+// must not share a byte with any of them.
 void check_disjoint(const char* op, const char* name, TensorView t,
                     std::initializer_list<std::pair<const char*, TensorView>> others) {
-  const auto* a = static_cast<const char*>(t.raw());
-  for (const auto& [other_name, o] : others) {
-    if (t.nbytes() == 0 || o.nbytes() == 0) continue;
-    const auto* b = static_cast<const char*>(o.raw());
-    LOOM_CHECK(a + t.nbytes() <= b || b + o.nbytes() <= a, "[", op, "] ", name, " ", t.desc(), " overlaps ",
-               other_name, " ", o.desc(), ": it must be a separate buffer");
-  }
+  for (const auto& [other_name, o] : others)
+    LOOM_CHECK(!overlaps(t, o), "[", op, "] ", name, " ", t.desc(), " overlaps ", other_name, " ", o.desc(),
+               ": it must be a separate buffer");
 }
 
 // ---- gated MLP --------------------------------------------------------------------------------------------
@@ -79,10 +75,8 @@ void check_dropout(Device dev, const char* op, TensorView out, const char* out_n
   LOOM_CHECK(out.dtype() == inp.dtype() && out.numel() == inp.numel(), "[", op, "] expected ", out_name,
              " with the dtype and element count of ", inp_name, " ", inp.desc(), ", got ", out.desc());
   // In place is fine (each element is read before it is written); any other overlap is not.
-  const auto* a = static_cast<const char*>(inp.raw());
-  const auto* b = static_cast<const char*>(out.raw());
-  LOOM_CHECK(a == b || a + inp.nbytes() <= b || b + out.nbytes() <= a, "[", op, "] ", out_name, " must be ",
-             inp_name, " itself or not overlap it");
+  LOOM_CHECK(inp.raw() == out.raw() || !overlaps(inp, out), "[", op, "] ", out_name, " must be ", inp_name,
+             " itself or not overlap it");
 }
 
 // ---- optimizer and buffer utilities -----------------------------------------------------------------------

@@ -98,8 +98,8 @@ void* CpuAllocator::allocate(size_t bytes) {
     cache_->live.emplace(p, Cache::Live{bytes, cls});
   } else {
     p = aligned_block(rounded);
+    if (!p) throw std::bad_alloc();
   }
-  if (!p) throw std::bad_alloc();
   const int64_t cur = current_.fetch_add(int64_t(bytes)) + int64_t(bytes);
   int64_t peak = peak_.load();
   while (cur > peak && !peak_.compare_exchange_weak(peak, cur)) {

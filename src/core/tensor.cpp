@@ -30,6 +30,12 @@ TensorView TensorView::slice_flat(int64_t offset, Shape s) const {
   return TensorView(static_cast<char*>(data_) + offset * int64_t(dtype_size(dtype_)), dtype_, s, device_);
 }
 
+bool overlaps(TensorView a, TensorView b) {
+  const auto* pa = static_cast<const char*>(a.raw());
+  const auto* pb = static_cast<const char*>(b.raw());
+  return a.nbytes() > 0 && b.nbytes() > 0 && pa < pb + b.nbytes() && pb < pa + a.nbytes();
+}
+
 std::string TensorView::desc() const {
   return std::string(dtype_name(dtype_)) + shape_.str() + "@" + device_.str();
 }

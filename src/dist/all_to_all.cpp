@@ -26,12 +26,6 @@ bool same_trailing_shape(const Shape& a, const Shape& b) {
   return true;
 }
 
-bool overlaps(TensorView a, TensorView b) {
-  const auto* pa = static_cast<const char*>(a.raw());
-  const auto* pb = static_cast<const char*>(b.raw());
-  return a.nbytes() > 0 && b.nbytes() > 0 && pa < pb + b.nbytes() && pb < pa + a.nbytes();
-}
-
 // Offsets and element counts of one side; `what` names the count vector in messages.
 void plan_side(const std::string& text, int size, TensorView t, const std::vector<int64_t>& counts,
                const char* what, const char* tensor, int64_t row, std::vector<int64_t>& off,

@@ -103,12 +103,6 @@ void for_chunks(int64_t n, int64_t max_chunk, F&& f) {
   for (int64_t off = 0; off < n; off += max_chunk) f(off, int(std::min(max_chunk, n - off)));
 }
 
-bool overlaps(TensorView a, TensorView b) {
-  const auto* pa = static_cast<const char*>(a.raw());
-  const auto* pb = static_cast<const char*>(b.raw());
-  return a.nbytes() > 0 && b.nbytes() > 0 && pa < pb + b.nbytes() && pb < pa + a.nbytes();
-}
-
 // "f32(1024)" (the tensor's description without the device).
 std::string tensor_text(TensorView t) {
   std::string d = t.desc();

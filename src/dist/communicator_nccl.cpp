@@ -467,12 +467,6 @@ class NcclCommunicator final : public Communicator {
     s_->stats().call(is_send ? dist::CommOp::kSend : dist::CommOp::kRecv, x.nbytes());
   }
 
-  static bool overlaps(TensorView a, TensorView b) {
-    const auto* pa = static_cast<const char*>(a.raw());
-    const auto* pb = static_cast<const char*>(b.raw());
-    return a.nbytes() > 0 && b.nbytes() > 0 && pa < pb + b.nbytes() && pb < pa + a.nbytes();
-  }
-
   void check_device(TensorView x, const char* op) const {
     LOOM_CHECK(x.device().type == DeviceType::kCUDA && x.device().index == s_->device(), "[", op, "] on group ",
                s_->text(), ": the NCCL communicator takes tensors on cuda:", s_->device(), ", got ", x.desc());

@@ -16,11 +16,12 @@ void gemm_forward(const DeviceContext& ctx, const std::optional<Fp8Gemm>& fp8, T
   ctx.ops().matmul_forward(out, inp, w.compute, bias);
 }
 
-// The weight gradient is stored rather than added when it is the step's first write (take_grad_write).
+// The weight gradient is stored rather than added when it is the step's first write (take_grad_write). With
+// `between`: the input gradient, then `between` (which may write inp), then the weight's and bias's (never
+// with FP8: RowParallelLinear::backward checks splits_backward first).
 void gemm_backward(const DeviceContext& ctx, const std::optional<Fp8Gemm>& fp8, TensorView dinp, Parameter& w,
                    TensorView dbias, TensorView dout, TensorView inp, const std::function<void()>& between = {}) {
-  if (between) {  // the input gradient, then `between` (which may write inp), then the weight's and bias's
-    LOOM_CHECK(!fp8, "[linear] an FP8 GEMM's backward cannot be split around its weight gradient");
+  if (between) {
     ctx.ops().matmul_backward(dinp, TensorView(), TensorView(), dout, inp, w.compute);
     between();
     ctx.ops().matmul_backward(TensorView(), w.grad, dbias, dout, inp, w.compute, take_grad_write(ctx, w));

@@ -62,7 +62,8 @@ class CpuAllocator final : public Allocator {
   void empty_cache();
   int64_t cached_bytes() const;
   // The most bytes the cache keeps is LOOM_CPU_ALLOC_CACHE_MB (0 turns caching off), by default the smaller
-  // of 4 GiB and an eighth of the machine's memory; this changes it (tests; frees what is over).
+  // of 4 GiB and an eighth of the machine's memory; this changes it (tests; a cache holding more than the new
+  // limit is emptied).
   void set_cache_limit(int64_t bytes);
   // Whether large blocks are filled with 0xFF when handed out (LOOM_CPU_ALLOC_POISON, loom/core/env.h's
   // rule; tests may switch it).

@@ -63,6 +63,10 @@ class TensorView {
   Device device_;
 };
 
+// Whether a and b share a byte of memory (their byte ranges intersect; an empty view shares none). Views on
+// different devices never compare equal addresses in practice, so this is only meaningful per device.
+bool overlaps(TensorView a, TensorView b);
+
 struct Storage {
   void* data = nullptr;
   size_t bytes = 0;

@@ -171,22 +171,16 @@ void f32_map(float* out, int64_t n, int64_t parallel_min, Kernel&& kernel) {
   }
 }
 
-// dL/dx of GeLU (the value fast_gelu_and_grad also yields is unused and optimised away).
-inline float gelu_grad(float xi, float dy) {
-  float a, da;
-  fast_gelu_and_grad(xi, a, da);
-  return da * dy;
-}
-
-// gelu_backward with its `out`: dx = gelu'(x) · dy and a = gelu(x) from one exponential per element (the
-// bits of gelu_grad and fast_gelu / simd16::gelu: the same sigmoid, the same products).
-inline void gelu_grad_and_value(float* dx, float* a, const float* x, const float* dy, int64_t len) {
+// GeLU's backward over one block: dx = gelu'(x) · dy, and with kOut also a = gelu(x), from the same exponential
+// (the bits of fast_gelu / simd16::gelu: the same sigmoid, the same products). dx may be dy.
+template <bool kOut>
+inline void gelu_backward_block(float* dx, float* a, const float* x, const float* dy, int64_t len) {
 #if defined(__AVX512F__)
   simd16::for_blocks(len, [&](int64_t i, __mmask16 m) {
     __m512 av, da;
     simd16::gelu_and_grad(_mm512_maskz_loadu_ps(m, x + i), av, da);
     _mm512_mask_storeu_ps(dx + i, m, _mm512_mul_ps(da, _mm512_maskz_loadu_ps(m, dy + i)));
-    _mm512_mask_storeu_ps(a + i, m, av);
+    if constexpr (kOut) _mm512_mask_storeu_ps(a + i, m, av);
   });
 #else
   LOOM_SIMD_ACTIVATION
@@ -194,7 +188,7 @@ inline void gelu_grad_and_value(float* dx, float* a, const float* x, const float
     float ai, da;
     fast_gelu_and_grad(x[i], ai, da);
     dx[i] = da * dy[i];
-    a[i] = ai;
+    if constexpr (kOut) a[i] = ai;
   }
 #endif
 }
@@ -250,43 +244,29 @@ void CpuOps::do_gelu_forward(TensorView out, TensorView inp) const {
 void CpuOps::do_gelu_backward(TensorView dinp, TensorView inp, TensorView dout, TensorView out) const {
   const DType dt = dinp.dtype();
   const int64_t n = dinp.numel();
-  if (out.defined()) {  // the recomputed activation from the same pass (one exponential per element, not two)
-    if (dt == DType::kF32) {
-      f32_map(dinp.data<float>(), n, kParallelMin / 8, [&](float* dx, int64_t i, int64_t len) {
-        gelu_grad_and_value(dx, out.data<float>() + i, inp.data<float>() + i, dout.data<float>() + i, len);
-      });
-      return;
-    }
-    with_lowp(dt, [&](auto L) {
-      lowp_map_n(L, std::array<uint16_t*, 2>{static_cast<uint16_t*>(dinp.raw()), static_cast<uint16_t*>(out.raw())},
-                 std::array<const uint16_t*, 2>{u16(inp), u16(dout)}, n, kParallelMin / 8,
-                 [](float* dx, float* a, const float* x, const float* dy, int64_t len) {
-                   gelu_grad_and_value(dx, a, x, dy, len);
-                 });
-    });
-    return;
-  }
-  auto kernel = [](float* dx, const float* x, const float* dy, int64_t len) {
-#if defined(__AVX512F__)
-    simd16::for_blocks(len, [&](int64_t i, __mmask16 m) {
-      __m512 a, da;
-      simd16::gelu_and_grad(_mm512_maskz_loadu_ps(m, x + i), a, da);
-      _mm512_mask_storeu_ps(dx + i, m, _mm512_mul_ps(da, _mm512_maskz_loadu_ps(m, dy + i)));
-    });
-#else
-    LOOM_SIMD_ACTIVATION
-    for (int64_t i = 0; i < len; ++i) dx[i] = gelu_grad(x[i], dy[i]);
-#endif
-  };
+  // With out: the recomputed activation from the same pass (one exponential per element, not two).
   if (dt == DType::kF32) {
     f32_map(dinp.data<float>(), n, kParallelMin / 8, [&](float* dx, int64_t i, int64_t len) {
-      kernel(dx, inp.data<float>() + i, dout.data<float>() + i, len);
+      const float* x = inp.data<float>() + i;
+      const float* dy = dout.data<float>() + i;
+      if (out) gelu_backward_block<true>(dx, out.data<float>() + i, x, dy, len);
+      else gelu_backward_block<false>(dx, nullptr, x, dy, len);
     });
     return;
   }
   with_lowp(dt, [&](auto L) {
-    lowp_map(L, static_cast<uint16_t*>(dinp.raw()), std::array<const uint16_t*, 2>{u16(inp), u16(dout)}, n,
-             kParallelMin / 8, kernel);
+    const std::array<const uint16_t*, 2> in{u16(inp), u16(dout)};
+    auto* dx = static_cast<uint16_t*>(dinp.raw());
+    if (out) {
+      lowp_map_n(L, std::array<uint16_t*, 2>{dx, static_cast<uint16_t*>(out.raw())}, in, n, kParallelMin / 8,
+                 [](float* d, float* a, const float* x, const float* dy, int64_t len) {
+                   gelu_backward_block<true>(d, a, x, dy, len);
+                 });
+    } else {
+      lowp_map(L, dx, in, n, kParallelMin / 8, [](float* d, const float* x, const float* dy, int64_t len) {
+        gelu_backward_block<false>(d, nullptr, x, dy, len);
+      });
+    }
   });
 }
 
