@@ -7,21 +7,20 @@
 // AVX-512 registers. Compiled for AVX512-BF16 whatever the build's -march (the function attributes below)
 // and chosen at run time.
 //
-// Tasks: the f32 path's tasks, tiles and online softmax, with every block product on bf16_gemm: operands are the bf16
-// rows themselves (no widening), the products accumulate in f32, and P and dS are rounded to bf16 for the products that
-// take them, as on the GPU. The scores come out unscaled and are multiplied by the softmax scale in f32 (the f32 path
-// scales q before the product instead). Operand layouts: a product's left operand is plain rows (k, v rows; P^T and
-// dS^T tiles straight from the S^T layout; P and dS transposed), its right operand pair-interleaved (q^T and dO^T by a
-// 32-bit transpose of the block, v, k, q and dO rows by interleave_pairs). Head rows are padded with zeros to H2, a
-// multiple of 32. Key tiles start at even keys (the pair layout of k and v is by absolute pairs): a block's first key
-// is rounded down to even, which adds at most one key that no query of the block sees, masked like any other. Tiles are
-// computed whole (no band skipping inside a tile): masked pairs and keys past the block's last one take part with zero
-// coefficients (P = dS = 0; those key rows are zeros, or in backward, from a group's second head on, the later keys'
-// own rows), and a tile's dK/dV rows past its last key receive +0. With finite inputs that changes nothing; a NaN or
-// infinity in q, k, v or dO spreads (0 x NaN) to the other rows and columns of the tiles it enters, masked pairs and
-// those later keys included, as in an unfused masked softmax followed by a matmul (the f32 path skips most masked
-// pairs, in groups of 4 rows and 16 columns, so it spreads less there). A non-finite loss or gradient norm skips the
-// step either way.
+// Tasks: the f32 path's tasks, tiles and online softmax, with every block product on bf16_band_gemm: operands are the
+// bf16 rows themselves (no widening), the products accumulate in f32, and P and dS are rounded to bf16 for the products
+// that take them, as on the GPU. The scores come out unscaled and are multiplied by the softmax scale in f32 (the f32
+// path scales q before the product instead). Operand layouts: a product's left operand is plain rows (k, v rows; P^T
+// and dS^T tiles straight from the S^T layout; P and dS transposed), its right operand pair-interleaved (q^T and dO^T
+// by a 32-bit transpose of the block, v, k, q and dO rows by interleave_pairs). Head rows are padded with zeros to H2,
+// a multiple of 32. Key tiles start at even keys (the pair layout of k and v is by absolute pairs): a block's first
+// key is rounded down to even, which adds at most one key that no query of the block sees, masked like any other.
+// Inside a tile the products skip, per group of 4 rows, the 16-query vectors and the key or query pairs the band
+// hides from all 4 (bf16_band_gemm, the f32 path's rule); the masked pairs left in take part with zero coefficients
+// (P = dS = 0), as do keys past the block's last one (zero rows, or in backward, from a group's second head on, the
+// later keys' own rows). With finite inputs that changes nothing; a NaN or infinity in q, k, v or dO spreads (0 x NaN)
+// to the other rows and columns of the tile pairs it enters, as in an unfused masked softmax followed by a matmul. A
+// non-finite loss or gradient norm skips the step either way.
 #include "backend/cpu/attention_bf16.h"
 
 #include <omp.h>
@@ -85,13 +84,12 @@ bool bf16_attention_enabled() { return g_switch.load(std::memory_order_relaxed) 
 
 void set_bf16_attention(bool on) { g_switch.store(on, std::memory_order_relaxed); }
 
-void bf16_gemm(float* c, int64_t ldc, const uint16_t* a, int64_t lda, const uint32_t* b, int64_t ldb, int64_t m,
-               int64_t n, int64_t k, bool accumulate) {
+namespace {
+
+// bf16_gemm's loops without its checks (the tasks' tiles meet them by construction).
+void gemm_rows(float* c, int64_t ldc, const uint16_t* a, int64_t lda, const uint32_t* b, int64_t ldb, int64_t m,
+               int64_t n, int64_t pairs, bool accumulate) {
 #if defined(LOOM_HAVE_BF16_DOT)
-  LOOM_CHECK(bf16_dot_supported(), "[attention] bf16 products need AVX512-BF16, which this CPU does not have");
-  LOOM_CHECK(m % 4 == 0 && n % 16 == 0 && k % 2 == 0 && lda % 2 == 0, "[attention] bf16_gemm shape ", m, " x ", n,
-             " x ", k, " (lda ", lda, ") is not a multiple of 4 x 16 x 2");
-  const int64_t pairs = k / 2;
   for (int64_t j = 0; j < n; j += 64) {
     const int64_t nv = std::min<int64_t>(4, (n - j) / 16);
     for (int64_t i = 0; i < m; i += 4) {
@@ -110,13 +108,56 @@ void bf16_gemm(float* c, int64_t ldc, const uint16_t* a, int64_t lda, const uint
 #endif
 }
 
+}  // namespace
+
+void bf16_gemm(float* c, int64_t ldc, const uint16_t* a, int64_t lda, const uint32_t* b, int64_t ldb, int64_t m,
+               int64_t n, int64_t k, bool accumulate) {
+#if defined(LOOM_HAVE_BF16_DOT)
+  LOOM_CHECK(bf16_dot_supported(), "[attention] bf16 products need AVX512-BF16, which this CPU does not have");
+  LOOM_CHECK(m % 4 == 0 && n % 16 == 0 && k % 2 == 0 && lda % 2 == 0, "[attention] bf16_gemm shape ", m, " x ", n,
+             " x ", k, " (lda ", lda, ") is not a multiple of 4 x 16 x 2");
+  gemm_rows(c, ldc, a, lda, b, ldb, m, n, k / 2, accumulate);
+#else
+  LOOM_FAIL("[attention] bf16 products need AVX512-BF16, which this build's target does not have");
+#endif
+}
+
+void bf16_band_gemm(float* c, int64_t ldc, const uint16_t* a, int64_t lda, const uint32_t* b, int64_t ldb, int64_t n,
+                    bool accumulate, const Band& band, BandUse use, int64_t rows) {
+  const bool cols = use == BandUse::kQueryCols;
+  LOOM_CHECK(bf16_dot_supported(), "[attention] bf16 products need AVX512-BF16, which this CPU does not have");
+  LOOM_CHECK(rows >= 0 && rows <= kBlock && lda % 2 == 0 && n % (cols ? 2 : 16) == 0, "[attention] bf16_band_gemm: ",
+             rows, " rows of a tile of ", kBlock, ", n ", n, ", lda ", lda, " (expected n a multiple of ",
+             cols ? 2 : 16, ", lda even)");
+  const bool key_rows = use != BandUse::kReduceKeys;
+  for (int64_t r = 0; r < rows; r += 4) {
+    const int64_t rn = std::min<int64_t>(4, rows - r);
+    const int64_t lo = std::clamp<int64_t>(key_rows ? band.query_begin(r) : band.key_begin(r), 0, kBlock);
+    const int64_t hi = std::clamp<int64_t>(key_rows ? band.query_end(r, rn) : band.key_end(r, rn), lo, kBlock);
+    float* cr = c + r * ldc;
+    const uint16_t* ar = a + r * lda;
+    if (cols) {  // kBlock query columns (4 vectors) summed over n
+      const int64_t vb = lo / 16, ve = (hi + 15) / 16;
+      if (!accumulate)
+        for (int64_t v = 0; v < 4; ++v)
+          if (v < vb || v >= ve)
+            for (int i = 0; i < 4; ++i) std::fill(cr + i * ldc + v * 16, cr + i * ldc + v * 16 + 16, 0.0f);
+      if (ve > vb) gemm_rows(cr + vb * 16, ldc, ar, lda, b + vb * 16, ldb, 4, (ve - vb) * 16, n / 2, accumulate);
+    } else {  // n columns summed over the visible pairs [lo / 2, ceil(hi / 2)) of the tile's kBlock rows of b
+      const int64_t pb = lo / 2, pe = (hi + 1) / 2;
+      if (pe > pb) {
+        gemm_rows(cr, ldc, ar + 2 * pb, lda, b + pb * ldb, ldb, 4, n, pe - pb, accumulate);
+      } else if (!accumulate) {
+        for (int i = 0; i < 4; ++i) std::fill(cr + i * ldc, cr + i * ldc + n, 0.0f);
+      }
+    }
+  }
+}
+
 // ---- tasks ----------------------------------------------------------------------------------------
 
 namespace {
 
-// Rows of one kv head for the bf16 products: plain bf16 rows of k and v (H2 elements each), and k and/or v
-// pair-interleaved, filled as the query blocks need them (HeadRows' high-water mark), with the kBlock + 1
-// rows after the loaded ones zeroed (the pairs interleaved from them never hold another task's rows).
 struct Bf16HeadRows {
   uint16_t* k;
   uint16_t* v;
@@ -235,14 +276,14 @@ void forward_task_bf16(uint16_t* out, float* lse, const uint16_t* qkv, const Geo
     for (int64_t j0 = kbeg; j0 < kend; j0 += kBlock) {
       const int64_t kn = std::min(kBlock, kend - j0);
       const Band band = g.band(sg, i0, j0);
-      bf16_gemm(st, kBlock, kv.k + j0 * h2, h2, s.qt.get(), kBlock, kBlock, kBlock, h2, false);  // k_j . q_i
+      bf16_band_gemm(st, kBlock, kv.k + j0 * h2, h2, s.qt.get(), kBlock, h2, false, band, BandUse::kQueryCols, kn);  // k_j . q_i
       pf.step();
       scale_scores(st, kn, g.scale, band, !band.all_visible(qn, kn));
       if (g.dropout) dropout_tile(s.z.get(), g.drop, g.mask_base(b, h, i0, j0), uint64_t(g.T), qn, kn, band);
       sm.update(st, kn, g.dropout ? z : nullptr);
       if (j0 != kbeg) sm.rescale(o, h2, qn);
       tile_to_bf16_transposed(s.p.get(), st, kn);
-      bf16_gemm(o, h2, s.p.get(), kBlock, kv.vp + (j0 / 2) * h2, h2, kBlock, h2, kBlock, true);  // o += P v
+      bf16_band_gemm(o, h2, s.p.get(), kBlock, kv.vp + (j0 / 2) * h2, h2, h2, true, band, BandUse::kReduceKeys, qn);  // o += P v
       pf.step();
     }
     pf.drain();
@@ -323,20 +364,21 @@ void backward_group_bf16(uint16_t* dqkv, const uint16_t* dout, const uint16_t* q
       for (int64_t j0 = kbeg; j0 < kend; j0 += kBlock) {
         const int64_t kn = std::min(kBlock, kend - j0);
         const Band band = g.band(sg, i0, j0);
-        bf16_gemm(st, kBlock, kv.k + j0 * h2, h2, s.qt.get(), kBlock, kBlock, kBlock, h2, false);      // k_j . q_i
-        bf16_gemm(dpt, kBlock, kv.v + j0 * h2, h2, s.doutt.get(), kBlock, kBlock, kBlock, h2, false);  // v_j . dO_i
+        bf16_band_gemm(st, kBlock, kv.k + j0 * h2, h2, s.qt.get(), kBlock, h2, false, band, BandUse::kQueryCols, kn);  // k_j . q_i
+        bf16_band_gemm(dpt, kBlock, kv.v + j0 * h2, h2, s.doutt.get(), kBlock, h2, false, band,
+                  BandUse::kQueryCols, kn);  // v_j . dO_i
         pf.step();
         scale_scores(st, kn, g.scale, band, false);
         if (g.dropout) dropout_tile(s.z.get(), g.drop, g.mask_base(b, h, i0, j0), uint64_t(g.T), qn, kn, band);
         grad_tile(st, dpt, kn, lse_i, d_i, g.dropout ? z : nullptr, g.scale, band, !band.all_visible(qn, kn));
         tile_to_bf16(pt, st, kn);
-        bf16_gemm(dv + j0 * h2, h2, pt, kBlock, s.doutp.get(), h2, kBlock, h2, kBlock, true);  // dV += P^T dO
+        bf16_band_gemm(dv + j0 * h2, h2, pt, kBlock, s.doutp.get(), h2, h2, true, band, BandUse::kReduceQueries, kn);  // dV += P^T dO
         pf.step();
         tile_to_bf16(pt, dpt, kn);
-        bf16_gemm(dk + j0 * h2, h2, pt, kBlock, s.qp.get(), h2, kBlock, h2, kBlock, true);  // dK += dS^T q
+        bf16_band_gemm(dk + j0 * h2, h2, pt, kBlock, s.qp.get(), h2, h2, true, band, BandUse::kReduceQueries, kn);  // dK += dS^T q
         pf.step();
         tile_to_bf16_transposed(pt, dpt, kn);
-        bf16_gemm(dq, h2, pt, kBlock, kv.kp + (j0 / 2) * h2, h2, kBlock, h2, kBlock, true);  // dQ += dS k
+        bf16_band_gemm(dq, h2, pt, kBlock, kv.kp + (j0 / 2) * h2, h2, h2, true, band, BandUse::kReduceKeys, qn);  // dQ += dS k
         pf.step();
         pf.step();
       }

@@ -6,7 +6,8 @@
 //     so the error is the f32 accumulation's: <= pairs * 2^-23 * sum |a b|), with and without accumulate, for
 //     every n width the kernel blocks differently (16, 32, 48, 64, 96);
 //   - bf16_gemm is a function of its arguments: the same call on copies at other addresses gives the same
-//     bits.
+//     bits;
+//   - bf16_band_gemm (the tasks' products, restricted to a tile's band) gives bf16_gemm's bits on the whole tile.
 // Skipped on CPUs without AVX512-BF16 (the op then takes the f32 path, tested in test_attention_lowp.cpp).
 #include <gtest/gtest.h>
 
@@ -15,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "attention_test_util.h"
@@ -156,6 +158,110 @@ TEST(AttentionBf16Gemm, ResultDependsOnlyOnTheArguments) {
     std::vector<float> got(c.p, c.p + m * n);
     if (first.empty()) first = got;
     EXPECT_EQ(0, std::memcmp(first.data(), got.data(), got.size() * sizeof(float))) << off;
+  }
+}
+
+// bf16_band_gemm against bf16_gemm on the whole tile, over causal tiles on and off the diagonal, sliding windows,
+// document segments, and tiles cut short (rows < kBlock):
+//   - kQueryCols: every entry of the computed rows either has the whole product's bits, or is 0 and hidden by the
+//     band from its key (so the callers' masking overwrites it);
+//   - kReduceQueries / kReduceKeys with a's hidden entries zeroed, as P and dS are: the whole product's bits in
+//     rows [0, rows), with and without accumulate;
+//   - rows past the last group of 4 that holds one of [0, rows) untouched.
+TEST(AttentionBf16Gemm, BandRestrictedEqualsWholeTile) {
+  if (!bf16_dot_supported()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  // Segments of a 200-position row: [0, 37), [37, 90), [90, 200).
+  std::vector<int32_t> seg_begin(200), seg_end(200);
+  for (int32_t p = 0; p < 200; ++p) {
+    seg_begin[size_t(p)] = p < 37 ? 0 : p < 90 ? 37 : 90;
+    seg_end[size_t(p)] = p < 37 ? 37 : p < 90 ? 90 : 200;
+  }
+  struct Case {
+    const char* name;
+    int64_t lo, hi, i0, j0;
+    bool segments;
+  };
+  const Case cases[] = {
+      {"causal diagonal", -kFar, 0, 64, 64, false},  {"causal below", -kFar, 64, 128, 64, false},
+      {"causal odd start", -kFar, 1, 64, 62, false}, {"window 40", -41, -1, 64, 64, false},
+      {"window crossing", 10, 70, 128, 64, false},   {"segments", -kFar, 0, 64, 64, true},
+      {"segments below", -kFar, 64, 128, 64, true},  {"segments non-causal", -kFar, kFar, 64, 0, true},
+  };
+  uint32_t seed = 40;
+  for (const Case& cs : cases) {
+    Band band;
+    band.lo = cs.lo, band.hi = cs.hi, band.i0 = cs.i0, band.j0 = cs.j0;
+    if (cs.segments) band.seg_begin = seg_begin.data(), band.seg_end = seg_end.data();
+    // Whether query ii of the tile sees key jj (the definition attention_tiles.h gives for Band).
+    auto visible = [&](int64_t ii, int64_t jj) {
+      if (!(cs.lo < jj - ii && jj - ii <= cs.hi)) return false;
+      if (!cs.segments) return true;
+      const int64_t q = cs.i0 + ii, k = cs.j0 + jj;
+      return seg_begin[size_t(q)] <= k && k < seg_end[size_t(q)];
+    };
+    for (int64_t rows : {int64_t(64), int64_t(37), int64_t(6)}) {
+      for (int64_t h2 : {int64_t(32), int64_t(64), int64_t(96)}) {
+        SCOPED_TRACE(std::string(cs.name) + " rows " + std::to_string(rows) + " h2 " + std::to_string(h2));
+        auto random_bits = [&](int64_t count) {
+          const auto f = attn_test::randn(count, ++seed);
+          std::vector<uint16_t> r(static_cast<size_t>(count));
+          for (size_t i = 0; i < r.size(); ++i) r[i] = bf16_encode(f[i]);
+          return r;
+        };
+        auto pairs_of = [](const std::vector<uint16_t>& plain, int64_t cols, int64_t pairs) {
+          std::vector<uint32_t> r(static_cast<size_t>(pairs * cols));
+          interleave_pairs(r.data(), plain.data(), cols, pairs);
+          return r;
+        };
+        // kQueryCols: S^T (keys x queries) = k (keys x h2) . q^T (h2 x queries).
+        {
+          const auto a = random_bits(kBlock * h2);
+          const auto b = pairs_of(random_bits(h2 * kBlock), kBlock, h2 / 2);
+          std::vector<float> whole(size_t(kBlock * kBlock)), got(size_t(kBlock * kBlock), 12345.0f);
+          bf16_gemm(whole.data(), kBlock, a.data(), h2, b.data(), kBlock, kBlock, kBlock, h2, false);
+          bf16_band_gemm(got.data(), kBlock, a.data(), h2, b.data(), kBlock, h2, false, band, BandUse::kQueryCols, rows);
+          const int64_t computed = (rows + 3) / 4 * 4;
+          for (int64_t jj = 0; jj < kBlock; ++jj) {
+            for (int64_t ii = 0; ii < kBlock; ++ii) {
+              const float g = got[size_t(jj * kBlock + ii)], w = whole[size_t(jj * kBlock + ii)];
+              if (jj >= computed) {
+                ASSERT_EQ(g, 12345.0f) << "row " << jj << " past the computed ones was written";
+              } else if (jj >= rows) {
+                continue;  // the last group's rows past `rows`: unspecified
+              } else if (std::bit_cast<uint32_t>(g) != std::bit_cast<uint32_t>(w)) {
+                ASSERT_EQ(g, 0.0f) << "key " << jj << " query " << ii << ": neither the product nor a skipped 0";
+                ASSERT_FALSE(jj < rows && visible(ii, jj)) << "key " << jj << " sees query " << ii << " but it was skipped";
+              }
+            }
+          }
+        }
+        // kReduceQueries (key rows, over queries) and kReduceKeys (query rows, over keys).
+        for (BandUse use : {BandUse::kReduceQueries, BandUse::kReduceKeys}) {
+          for (bool accumulate : {false, true}) {
+            auto a = random_bits(kBlock * kBlock);
+            for (int64_t r = 0; r < kBlock; ++r)
+              for (int64_t k = 0; k < kBlock; ++k) {
+                const bool vis = use == BandUse::kReduceQueries ? visible(k, r) : visible(r, k);
+                if (!vis) a[size_t(r * kBlock + k)] = 0;
+              }
+            const auto b = pairs_of(random_bits(kBlock * h2), h2, kBlock / 2);
+            const std::vector<float> c0 = attn_test::randn(kBlock * h2, ++seed);
+            std::vector<float> whole = c0, got = c0;
+            bf16_gemm(whole.data(), h2, a.data(), kBlock, b.data(), h2, kBlock, h2, kBlock, accumulate);
+            bf16_band_gemm(got.data(), h2, a.data(), kBlock, b.data(), h2, h2, accumulate, band, use, rows);
+            const int64_t computed = (rows + 3) / 4 * 4;
+            for (int64_t r = 0; r < kBlock; ++r)
+              for (int64_t j = 0; j < h2; ++j) {
+                if (r >= rows && r < computed) continue;  // the last group's rows past `rows`: unspecified
+                const float want = r < rows ? whole[size_t(r * h2 + j)] : c0[size_t(r * h2 + j)];
+                ASSERT_EQ(std::bit_cast<uint32_t>(got[size_t(r * h2 + j)]), std::bit_cast<uint32_t>(want))
+                    << (use == BandUse::kReduceQueries ? "kReduceQueries" : "kReduceKeys") << " acc " << accumulate
+                    << " row " << r << " col " << j;
+              }
+          }
+        }
+      }
+    }
   }
 }
 
