@@ -158,6 +158,9 @@ void bf16_band_gemm(float* c, int64_t ldc, const uint16_t* a, int64_t lda, const
 
 namespace {
 
+// Rows of one kv head for the bf16 products: plain bf16 rows of k and v (H2 elements each), and k and/or v
+// pair-interleaved, filled as the query blocks need them (HeadRows' high-water mark), with the kBlock + 1
+// rows after the loaded ones zeroed (the pairs interleaved from them never hold another task's rows).
 struct Bf16HeadRows {
   uint16_t* k;
   uint16_t* v;
@@ -276,14 +279,15 @@ void forward_task_bf16(uint16_t* out, float* lse, const uint16_t* qkv, const Geo
     for (int64_t j0 = kbeg; j0 < kend; j0 += kBlock) {
       const int64_t kn = std::min(kBlock, kend - j0);
       const Band band = g.band(sg, i0, j0);
-      bf16_band_gemm(st, kBlock, kv.k + j0 * h2, h2, s.qt.get(), kBlock, h2, false, band, BandUse::kQueryCols, kn);  // k_j . q_i
+      // k_j . q_i, then o += P v
+      bf16_band_gemm(st, kBlock, kv.k + j0 * h2, h2, s.qt.get(), kBlock, h2, false, band, BandUse::kQueryCols, kn);
       pf.step();
       scale_scores(st, kn, g.scale, band, !band.all_visible(qn, kn));
       if (g.dropout) dropout_tile(s.z.get(), g.drop, g.mask_base(b, h, i0, j0), uint64_t(g.T), qn, kn, band);
       sm.update(st, kn, g.dropout ? z : nullptr);
       if (j0 != kbeg) sm.rescale(o, h2, qn);
       tile_to_bf16_transposed(s.p.get(), st, kn);
-      bf16_band_gemm(o, h2, s.p.get(), kBlock, kv.vp + (j0 / 2) * h2, h2, h2, true, band, BandUse::kReduceKeys, qn);  // o += P v
+      bf16_band_gemm(o, h2, s.p.get(), kBlock, kv.vp + (j0 / 2) * h2, h2, h2, true, band, BandUse::kReduceKeys, qn);
       pf.step();
     }
     pf.drain();
@@ -364,21 +368,22 @@ void backward_group_bf16(uint16_t* dqkv, const uint16_t* dout, const uint16_t* q
       for (int64_t j0 = kbeg; j0 < kend; j0 += kBlock) {
         const int64_t kn = std::min(kBlock, kend - j0);
         const Band band = g.band(sg, i0, j0);
-        bf16_band_gemm(st, kBlock, kv.k + j0 * h2, h2, s.qt.get(), kBlock, h2, false, band, BandUse::kQueryCols, kn);  // k_j . q_i
-        bf16_band_gemm(dpt, kBlock, kv.v + j0 * h2, h2, s.doutt.get(), kBlock, h2, false, band,
-                  BandUse::kQueryCols, kn);  // v_j . dO_i
+        // k_j . q_i and v_j . dO_i; then dV += P^T dO, dK += dS^T q, dQ += dS k
+        bf16_band_gemm(st, kBlock, kv.k + j0 * h2, h2, s.qt.get(), kBlock, h2, false, band, BandUse::kQueryCols, kn);
+        bf16_band_gemm(dpt, kBlock, kv.v + j0 * h2, h2, s.doutt.get(), kBlock, h2, false, band, BandUse::kQueryCols,
+                       kn);
         pf.step();
         scale_scores(st, kn, g.scale, band, false);
         if (g.dropout) dropout_tile(s.z.get(), g.drop, g.mask_base(b, h, i0, j0), uint64_t(g.T), qn, kn, band);
         grad_tile(st, dpt, kn, lse_i, d_i, g.dropout ? z : nullptr, g.scale, band, !band.all_visible(qn, kn));
         tile_to_bf16(pt, st, kn);
-        bf16_band_gemm(dv + j0 * h2, h2, pt, kBlock, s.doutp.get(), h2, h2, true, band, BandUse::kReduceQueries, kn);  // dV += P^T dO
+        bf16_band_gemm(dv + j0 * h2, h2, pt, kBlock, s.doutp.get(), h2, h2, true, band, BandUse::kReduceQueries, kn);
         pf.step();
         tile_to_bf16(pt, dpt, kn);
-        bf16_band_gemm(dk + j0 * h2, h2, pt, kBlock, s.qp.get(), h2, h2, true, band, BandUse::kReduceQueries, kn);  // dK += dS^T q
+        bf16_band_gemm(dk + j0 * h2, h2, pt, kBlock, s.qp.get(), h2, h2, true, band, BandUse::kReduceQueries, kn);
         pf.step();
         tile_to_bf16_transposed(pt, dpt, kn);
-        bf16_band_gemm(dq, h2, pt, kBlock, kv.kp + (j0 / 2) * h2, h2, h2, true, band, BandUse::kReduceKeys, qn);  // dQ += dS k
+        bf16_band_gemm(dq, h2, pt, kBlock, kv.kp + (j0 / 2) * h2, h2, h2, true, band, BandUse::kReduceKeys, qn);
         pf.step();
         pf.step();
       }

@@ -35,8 +35,8 @@ void bf16_gemm(float* c, int64_t ldc, const uint16_t* a, int64_t lda, const uint
 // `rows` has bf16_gemm's bits on the whole tile:
 //   - kQueryCols: c (kBlock x kBlock: key rows, query columns) = a (keys x n) . B (n x kBlock queries), the
 //     scores S^T = K.Q^T and dP^T = V.dO^T. A query vector (16 columns) that no key of a row group sees is set
-//     to 0 instead of computed: the callers mask such entries before reading them, or, past a query block's
-//     last query, they are the products of its zero-padded rows, 0 anyway;
+//     to 0 instead of computed (with accumulate, left as it is): the callers mask such entries before reading
+//     them, or, past a query block's last query, they are the products of its zero-padded rows, 0 anyway;
 //   - kReduceQueries: c (key rows x n) += a (keys x kBlock queries) . B (kBlock queries x n), dV += P^T.dO
 //     and dK += dS^T.q; kReduceKeys: c (query rows x n) += a (queries x kBlock keys) . B (kBlock keys x n),
 //     O += P.V and dQ += dS.K. Only the pairs of the queries (keys) some row of the group sees are summed:
