@@ -90,12 +90,16 @@ struct Gemm {
 //   256-1200-wide ones). Over 256-512 tokens (MoE expert groups, short steps) brgemm is as fast or up to 2x
 //   faster and stays. K is the runtime dimension.
 //   Without AMX (oneDNN's AVX512-BF16 brgemm; measured on an AMD Zen 5), gemm:jit wins over fewer tokens
-//   too wherever the gradient is large: over 128-512 tokens, 1.2-1.7x on 3072-7168 x 1024 gradients (a
-//   Mixtral expert's fc1 over 128 tokens 4.33 -> 2.51 ms, fc2 1.94 -> 1.08), while on 1024 x 1024 brgemm
-//   stays ~5-9% ahead. So there a weight gradient of at least 2^21 elements takes it from 128 tokens on.
-//   The same holds when the gradient is stored rather than accumulated (GradWrite::kOverwrite): gemm:jit
-//   again, which then skips reading the old gradient (a Mixtral MoE layer over 512 tokens 107 -> 101 ms,
-//   where brgemm without the sum post-op took 109).
+//   too: over 128-512 tokens, 1.2-1.7x on 3072-7168 x 1024 gradients (a Mixtral expert's fc1 over 128
+//   tokens 4.33 -> 2.51 ms, fc2 1.94 -> 1.08), and inside a layer on small ones as well, where each
+//   gradient is written cold: a fine-grained MoE layer (64 experts of 1024 x 1024 and 1024 x 512 over ~256
+//   tokens) 253-258 -> 228-230 ms (stored) and 281-291 -> 231-237 ms (accumulated), a 4-layer hidden-256
+//   GPT step 27.2-27.5 -> 26.5-26.7 ms; isolated and hot, the GEMM probe has gemm:jit 8% ahead on 1024 x 1024
+//   over 256 tokens (bench/RESULTS.md, session 14). Only products of a few thousand multiply-adds per token
+//   lose (a hidden-64 model's step, where a call's setup is the cost). So there a weight gradient of at least
+//   2^17 elements takes it from 128 tokens on. The same holds when the gradient is stored rather than accumulated
+//   (GradWrite::kOverwrite): gemm:jit again, which then skips reading the old gradient (a Mixtral MoE
+//   layer over 512 tokens 107 -> 101 ms, where brgemm without the sum post-op took 109).
 enum class RuntimeDim { kNone, kRows, kReduction };
 
 RuntimeDim runtime_dim(const GemmKey& k) {
@@ -103,7 +107,7 @@ RuntimeDim runtime_dim(const GemmKey& k) {
   if (!k.trans_a && !k.accumulate && k.M >= 256 && k.K >= 5 * k.N) return RuntimeDim::kRows;
   if (k.trans_a && k.tc == DType::kF32) {  // only weight gradients have a transposed A
     if (k.K > 512) return RuntimeDim::kReduction;
-    if (!matmul_uses_amx() && k.K >= 128 && k.M * k.N >= (int64_t(1) << 21)) return RuntimeDim::kReduction;
+    if (!matmul_uses_amx() && k.K >= 128 && k.M * k.N >= (int64_t(1) << 17)) return RuntimeDim::kReduction;
   }
   return RuntimeDim::kNone;
 }

@@ -64,7 +64,8 @@ TEST(CpuGradWrite, MatmulOverwriteIsAccumulateIntoZeros) {
       {37, 29, 23, DType::kF32, DType::kF32},      // sgemm, one piece
       {1100, 640, 384, DType::kF32, DType::kF32},  // sgemm, grid pieces
       {64, 96, 160, DType::kBF16, DType::kF32},    // bf16 brgemm
-      {300, 2560, 1024, DType::kBF16, DType::kF32},  // bf16, gemm:jit without AMX (>= 2^21 outputs)
+      {300, 2560, 1024, DType::kBF16, DType::kF32},  // bf16, gemm:jit without AMX (>= 2^17 outputs)
+      {256, 512, 384, DType::kBF16, DType::kF32},    // the same on a small gradient (2^17.6 outputs)
       {1100, 256, 192, DType::kBF16, DType::kF32},   // bf16 gemm:jit (runtime reduction, > 512 tokens)
       {48, 80, 72, DType::kBF16, DType::kBF16},      // bf16 gradient in the compute dtype
       {45, 70, 33, DType::kF16, DType::kF32},        // f16 widened
