@@ -96,10 +96,12 @@ struct Gemm {
 //   tokens) 253-258 -> 228-230 ms (stored) and 281-291 -> 231-237 ms (accumulated), a 4-layer hidden-256
 //   GPT step 27.2-27.5 -> 26.5-26.7 ms; isolated and hot, the GEMM probe has gemm:jit 8% ahead on 1024 x 1024
 //   over 256 tokens (bench/RESULTS.md, session 14). Only products of a few thousand multiply-adds per token
-//   lose (a hidden-64 model's step, where a call's setup is the cost). So there a weight gradient of at least
-//   2^17 elements takes it from 128 tokens on. The same holds when the gradient is stored rather than accumulated
-//   (GradWrite::kOverwrite): gemm:jit again, which then skips reading the old gradient (a Mixtral MoE
-//   layer over 512 tokens 107 -> 101 ms, where brgemm without the sum post-op took 109).
+//   lose (a hidden-64 model's step, where a call's setup is the cost). Over fewer tokens too: over 64 (a
+//   Mixtral layer over 256 tokens 59.5-61.7 -> 53.0-57.1 ms, the fine-grained one over 512 71.0-71.9 ->
+//   66.1-67.3, GPT-2 124M over 2 x 32 tokens 152-165 -> 139-155 ms a step); over 16 it is even. So there a
+//   weight gradient of at least 2^17 elements takes it from 32 tokens on. The same holds when the gradient is
+//   stored rather than accumulated (GradWrite::kOverwrite): gemm:jit again, which then skips reading the old
+//   gradient (a Mixtral MoE layer over 512 tokens 107 -> 101 ms, where brgemm without the sum post-op took 109).
 enum class RuntimeDim { kNone, kRows, kReduction };
 
 RuntimeDim runtime_dim(const GemmKey& k) {
@@ -107,7 +109,7 @@ RuntimeDim runtime_dim(const GemmKey& k) {
   if (!k.trans_a && !k.accumulate && k.M >= 256 && k.K >= 5 * k.N) return RuntimeDim::kRows;
   if (k.trans_a && k.tc == DType::kF32) {  // only weight gradients have a transposed A
     if (k.K > 512) return RuntimeDim::kReduction;
-    if (!matmul_uses_amx() && k.K >= 128 && k.M * k.N >= (int64_t(1) << 17)) return RuntimeDim::kReduction;
+    if (!matmul_uses_amx() && k.K >= 32 && k.M * k.N >= (int64_t(1) << 17)) return RuntimeDim::kReduction;
   }
   return RuntimeDim::kNone;
 }

@@ -66,6 +66,7 @@ TEST(CpuGradWrite, MatmulOverwriteIsAccumulateIntoZeros) {
       {64, 96, 160, DType::kBF16, DType::kF32},    // bf16 brgemm
       {300, 2560, 1024, DType::kBF16, DType::kF32},  // bf16, gemm:jit without AMX (>= 2^17 outputs)
       {256, 512, 384, DType::kBF16, DType::kF32},    // the same on a small gradient (2^17.6 outputs)
+      {64, 512, 384, DType::kBF16, DType::kF32},     // and over few tokens (from 32 on)
       {1100, 256, 192, DType::kBF16, DType::kF32},   // bf16 gemm:jit (runtime reduction, > 512 tokens)
       {48, 80, 72, DType::kBF16, DType::kBF16},      // bf16 gradient in the compute dtype
       {45, 70, 33, DType::kF16, DType::kF32},        // f16 widened
