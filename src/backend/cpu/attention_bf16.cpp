@@ -129,15 +129,13 @@ void bf16_band_gemm(float* c, int64_t ldc, const uint16_t* a, int64_t lda, const
   LOOM_CHECK(rows >= 0 && rows <= kBlock && lda % 2 == 0 && n % (cols ? 2 : 16) == 0, "[attention] bf16_band_gemm: ",
              rows, " rows of a tile of ", kBlock, ", n ", n, ", lda ", lda, " (expected n a multiple of ",
              cols ? 2 : 16, ", lda even)");
-  const bool key_rows = use != BandUse::kReduceKeys;
+  const Rows kind = use == BandUse::kReduceKeys ? Rows::kQueries : Rows::kKeys;
   for (int64_t r = 0; r < rows; r += 4) {
-    const int64_t rn = std::min<int64_t>(4, rows - r);
-    const int64_t lo = std::clamp<int64_t>(key_rows ? band.query_begin(r) : band.key_begin(r), 0, kBlock);
-    const int64_t hi = std::clamp<int64_t>(key_rows ? band.query_end(r, rn) : band.key_end(r, rn), lo, kBlock);
+    const auto [lo, hi] = band.visible(kind, r, std::min<int64_t>(4, rows - r), kBlock);
     float* cr = c + r * ldc;
     const uint16_t* ar = a + r * lda;
-    if (cols) {  // kBlock query columns (4 vectors) summed over n
-      const int64_t vb = lo / 16, ve = (hi + 15) / 16;
+    if (cols) {  // kBlock query columns (4 vectors) summed over n; none when no query is visible
+      const int64_t vb = hi > lo ? lo / 16 : 0, ve = hi > lo ? (hi + 15) / 16 : 0;
       if (!accumulate)
         for (int64_t v = 0; v < 4; ++v)
           if (v < vb || v >= ve)

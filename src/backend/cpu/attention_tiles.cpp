@@ -91,11 +91,12 @@ inline void abt_rows(float* out, const float* a, const float* bt, int64_t hsp) {
 // kVecs vectors.
 template <int RB>
 inline void abt_group(float* out, const float* a, const float* bt, int64_t r, int64_t hsp, const Band& band) {
-  const int64_t b = std::clamp<int64_t>(band.query_begin(r), 0, kBlock) / kW;
-  const int64_t e = (std::clamp<int64_t>(band.query_end(r, RB), 0, kBlock) + kW - 1) / kW;
+  const auto [qb, qe] = band.visible(Rows::kKeys, r, RB, kBlock);
+  if (qb >= qe) return;  // no query is visible: the caller masks the whole rows
+  const int64_t b = qb / kW, e = (qe + kW - 1) / kW;
   out += r * kBlock;
   a += r * hsp;
-  for (int64_t v = b; v < e; v += kVecs)  // none when no query is visible: the caller masks the whole row
+  for (int64_t v = b; v < e; v += kVecs)
     with_vecs(std::min<int64_t>(kVecs, e - v), [&]<int NV>(std::integral_constant<int, NV>) {
       abt_rows<RB, NV>(out + v * kW, a, bt + v * kW, hsp);
     });
@@ -125,14 +126,8 @@ inline void acc_rows(float* out, const float* c, int64_t cr, int64_t ck, const f
 template <int NV>
 void acc_cols(float* out, const float* c, int64_t cr, int64_t ck, const float* x, int64_t kcount, int64_t rows,
               int64_t hsp, const Band& band, Rows kind) {
-  auto k_range = [&](int64_t r, int64_t n) {
-    const int64_t b = kind == Rows::kQueries ? band.key_begin(r) : band.query_begin(r);
-    const int64_t e = kind == Rows::kQueries ? band.key_end(r, n) : band.query_end(r, n);
-    const int64_t cb = std::clamp<int64_t>(b, 0, kcount);
-    return std::pair{cb, std::clamp<int64_t>(e, cb, kcount)};
-  };
   for_row_groups(rows, [&]<int RB>(std::integral_constant<int, RB>, int64_t r) {
-    const auto [kb, ke] = k_range(r, RB);
+    const auto [kb, ke] = band.visible(kind, r, RB, kcount);
     acc_rows<RB, NV>(out + r * hsp, c + r * cr, cr, ck, x, kb, ke, hsp);
   });
 }
@@ -166,8 +161,7 @@ void dropout_tile(float* z, const Dropout& d, uint64_t base, uint64_t stride, in
   const UVec thr = UVec{} + d.threshold;
   const Vec keep_value = Vec{} + d.scale, drop_value = Vec{};
   for (int64_t q0 = 0; q0 < qn; q0 += kW) {
-    const int64_t kb = std::clamp<int64_t>(band.key_begin(q0), 0, kn);
-    const int64_t ke = std::clamp<int64_t>(band.key_end(q0, std::min(kW, qn - q0)), kb, kn);
+    const auto [kb, ke] = band.visible(Rows::kQueries, q0, std::min(kW, qn - q0), kn);
     if (kb >= ke) continue;
     uint64_t block[kW];
     UVec r;

@@ -11,6 +11,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 
 #include "backend/cpu/transpose16.h"
 
@@ -28,6 +29,8 @@ constexpr int64_t kFar = int64_t(1) << 40;  // an unbounded band edge
 // range's ends never decrease with the row: the union over a run of rows is [first row's begin, last row's
 // end). Kernels use it to skip work that is entirely masked; skipping adds nothing but exact zeros (P = 0),
 // so results are the same as computing the full tile.
+enum class Rows { kQueries, kKeys };  // what a tile's output rows are (its products run over the other side)
+
 struct Band {
   int64_t lo = -kFar, hi = kFar;
   // Segments (optional): position p's segment is [seg_begin[p], seg_end[p]) (absolute positions of the batch
@@ -48,6 +51,12 @@ struct Band {
   int64_t key_end(int64_t r, int64_t n) const {
     return seg_begin ? std::min(r + n + hi, seg_end[i0 + r + n - 1] - j0) : r + n + hi;
   }
+  // What rows [r, r + n) see of the other side of the tile, clamped to [0, limit): the queries when the rows
+  // are keys, the keys when they are queries; empty when the two are equal. The kernels skip what is outside.
+  std::pair<int64_t, int64_t> visible(Rows rows, int64_t r, int64_t n, int64_t limit) const {
+    const int64_t b = std::clamp<int64_t>(rows == Rows::kKeys ? query_begin(r) : key_begin(r), 0, limit);
+    return {b, std::clamp<int64_t>(rows == Rows::kKeys ? query_end(r, n) : key_end(r, n), b, limit)};
+  }
   // True when all qn x kn pairs of the tile are visible (no per-element mask needed): the band holds them
   // all, and the last query's segment starts, and the first query's ends, outside the tile's keys.
   bool all_visible(int64_t qn, int64_t kn) const {
@@ -66,8 +75,6 @@ struct Band {
 // and dP^T = V·dO^T. Query vectors that no key of a row group sees are not computed; they keep stale
 // values, so callers must mask every invisible entry of a tile that is not all_visible.
 void tile_abt(float* out, const float* a, const float* bt, int64_t rows, int64_t hsp, const Band& band);
-
-enum class Rows { kQueries, kKeys };  // what the output rows of tile_acc are (k runs over the other)
 
 // out (rows x hsp) += C (rows x kcount, element (r, k) at c[r*cr + k*ck]) · x (kcount x hsp), skipping the k
 // outside the band (their coefficients are 0). O += P·V and dQ += dS·K have query rows; dV += P^T·dO and
