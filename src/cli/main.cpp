@@ -25,7 +25,8 @@ namespace {
 // GOMP_SPINCOUNT Loom runs with (bench/RESULTS.md, "OpenMP waiting under contention"); the tests run with
 // the same (tests/CMakeLists.txt: LOOM_TEST_GOMP_SPINCOUNT). 10,000 kept a 2-thread fp32 step within 1.3x of
 // its fair share beside a busy process on a Xeon VM, but not a bf16 one on a Zen 5 VM (1.55x; its steps have
-// more, shorter parallel regions); 1,000 gives 1.25x in both there at the idle speed of libgomp's default.
+// more, shorter parallel regions); 1,000 gives 1.25x in both there, ~1% below the idle speed of libgomp's
+// default (a worker that fell asleep starts the next GEMM late; session 15).
 constexpr const char* kLoomSpinCount = "1000";
 
 const char* kUsage =
