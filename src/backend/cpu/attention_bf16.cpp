@@ -112,20 +112,18 @@ void gemm_rows(float* c, int64_t ldc, const uint16_t* a, int64_t lda, const uint
 
 void bf16_gemm(float* c, int64_t ldc, const uint16_t* a, int64_t lda, const uint32_t* b, int64_t ldb, int64_t m,
                int64_t n, int64_t k, bool accumulate) {
-#if defined(LOOM_HAVE_BF16_DOT)
-  LOOM_CHECK(bf16_dot_supported(), "[attention] bf16 products need AVX512-BF16, which this CPU does not have");
+  LOOM_CHECK(bf16_dot_supported(),
+             "[attention] bf16 products need AVX512-BF16, which this CPU or this build's target does not have");
   LOOM_CHECK(m % 4 == 0 && n % 16 == 0 && k % 2 == 0 && lda % 2 == 0, "[attention] bf16_gemm shape ", m, " x ", n,
              " x ", k, " (lda ", lda, ") is not a multiple of 4 x 16 x 2");
   gemm_rows(c, ldc, a, lda, b, ldb, m, n, k / 2, accumulate);
-#else
-  LOOM_FAIL("[attention] bf16 products need AVX512-BF16, which this build's target does not have");
-#endif
 }
 
 void bf16_band_gemm(float* c, int64_t ldc, const uint16_t* a, int64_t lda, const uint32_t* b, int64_t ldb, int64_t n,
                     bool accumulate, const Band& band, BandUse use, int64_t rows) {
   const bool cols = use == BandUse::kQueryCols;
-  LOOM_CHECK(bf16_dot_supported(), "[attention] bf16 products need AVX512-BF16, which this CPU does not have");
+  LOOM_CHECK(bf16_dot_supported(),
+             "[attention] bf16 products need AVX512-BF16, which this CPU or this build's target does not have");
   LOOM_CHECK(rows >= 0 && rows <= kBlock && lda % 2 == 0 && n % (cols ? 2 : 16) == 0, "[attention] bf16_band_gemm: ",
              rows, " rows of a tile of ", kBlock, ", n ", n, ", lda ", lda, " (expected n a multiple of ",
              cols ? 2 : 16, ", lda even)");
