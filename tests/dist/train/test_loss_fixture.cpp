@@ -2,8 +2,9 @@
 // FP32/BF16/FP16/FP8-emulated, full and selective recompute with dropout, and the distributed layouts —
 // recorded before the trainer was reshaped, so any refactor of the step, the model or the optimizer can
 // be checked to keep every loss bit for bit. Bits depend on the CPU's kernels (AVX-512/AMX vs AVX2
-// paths in oneDNN and Loom), so the fixture records the ISA it was made on and the test skips elsewhere.
-// Re-record (only for an intended numerical change, said so in the commit):
+// paths in oneDNN and Loom), so the fixture holds one record per ISA it was made on, and the test skips
+// on a CPU with none. Record (for an intended numerical change, said so in the commit, on every ISA the
+// fixture holds; or to add this CPU's ISA, whose record replaces only its own):
 //   LOOM_RECORD_LOSS_FIXTURE=1 ./build/tests/dist/test_dist_train --gtest_filter='LossFixture.*'
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -151,38 +152,51 @@ std::vector<nlohmann::json> run_losses(const FixtureRun& r) {
   return out;
 }
 
+// The fixture: {"records": [{"isa": signature, "runs": {name: {np, flags, losses}}}, ...]}, one record per ISA.
 TEST(LossFixture, EveryRunKeepsItsLossesBitForBit) {
   const bool record = std::getenv("LOOM_RECORD_LOSS_FIXTURE") != nullptr;
+  const std::string isa = isa_signature();
   nlohmann::json fix;
-  if (!record) {
+  {
     std::ifstream f(kFixture);
     ASSERT_TRUE(f.good()) << kFixture;
     fix = nlohmann::json::parse(f);
-    if (fix["isa"].get<std::string>() != isa_signature())
-      GTEST_SKIP() << "the fixture was recorded on a CPU with [" << fix["isa"].get<std::string>()
-                   << "], this one has [" << isa_signature() << "]: losses are bit-exact only on the same kernels";
-  } else {
-    fix["isa"] = isa_signature();
-    fix["runs"] = nlohmann::json::object();
   }
+  ASSERT_TRUE(fix.contains("records") && fix["records"].is_array()) << kFixture << " has no \"records\" list";
+  nlohmann::json* mine = nullptr;
+  std::string recorded;
+  for (nlohmann::json& rec : fix["records"]) {
+    recorded += (recorded.empty() ? "[" : "], [") + rec["isa"].get<std::string>();
+    if (rec["isa"].get<std::string>() == isa) mine = &rec;
+  }
+  if (record) {
+    if (!mine) mine = &fix["records"].emplace_back(nlohmann::json{{"isa", isa}});
+    (*mine)["runs"] = nlohmann::json::object();
+  } else if (!mine) {
+    GTEST_SKIP() << "the fixture holds records for CPUs with " << recorded << "], this one has [" << isa
+                 << "]: losses are bit-exact only on the same kernels";
+  }
+  nlohmann::json& want_runs = (*mine)["runs"];
   for (const FixtureRun& r : runs()) {
     const std::vector<nlohmann::json> got = run_losses(r);
     ASSERT_EQ(got.size(), 12u) << r.name;
     if (record) {
-      fix["runs"][r.name] = {{"np", r.np}, {"flags", r.flags}, {"losses", got}};
+      want_runs[r.name] = {{"np", r.np}, {"flags", r.flags}, {"losses", got}};
       continue;
     }
-    ASSERT_TRUE(fix["runs"].contains(r.name)) << r.name << " is not in " << kFixture;
-    EXPECT_EQ(fix["runs"][r.name]["flags"].get<std::string>(), r.flags) << r.name;
-    const nlohmann::json& want = fix["runs"][r.name]["losses"];
+    ASSERT_TRUE(want_runs.contains(r.name)) << r.name << " is not in " << kFixture << "'s record for [" << isa << "]";
+    EXPECT_EQ(want_runs[r.name]["flags"].get<std::string>(), r.flags) << r.name;
+    const nlohmann::json& want = want_runs[r.name]["losses"];
     ASSERT_EQ(want.size(), got.size()) << r.name;
     for (size_t i = 0; i < got.size(); ++i)  // doubles compare exactly (to_chars round-trips every bit)
       EXPECT_EQ(got[i], want[i]) << r.name << ": iteration " << i + 1 << ": got " << got[i].dump() << ", recorded "
                                  << want[i].dump();
   }
-  if (record) {
+  if (!record) {
+    EXPECT_EQ(want_runs.size(), runs().size()) << "the record for [" << isa << "] holds runs no longer run";
+  } else {
     std::ofstream(kFixture) << fix.dump(1) << "\n";
-    GTEST_SKIP() << "recorded " << kFixture;
+    GTEST_SKIP() << "recorded [" << isa << "] in " << kFixture;
   }
 }
 
