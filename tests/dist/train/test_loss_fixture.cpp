@@ -165,14 +165,15 @@ TEST(LossFixture, EveryRunKeepsItsLossesBitForBit) {
   nlohmann::json* mine = nullptr;
   std::string recorded;
   for (nlohmann::json& rec : fix["records"]) {
-    recorded += (recorded.empty() ? "[" : "], [") + rec["isa"].get<std::string>();
+    recorded += (recorded.empty() ? "[" : ", [") + rec["isa"].get<std::string>() + "]";
     if (rec["isa"].get<std::string>() == isa) mine = &rec;
   }
   if (record) {
     if (!mine) mine = &fix["records"].emplace_back(nlohmann::json{{"isa", isa}});
     (*mine)["runs"] = nlohmann::json::object();
   } else if (!mine) {
-    GTEST_SKIP() << "the fixture holds records for CPUs with " << recorded << "], this one has [" << isa
+    GTEST_SKIP() << "the fixture holds records for CPUs with " << (recorded.empty() ? "no ISA" : recorded)
+                 << ", this one has [" << isa
                  << "]: losses are bit-exact only on the same kernels";
   }
   nlohmann::json& want_runs = (*mine)["runs"];
