@@ -3,9 +3,11 @@
 // recorded before the trainer was reshaped, so any refactor of the step, the model or the optimizer can
 // be checked to keep every loss bit for bit. Bits depend on the CPU's kernels (AVX-512/AMX vs AVX2
 // paths in oneDNN and Loom), so the fixture holds one record per ISA it was made on, and the test skips
-// on a CPU with none. Record (for an intended numerical change, said so in the commit, on every ISA the
-// fixture holds; or to add this CPU's ISA, whose record replaces only its own):
+// on a CPU with none. Recording replaces only this CPU's record (or adds it):
 //   LOOM_RECORD_LOSS_FIXTURE=1 ./build/tests/dist/test_dist_train --gtest_filter='LossFixture.*'
+// An intended numerical change (said so in the commit) re-records this CPU's record and deletes, in the same
+// commit, the records of the ISAs it could not re-record: they would fail there; without them the test skips
+// on those CPUs until a session on one records it again.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -173,8 +175,7 @@ TEST(LossFixture, EveryRunKeepsItsLossesBitForBit) {
     (*mine)["runs"] = nlohmann::json::object();
   } else if (!mine) {
     GTEST_SKIP() << "the fixture holds records for CPUs with " << (recorded.empty() ? "no ISA" : recorded)
-                 << ", this one has [" << isa
-                 << "]: losses are bit-exact only on the same kernels";
+                 << ", this one has [" << isa << "]: losses are bit-exact only on the same kernels";
   }
   nlohmann::json& want_runs = (*mine)["runs"];
   for (const FixtureRun& r : runs()) {
