@@ -1,5 +1,6 @@
 #include "loom/core/allocator.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +20,23 @@ namespace loom {
 namespace {
 
 void* aligned_block(size_t bytes) { return std::aligned_alloc(64, bytes == 0 ? 64 : bytes); }
+
+// Whether large blocks ask for transparent huge pages (LOOM_CPU_ALLOC_HUGEPAGES, on unless "0").
+bool hugepages_default() {
+  const char* e = std::getenv("LOOM_CPU_ALLOC_HUGEPAGES");
+  if (e == nullptr || *e == '\0') return true;
+  LOOM_CHECK(std::strcmp(e, "0") == 0 || std::strcmp(e, "1") == 0, "[allocator] LOOM_CPU_ALLOC_HUGEPAGES='", e,
+             "': expected 1 (large blocks on transparent huge pages, the default) or 0 (the system's default pages)");
+  return e[0] == '1';
+}
+
+// A large block of `cls` bytes (a multiple of kLargeGranule, the x86-64 huge page size), aligned to it, its
+// pages advised as transparent huge pages when `huge` (see the header). Null when the system has no memory.
+void* large_block(size_t cls, bool huge) {
+  void* p = std::aligned_alloc(CpuAllocator::kLargeGranule, cls);
+  if (p != nullptr && huge) madvise(p, cls, MADV_HUGEPAGE);  // advice only: its failure changes nothing
+  return p;
+}
 
 size_t large_class(size_t bytes) {
   return (bytes + CpuAllocator::kLargeGranule - 1) / CpuAllocator::kLargeGranule * CpuAllocator::kLargeGranule;
@@ -49,6 +67,7 @@ struct CpuAllocator::Cache {
   int64_t cached = 0;
   int64_t limit = default_cache_limit();
   std::atomic<bool> poison{env_flag("LOOM_CPU_ALLOC_POISON")};
+  std::atomic<bool> hugepages{hugepages_default()};
 };
 
 CpuAllocator::CpuAllocator() : cache_(new Cache) {}
@@ -87,10 +106,11 @@ void* CpuAllocator::allocate(size_t bytes) {
       }
     }
     for (void* b : stale) std::free(b);
-    if (!p) p = aligned_block(cls);
+    const bool huge = cache_->hugepages.load(std::memory_order_relaxed);
+    if (!p) p = large_block(cls, huge);
     if (!p) {  // out of memory: give the cache back to the system and try once more
       empty_cache();
-      p = aligned_block(cls);
+      p = large_block(cls, huge);
     }
     if (!p) throw std::bad_alloc();
     if (cache_->poison.load(std::memory_order_relaxed)) std::memset(p, 0xFF, rounded);
@@ -170,6 +190,8 @@ void CpuAllocator::set_cache_limit(int64_t bytes) {
 }
 
 void CpuAllocator::set_poison(bool on) { cache_->poison.store(on); }
+
+void CpuAllocator::set_hugepages(bool on) { cache_->hugepages.store(on); }
 
 namespace {
 Allocator* g_cuda_allocator = nullptr;

@@ -40,8 +40,10 @@ class Allocator {
 // cache is released and the allocation retried when the system has no memory left. Handed-out memory is
 // uninitialised either way (fresh mmap'd pages happen to read as zeros, reused blocks hold old data); with
 // LOOM_CPU_ALLOC_POISON=1 every large block is filled with 0xFF bytes (NaN as f32/bf16/f16) when handed
-// out, to catch code that reads memory it did not write. A large block must be freed with the size it was
-// allocated with (checked). Thread-safe.
+// out, to catch code that reads memory it did not write. Large blocks start on a 2 MiB boundary and are
+// advised as transparent huge pages (docs/performance.md: streaming weights and gradients through 4 KiB
+// pages cost an MoE layer 7-20%), unless LOOM_CPU_ALLOC_HUGEPAGES=0. A large block must be freed with the
+// size it was allocated with (checked). Thread-safe.
 class CpuAllocator final : public Allocator {
  public:
   static constexpr size_t kCacheMin = size_t(1) << 20;
@@ -68,6 +70,9 @@ class CpuAllocator final : public Allocator {
   // Whether large blocks are filled with 0xFF when handed out (LOOM_CPU_ALLOC_POISON, loom/core/env.h's
   // rule; tests may switch it).
   void set_poison(bool on);
+  // Whether large blocks allocated from now on ask for transparent huge pages (LOOM_CPU_ALLOC_HUGEPAGES;
+  // tests and benchmarks may switch it). Cached blocks keep the pages they have.
+  void set_hugepages(bool on);
 
  private:
   void release_cached_locked();

@@ -9,8 +9,11 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <random>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -419,6 +422,66 @@ TEST(CoreAllocator, CpuCacheIsThreadSafe) {
   EXPECT_EQ(a.stats().num_allocs, 800);
   EXPECT_EQ(a.stats().reserved_bytes, a.cached_bytes());
   EXPECT_LE(a.cached_bytes(), int64_t(4 * 6) << 20);  // at most 4 blocks of each of the 3 classes (2, 4, 4 MiB)
+}
+
+// The VmFlags line of /proc/self/smaps for the mapping that holds p ("" when there is none or no smaps).
+std::string vm_flags_of(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  bool inside = false;
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  while (std::getline(smaps, line)) {
+    unsigned long lo = 0, hi = 0;
+    char dash = 0;
+    std::istringstream head(line);
+    if (head >> std::hex >> lo >> dash >> hi && dash == '-' && line.find(':') > line.find(' ')) {
+      inside = addr >= lo && addr < hi;
+    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+      return line;
+    }
+  }
+  return "";
+}
+
+// Large blocks start on a 2 MiB boundary and their pages are advised as transparent huge pages (the "hg"
+// VmFlag), unless switched off (LOOM_CPU_ALLOC_HUGEPAGES=0, set_hugepages); small blocks are plain. A value
+// of LOOM_CPU_ALLOC_HUGEPAGES other than 0 or 1 is an error that names it.
+TEST(CoreAllocator, CpuLargeBlocksAskForHugePages) {
+  CpuAllocator a;
+  a.set_hugepages(true);
+  const size_t big = (size_t(5) << 20) + 64, other = (size_t(9) << 20) + 64, small = size_t(256) << 10;
+  auto* p = static_cast<char*>(a.allocate(big));
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % (size_t(2) << 20), 0u);
+  std::memset(p, 1, big);
+  const std::string flags = vm_flags_of(p);
+  if (flags.empty()) GTEST_SKIP() << "no /proc/self/smaps";
+  EXPECT_NE((flags + " ").find(" hg "), std::string::npos) << flags;
+  a.set_hugepages(false);
+  auto* q = static_cast<char*>(a.allocate(other));  // another size class: not the cached block
+  std::memset(q, 1, other);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(q) % (size_t(2) << 20), 0u);
+  EXPECT_EQ((vm_flags_of(q) + " ").find(" hg "), std::string::npos) << vm_flags_of(q);
+  auto* r = static_cast<char*>(a.allocate(small));
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(r) % 64, 0u);
+  a.deallocate(r, small);
+  a.deallocate(q, other);
+  a.deallocate(p, big);
+  setenv("LOOM_CPU_ALLOC_HUGEPAGES", "yes", 1);
+  try {
+    CpuAllocator bad;
+    ADD_FAILURE() << "LOOM_CPU_ALLOC_HUGEPAGES=yes was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("LOOM_CPU_ALLOC_HUGEPAGES='yes'"), std::string::npos) << e.what();
+  }
+  setenv("LOOM_CPU_ALLOC_HUGEPAGES", "0", 1);
+  {
+    CpuAllocator off;
+    auto* b = static_cast<char*>(off.allocate(big));
+    std::memset(b, 1, big);
+    EXPECT_EQ((vm_flags_of(b) + " ").find(" hg "), std::string::npos) << vm_flags_of(b);
+    off.deallocate(b, big);
+  }
+  unsetenv("LOOM_CPU_ALLOC_HUGEPAGES");
 }
 
 // ---- Philox ------------------------------------------------------------------------------------------
