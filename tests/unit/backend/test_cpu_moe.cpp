@@ -7,8 +7,11 @@
 
 #include <cmath>
 #include <cstring>
+#include <oneapi/dnnl/dnnl.h>
+#include <string>
 
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/matmul_internal.h"
 #include "cpu_test_util.h"
 #include "loom/core/check.h"
 #include "moe_test_util.h"
@@ -184,6 +187,52 @@ TEST(CpuMoe, GroupedMatmulF32PiecesMatchF64AndThreadCounts) {
   test::expect_close(out, ref_out, 1e-4, 1e-5, "grouped f32 forward");
   test::expect_close(dinp, ref_dinp, 1e-4, 1e-5, "grouped f32 dinp");
   test::expect_close(dw, ref_dw, 1e-3, 1e-5, "grouped f32 dweight (accumulate)");
+}
+
+// With AVX-512, f32 weight gradients over at most 384 group rows run on Loom's own tile (moe.cpp's
+// dweight_piece: 6 x 64 tiles, non-temporal stores when overwriting) instead of sgemm. Its bits are those of
+// one sgemm over the group (oneDNN's AVX-512 kernels: one fused multiply-add chain per output up to 384
+// rows), overwriting and accumulating, on shapes whose rows are no multiple of 6 and whose columns are no
+// multiple of 64 or 16 (partial vectors, unaligned rows), groups of 1 to 384 rows, one of 385 and a shape
+// of few rows and many columns (both sgemm).
+TEST(CpuMoe, GroupedF32WeightGradientsAreOneSgemmPerGroup) {
+  const OpTable& ops = test::ops();
+  const bool avx512_sgemm = cpu::matmul_detail::onednn_isa_has(dnnl_cpu_isa_avx512_core);
+  struct Case {
+    int64_t N, K;
+    std::vector<int64_t> sizes;
+  };
+  for (const Case& c : {Case{1030, 64, {1, 5, 128, 0, 384}}, Case{1100, 1100, {7, 200, 385}},
+                        Case{700, 83, {96, 13}}, Case{6, 16, {3, 384}}, Case{37, 1100, {7, 200}}}) {
+    const int64_t G = int64_t(c.sizes.size()), N = c.N, K = c.K;
+    int64_t M = 0;
+    for (int64_t m : c.sizes) M += m;
+    const Tensor inp = test::uniform_tensor({M, K}, 11), w = test::uniform_tensor({G, N, K}, 12);
+    const Tensor dout = test::uniform_tensor({M, N}, 13), dw0 = test::uniform_tensor({G, N, K}, 14);
+    for (const GradWrite mode : {GradWrite::kOverwrite, GradWrite::kAccumulate}) {
+      Tensor dw = mode == GradWrite::kOverwrite ? Tensor::zeros({G, N, K}, DType::kF32) : test::clone(dw0);
+      Tensor ref = test::clone(dw0);
+      ops.grouped_matmul_backward(TensorView(), dw, dout, inp, w, c.sizes, mode);
+      int64_t o = 0;
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t m = c.sizes[size_t(g)];
+        float* rg = ref.data<float>() + g * N * K;
+        if (m > 0)
+          cpu::sgemm_serial(true, false, N, K, m, dout.data<float>() + o * N, N, inp.data<float>() + o * K, K,
+                       mode == GradWrite::kAccumulate, rg, K);
+        else if (mode == GradWrite::kOverwrite)
+          std::fill(rg, rg + N * K, 0.0f);
+        o += m;
+      }
+      const std::string what = "dweight N " + std::to_string(N) + " K " + std::to_string(K) +
+                               (mode == GradWrite::kOverwrite ? " overwrite" : " accumulate");
+      if (avx512_sgemm) {
+        EXPECT_TRUE(test::same_bits(dw, ref)) << what;
+      } else {  // oneDNN capped below AVX-512 (DNNL_MAX_CPU_ISA): its sums may be ordered otherwise
+        test::expect_close(dw, test::to_f64(ref), 1e-5, 1e-5, what.c_str());
+      }
+    }
+  }
 }
 
 // bf16 runs on cached per-shape oneDNN primitives, so the op rounds every group's rows up to 16 x a 7-smooth
