@@ -219,7 +219,7 @@ TEST(CpuMoe, GroupedF32WeightGradientsAreOneSgemmPerGroup) {
         float* rg = ref.data<float>() + g * N * K;
         if (m > 0)
           cpu::sgemm_serial(true, false, N, K, m, dout.data<float>() + o * N, N, inp.data<float>() + o * K, K,
-                       mode == GradWrite::kAccumulate, rg, K);
+                            mode == GradWrite::kAccumulate, rg, K);
         else if (mode == GradWrite::kOverwrite)
           std::fill(rg, rg + N * K, 0.0f);
         o += m;
@@ -229,7 +229,7 @@ TEST(CpuMoe, GroupedF32WeightGradientsAreOneSgemmPerGroup) {
       if (avx512_sgemm) {
         EXPECT_TRUE(test::same_bits(dw, ref)) << what;
       } else {  // oneDNN capped below AVX-512 (DNNL_MAX_CPU_ISA): its sums may be ordered otherwise
-        test::expect_close(dw, test::to_f64(ref), 1e-5, 1e-5, what.c_str());
+        test::expect_close(dw, test::to_f64(ref), 1e-5, 1e-5, what);
       }
     }
   }
