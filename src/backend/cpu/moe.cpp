@@ -26,14 +26,14 @@
 //     matmul_forward's where oneDNN's sgemm gives a row the same bits whatever the piece (its AVX-512
 //     kernels do, its AVX2 ones not always: there they agree to the order of the sums);
 //   - with AVX-512, f32 weight gradients over at most kDweightKernelMaxRows group rows run on dweight_piece
-//     instead of sgemm (runs_on_dweight_kernel), in pieces of whole rows: Loom's 6 x 64 register tile over packed operands, whose
-//     overwriting stores are non-temporal. The experts' weight gradients are written once per step and
-//     read by nobody in it, and sgemm's ordinary stores fetch every line before writing it: on the
-//     benchmark's 128-row experts the fc1 weight gradient took ~20% less time this way (bench/RESULTS.md).
-//     Each output is one fused multiply-add chain over the rows in order from zero (+ the old value when
-//     accumulating): the bits of oneDNN's AVX-512 sgemm up to its 384-row reduction block (a test checks
-//     equality), so with oneDNN on its AVX-512 kernels the bits do not depend on which of the two runs a
-//     product.
+//     instead of sgemm (runs_on_dweight_kernel), in pieces of whole rows: Loom's 6 x 64 register tile over
+//     packed operands, whose overwriting stores are non-temporal. The experts' weight gradients are written
+//     once per step and read by nobody in it, and sgemm's ordinary stores fetch every line before writing
+//     it: on the benchmark's 128-row experts the fc1 weight gradient took ~20% less time this way
+//     (bench/RESULTS.md). Each output is one fused multiply-add chain over the rows in order from zero
+//     (+ the old value when accumulating): the bits of oneDNN's AVX-512 sgemm up to its 384-row reduction
+//     block (a test checks equality), so with oneDNN on its AVX-512 kernels the bits do not depend on which
+//     of the two runs a product.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -323,8 +323,8 @@ void dweight_piece(const SgemmTask& t) {
 #endif  // __AVX512F__
 
 // Whether dweight_piece runs the whole product t (op(A) = A^T, op(B) = B: a weight gradient) instead of
-// sgemm: in pieces of whole rows, so only where those are as many as cutting along the larger dimension
-// gives or at least two.
+// sgemm. Its pieces are whole rows, so it takes a product only where the rows are the larger dimension or
+// make at least two pieces (fewer would leave a thread idle).
 bool runs_on_dweight_kernel(const SgemmTask& t) {
 #if defined(__AVX512F__)
   return t.ta && !t.tb && t.K > 0 && t.K <= kDweightKernelMaxRows && (t.M >= t.N || t.M >= 2 * kF32PieceMin);
